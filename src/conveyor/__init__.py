@@ -1,0 +1,44 @@
+"""Conveyor: background jobs for Python with leases, retries and a dead-letter queue."""
+
+from .app import Conveyor
+from .errors import (
+    ArgumentsError,
+    ConfigurationError,
+    ConveyorError,
+    InvalidName,
+    JobNotFound,
+    LeaseLost,
+    PayloadError,
+    PayloadTooLarge,
+    QueueFull,
+    Reject,
+    Retry,
+    StorageFull,
+    StoreError,
+    UnknownTask,
+)
+from .job import Job, JobState
+from .retry import RetryPolicy
+from .task import Task
+
+__all__ = [
+    "ArgumentsError",
+    "ConfigurationError",
+    "Conveyor",
+    "ConveyorError",
+    "InvalidName",
+    "Job",
+    "JobNotFound",
+    "JobState",
+    "LeaseLost",
+    "PayloadError",
+    "PayloadTooLarge",
+    "QueueFull",
+    "Reject",
+    "Retry",
+    "RetryPolicy",
+    "StorageFull",
+    "StoreError",
+    "Task",
+    "UnknownTask",
+]

@@ -1,0 +1,122 @@
+"""The Conveyor app: a store URL, settings, and the registry of tasks."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar, overload
+
+from .backends import open_backend, redact_url
+from .backends.base import Backend
+from .errors import ConfigurationError, InvalidName, JobNotFound, UnknownTask
+from .job import Job
+from .payload import DEFAULT_MAX_PAYLOAD_BYTES
+from .retry import RetryPolicy
+from .task import Task
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+DEFAULT_URL = "sqlite:///conveyor.db"
+
+
+class Conveyor:
+    """One app: where jobs are stored and which tasks exist.
+
+    ``url`` is ``sqlite:///file.db`` (more stores to come); without it, ``$CONVEYOR_URL``,
+    then ``sqlite:///conveyor.db``. ``visibility_timeout`` is the lease length in seconds:
+    a worker that stops heartbeating for that long loses its jobs to other workers.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        visibility_timeout: float = 30.0,
+        default_queue: str = "default",
+        default_timeout: float = 60.0,
+        default_max_attempts: int = 10,
+        retry: RetryPolicy | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        result_ttl: float = 86400.0,
+    ) -> None:
+        self.url = url or os.environ.get("CONVEYOR_URL") or DEFAULT_URL
+        if not visibility_timeout > 0:
+            raise ConfigurationError(f"visibility_timeout must be > 0 seconds, got {visibility_timeout!r}")
+        if max_payload_bytes <= 0:
+            raise ConfigurationError(f"max_payload_bytes must be > 0, got {max_payload_bytes!r}")
+        self.visibility_timeout = float(visibility_timeout)
+        self.default_queue = default_queue
+        self.default_timeout = float(default_timeout)
+        self.default_max_attempts = default_max_attempts
+        self.retry_policy = retry or RetryPolicy(base=2.0, factor=2.0, cap=3600.0)
+        self.max_payload_bytes = max_payload_bytes
+        self.result_ttl = result_ttl
+        self.tasks: dict[str, Task[Any, Any]] = {}
+        self._backend: Backend | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def backend(self) -> Backend:
+        """The store, opened (and migrated) on first use."""
+        if self._backend is None:
+            with self._lock:
+                if self._backend is None:
+                    self._backend = open_backend(self.url)
+        return self._backend
+
+    @overload
+    def task(self, fn: Callable[P, R], /) -> Task[P, R]: ...
+
+    @overload
+    def task(
+        self, *, name: str | None = None, queue: str | None = None, max_attempts: int | None = None,
+        timeout: float | None = None, priority: int = 0, retry: RetryPolicy | None = None,
+    ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+
+    def task(
+        self, fn: Callable[P, R] | None = None, /, *, name: str | None = None, queue: str | None = None,
+        max_attempts: int | None = None, timeout: float | None = None, priority: int = 0,
+        retry: RetryPolicy | None = None,
+    ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
+        """Register a function as a task: ``@app.task`` or ``@app.task(queue="emails", max_attempts=5)``."""
+
+        def register(f: Callable[P, R]) -> Task[P, R]:
+            task_name = name or f"{f.__module__}.{f.__qualname__}"
+            if task_name in self.tasks and self.tasks[task_name].fn is not f:
+                raise ConfigurationError(f"a different function is already registered as task {task_name!r}")
+            t = Task(
+                self, f, name=task_name, queue=queue or self.default_queue,
+                max_attempts=max_attempts if max_attempts is not None else self.default_max_attempts,
+                timeout=timeout if timeout is not None else self.default_timeout,
+                priority=priority, retry=retry or self.retry_policy,
+            )
+            self.tasks[task_name] = t
+            return t
+
+        return register(fn) if fn is not None else register
+
+    def get_task(self, name: str) -> Task[Any, Any]:
+        try:
+            return self.tasks[name]
+        except KeyError:
+            known = ", ".join(sorted(self.tasks)) or "none"
+            raise UnknownTask(f"no task named {name!r} is registered (known: {known})") from None
+
+    def get_job(self, job_id: int) -> Job:
+        """The job as the store has it now. Raises JobNotFound."""
+        if isinstance(job_id, bool) or not isinstance(job_id, int):
+            raise InvalidName(f"job id must be an int, got {job_id!r}")
+        job = self.backend.get(job_id)
+        if job is None:
+            raise JobNotFound(f"no job with id {job_id}")
+        return job
+
+    def close(self) -> None:
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None
+
+    def __repr__(self) -> str:
+        return f"<Conveyor {redact_url(self.url)} tasks={len(self.tasks)}>"

@@ -1,0 +1,242 @@
+"""The contract between Conveyor and a store. The worker, CLI and dashboard know only this.
+
+Rules every backend keeps (the conformance suite in tests/conformance checks them):
+
+* Each method that changes a job is one atomic operation in the store (one transaction,
+  one script). Nothing is half-written when it raises.
+* Times come from the store's clock. Every time-dependent method takes ``now`` (unix
+  seconds); production passes ``None`` and the store's clock is used, tests pass a value.
+* Every call after ``claim`` carries a :class:`Lease` (job id + token). If the token no
+  longer matches the job's current lease, the call changes nothing and raises
+  :class:`~conveyor.errors.LeaseLost` (``heartbeat`` reports lost ids instead).
+* ``claim`` never hands out more jobs than asked for (the worker asks for its free slots).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..job import Job, JobState
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A validated job ready to be written. ``args`` is already-encoded JSON text."""
+
+    task: str
+    queue: str
+    args: str
+    max_attempts: int
+    timeout: float
+    priority: int = 0
+    delay: float = 0.0
+    run_at: float | None = None  # absolute unix time; wins over delay
+    unique_key: str | None = None
+    meta: str = "{}"
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    id: int
+    created: bool  # False when unique_key matched an unfinished job, whose id is returned
+    at: float  # the store's time of the write; a new job's created_at
+
+
+@dataclass(frozen=True)
+class Lease:
+    job_id: int
+    token: str
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """One failed attempt, as stored in the job's ``errors`` list."""
+
+    kind: str  # "exception", "timeout", "rejected", "retry", "unknown_task", "bad_arguments", "lease_expired"
+    message: str
+    type: str = ""
+    traceback: str = ""
+
+    def as_dict(self, attempt: int, at: float, worker_id: str | None) -> dict[str, Any]:
+        return {
+            "attempt": attempt,
+            "at": at,
+            "kind": self.kind,
+            "type": self.type,
+            "message": self.message,
+            "traceback": self.traceback,
+            "worker_id": worker_id,
+        }
+
+
+@dataclass(frozen=True)
+class ReapResult:
+    requeued: list[int] = field(default_factory=list)
+    dead: list[int] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return len(self.requeued) + len(self.dead)
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    queue: str
+    scheduled: int = 0
+    available: int = 0  # includes scheduled jobs whose run_at has passed: they are waiting too
+    running: int = 0
+    succeeded: int = 0
+    dead: int = 0
+    cancelled: int = 0
+    oldest_available_age: float | None = None  # seconds the oldest waiting job has been due
+    lease_expiries: int = 0  # total leases that expired on this queue since the store was created
+
+    @property
+    def depth(self) -> int:
+        return self.available
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    id: str
+    queues: list[str]
+    concurrency: int
+    host: str
+    pid: int
+    started_at: float
+    last_seen: float
+    running: int = 0
+
+
+@dataclass(frozen=True)
+class Stats:
+    now: float
+    queues: list[QueueStats]
+    workers: list[WorkerInfo]
+
+
+@dataclass(frozen=True)
+class Page:
+    jobs: list[Job]
+    next_cursor: int | None  # pass back as ``cursor`` for the next page; None at the end
+
+
+class Backend(abc.ABC):
+    """A store of jobs. Instances are safe to share between threads of one process."""
+
+    url: str
+
+    # -- producer -----------------------------------------------------------------------
+    @abc.abstractmethod
+    def enqueue_many(self, jobs: Sequence[NewJob], *, now: float | None = None) -> list[EnqueueResult]:
+        """Write all jobs in one atomic operation and return their ids, in order."""
+
+    # -- worker (fenced) ----------------------------------------------------------------
+    @abc.abstractmethod
+    def claim(
+        self, queue: str, limit: int, *, worker_id: str, lease_s: float, now: float | None = None
+    ) -> list[Job]:
+        """Lease up to ``limit`` due jobs of ``queue`` (lowest priority, then run_at, then id).
+
+        Each claimed job is ``running`` with ``attempts`` + 1, a fresh lease token and
+        ``lease_expires_at = now + lease_s``. Scheduled jobs that are due are promoted first.
+        """
+
+    @abc.abstractmethod
+    def heartbeat(self, leases: Sequence[Lease], *, lease_s: float, now: float | None = None) -> set[int]:
+        """Extend every lease still held to ``now + lease_s``; return the ids whose lease is lost."""
+
+    @abc.abstractmethod
+    def ack(self, lease: Lease, result: str | None, *, now: float | None = None) -> None:
+        """Mark the job succeeded with ``result`` (JSON text). Raises LeaseLost."""
+
+    @abc.abstractmethod
+    def retry(self, lease: Lease, error: ErrorInfo, *, delay: float, now: float | None = None) -> JobState:
+        """Record the failure and make the job due again at ``now + delay``. Raises LeaseLost.
+
+        Returns the new state: ``scheduled``/``available``, or ``dead`` if no attempts are left.
+        """
+
+    @abc.abstractmethod
+    def kill(self, lease: Lease, error: ErrorInfo, *, now: float | None = None) -> None:
+        """Record the failure and move the job to ``dead`` (the dead-letter queue). Raises LeaseLost."""
+
+    @abc.abstractmethod
+    def release(self, leases: Sequence[Lease], *, now: float | None = None) -> list[int]:
+        """Give jobs back unrun (graceful shutdown): ``available`` at once, the attempt not counted.
+
+        Returns the ids released; stale leases are skipped, not raised.
+        """
+
+    # -- maintenance (idempotent, bounded, safe to run on every worker) -------------------
+    @abc.abstractmethod
+    def reap(self, *, limit: int = 1000, now: float | None = None) -> ReapResult:
+        """Jobs whose lease expired go back to ``available``, or ``dead`` if out of attempts.
+
+        Each expiry is recorded as a ``lease_expired`` error and counted per queue.
+        """
+
+    @abc.abstractmethod
+    def promote(self, *, limit: int = 1000, now: float | None = None) -> int:
+        """Scheduled jobs whose run_at has come become ``available``."""
+
+    @abc.abstractmethod
+    def prune(
+        self, *, older_than: float, states: Sequence[JobState] = (JobState.SUCCEEDED,),
+        limit: int = 1000, now: float | None = None,
+    ) -> int:
+        """Delete up to ``limit`` jobs in ``states`` that finished more than ``older_than`` seconds ago."""
+
+    # -- inspection and administration ----------------------------------------------------
+    @abc.abstractmethod
+    def get(self, job_id: int) -> Job | None: ...
+
+    @abc.abstractmethod
+    def list_jobs(
+        self, *, state: JobState | None = None, queue: str | None = None, task: str | None = None,
+        cursor: int | None = None, limit: int = 50,
+    ) -> Page:
+        """Jobs newest first (descending id); ``cursor`` is the ``next_cursor`` of the previous page."""
+
+    @abc.abstractmethod
+    def stats(self, *, now: float | None = None, worker_ttl: float = 60.0) -> Stats:
+        """Per-queue counts, oldest waiting age and lease expiries; workers seen within ``worker_ttl``."""
+
+    @abc.abstractmethod
+    def redrive(self, job_ids: Sequence[int] | None = None, *, queue: str | None = None,
+                now: float | None = None) -> int:
+        """Dead jobs (these ids, or all of ``queue``, or all) back to ``available`` with attempts reset."""
+
+    @abc.abstractmethod
+    def purge(self, *, state: JobState = JobState.DEAD, queue: str | None = None,
+              job_ids: Sequence[int] | None = None) -> int:
+        """Delete finished jobs in ``state`` (never unfinished ones)."""
+
+    @abc.abstractmethod
+    def cancel(self, job_id: int, *, now: float | None = None) -> bool:
+        """Cancel an unfinished job. A running job loses its lease, so its worker stops it."""
+
+    @abc.abstractmethod
+    def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> bool:
+        """Block up to ``timeout`` seconds until jobs may be due on ``queues``; True if woken early."""
+
+    # -- workers --------------------------------------------------------------------------
+    @abc.abstractmethod
+    def record_worker(self, info: WorkerInfo, *, now: float | None = None) -> None:
+        """Insert or refresh a worker's row (``last_seen`` = now)."""
+
+    @abc.abstractmethod
+    def remove_worker(self, worker_id: str) -> None: ...
+
+    @abc.abstractmethod
+    def now(self) -> float:
+        """The store's clock, unix seconds."""
+
+    def wake(self) -> None:
+        """Wake this process's threads blocked in wait_for_jobs (used at shutdown)."""
+
+    def close(self) -> None:
+        """Release connections. The backend must not be used afterwards."""

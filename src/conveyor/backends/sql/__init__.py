@@ -1,0 +1,29 @@
+"""Named SQL: each backend's queries live in ``<dialect>/queries.sql`` under ``-- name: x`` headers."""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+_NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.M)
+
+
+def load_queries(dialect: str) -> dict[str, str]:
+    text = resources.files(__name__).joinpath(dialect, "queries.sql").read_text("utf-8")
+    parts = _NAME.split(text)
+    queries: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        lines = [ln for ln in body.strip().splitlines() if not ln.lstrip().startswith("--")]
+        queries[name] = "\n".join(lines).strip().rstrip(";")
+    return queries
+
+
+def load_migrations(dialect: str) -> list[tuple[int, str]]:
+    """Numbered migration scripts (``001_init.sql``...) in order."""
+    folder = resources.files(__name__).joinpath(dialect)
+    found = []
+    for entry in folder.iterdir():
+        m = re.fullmatch(r"(\d{3})_\w+\.sql", entry.name)
+        if m:
+            found.append((int(m.group(1)), entry.read_text("utf-8")))
+    return sorted(found)

@@ -1,0 +1,163 @@
+-- Named queries of the SQLite backend. Every write runs inside BEGIN IMMEDIATE, and every
+-- time is :now, read from SQLite's clock at the start of the transaction (or injected).
+
+-- name: now
+SELECT (julianday('now') - 2440587.5) * 86400.0;
+
+-- name: insert
+INSERT INTO conveyor_jobs (queue, task, args, state, priority, run_at, max_attempts, timeout_s,
+                           unique_key, meta, created_at)
+VALUES (:queue, :task, :args, :state, :priority, :run_at, :max_attempts, :timeout_s,
+        :unique_key, :meta, :now);
+
+-- name: insert_unique
+INSERT INTO conveyor_jobs (queue, task, args, state, priority, run_at, max_attempts, timeout_s,
+                           unique_key, meta, created_at)
+VALUES (:queue, :task, :args, :state, :priority, :run_at, :max_attempts, :timeout_s,
+        :unique_key, :meta, :now)
+ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('scheduled', 'available', 'running')
+DO NOTHING
+RETURNING id;
+
+-- name: find_unique
+SELECT id FROM conveyor_jobs
+WHERE unique_key = :unique_key AND state IN ('scheduled', 'available', 'running');
+
+-- name: promote_queue
+UPDATE conveyor_jobs SET state = 'available'
+WHERE id IN (SELECT id FROM conveyor_jobs
+             WHERE state = 'scheduled' AND queue = :queue AND run_at <= :now
+             ORDER BY run_at LIMIT :limit);
+
+-- name: promote
+UPDATE conveyor_jobs SET state = 'available'
+WHERE id IN (SELECT id FROM conveyor_jobs
+             WHERE state = 'scheduled' AND run_at <= :now
+             ORDER BY run_at LIMIT :limit);
+
+-- name: claim
+UPDATE conveyor_jobs
+SET state = 'running',
+    attempt = attempt + 1,
+    attempted_at = :now,
+    worker_id = :worker_id,
+    lease_token = lower(hex(randomblob(16))),
+    lease_expires_at = :now + :lease_s
+WHERE id IN (SELECT id FROM conveyor_jobs
+             WHERE state = 'available' AND queue = :queue
+             ORDER BY priority, run_at, id
+             LIMIT :limit)
+RETURNING *;
+
+-- name: heartbeat
+UPDATE conveyor_jobs SET lease_expires_at = :now + :lease_s
+WHERE id = :id AND lease_token = :token AND state = 'running' AND lease_expires_at >= :now;
+
+-- name: ack
+UPDATE conveyor_jobs
+SET state = 'succeeded', result = :result, finished_at = :now,
+    lease_token = NULL, lease_expires_at = NULL
+WHERE id = :id AND lease_token = :token AND state = 'running' AND lease_expires_at >= :now;
+
+-- name: retry
+UPDATE conveyor_jobs
+SET state = CASE WHEN attempt >= max_attempts THEN 'dead'
+                 WHEN :delay > 0 THEN 'scheduled' ELSE 'available' END,
+    run_at = CASE WHEN attempt >= max_attempts THEN run_at ELSE :now + max(:delay, 0) END,
+    finished_at = CASE WHEN attempt >= max_attempts THEN :now END,
+    errors = json_insert(CASE WHEN json_array_length(errors) >= :keep_errors
+                              THEN json_remove(errors, '$[0]') ELSE errors END,
+                         '$[#]', json(:error)),
+    lease_token = NULL, lease_expires_at = NULL
+WHERE id = :id AND lease_token = :token AND state = 'running' AND lease_expires_at >= :now
+RETURNING state;
+
+-- name: kill
+UPDATE conveyor_jobs
+SET state = 'dead', finished_at = :now,
+    errors = json_insert(CASE WHEN json_array_length(errors) >= :keep_errors
+                              THEN json_remove(errors, '$[0]') ELSE errors END,
+                         '$[#]', json(:error)),
+    lease_token = NULL, lease_expires_at = NULL
+WHERE id = :id AND lease_token = :token AND state = 'running' AND lease_expires_at >= :now;
+
+-- name: release
+UPDATE conveyor_jobs
+SET state = 'available', attempt = attempt - 1,
+    lease_token = NULL, lease_expires_at = NULL, worker_id = NULL
+WHERE id = :id AND lease_token = :token AND state = 'running';
+
+-- name: reap
+UPDATE conveyor_jobs
+SET state = CASE WHEN attempt >= max_attempts THEN 'dead' ELSE 'available' END,
+    finished_at = CASE WHEN attempt >= max_attempts THEN :now END,
+    errors = json_insert(CASE WHEN json_array_length(errors) >= :keep_errors
+                              THEN json_remove(errors, '$[0]') ELSE errors END,
+                         '$[#]', json_object(
+                             'attempt', attempt, 'at', :now, 'kind', 'lease_expired',
+                             'type', 'LeaseExpired',
+                             'message', 'lease expired: worker ' || coalesce(worker_id, '?')
+                                        || ' stopped heartbeating (crashed, killed or stalled)',
+                             'traceback', '', 'worker_id', worker_id)),
+    lease_token = NULL, lease_expires_at = NULL
+WHERE id IN (SELECT id FROM conveyor_jobs
+             WHERE state = 'running' AND lease_expires_at < :now
+             ORDER BY lease_expires_at LIMIT :limit)
+RETURNING id, queue, state;
+
+-- name: count_up
+INSERT INTO conveyor_counters (queue, name, value) VALUES (:queue, :name, :n)
+ON CONFLICT (queue, name) DO UPDATE SET value = value + excluded.value;
+
+-- name: get
+SELECT * FROM conveyor_jobs WHERE id = :id;
+
+-- name: redrive
+UPDATE conveyor_jobs
+SET state = 'available', attempt = 0, run_at = :now, finished_at = NULL, worker_id = NULL,
+    meta = json_set(meta, '$.redriven', coalesce(json_extract(meta, '$.redriven'), 0) + 1)
+WHERE id = :id AND state = 'dead';
+
+-- name: redrive_all
+UPDATE conveyor_jobs
+SET state = 'available', attempt = 0, run_at = :now, finished_at = NULL, worker_id = NULL,
+    meta = json_set(meta, '$.redriven', coalesce(json_extract(meta, '$.redriven'), 0) + 1)
+WHERE state = 'dead' AND (:queue IS NULL OR queue = :queue);
+
+-- name: cancel
+UPDATE conveyor_jobs
+SET state = 'cancelled', finished_at = :now, lease_token = NULL, lease_expires_at = NULL
+WHERE id = :id AND state IN ('scheduled', 'available', 'running');
+
+-- name: prune
+DELETE FROM conveyor_jobs
+WHERE id IN (SELECT id FROM conveyor_jobs
+             WHERE state = :state AND finished_at < :before
+             ORDER BY finished_at LIMIT :limit);
+
+-- name: count_by_state
+SELECT queue, state, count(*) AS n FROM conveyor_jobs GROUP BY queue, state;
+
+-- name: due_scheduled
+SELECT queue, count(*) AS n, min(run_at) AS oldest FROM conveyor_jobs
+WHERE state = 'scheduled' AND run_at <= :now GROUP BY queue;
+
+-- name: oldest_available
+SELECT queue, min(run_at) AS oldest FROM conveyor_jobs WHERE state = 'available' GROUP BY queue;
+
+-- name: counters
+SELECT queue, name, value FROM conveyor_counters;
+
+-- name: record_worker
+INSERT INTO conveyor_workers (id, queues, concurrency, host, pid, started_at, last_seen, running)
+VALUES (:id, :queues, :concurrency, :host, :pid, :started_at, :now, :running)
+ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen, running = excluded.running;
+
+-- name: remove_worker
+DELETE FROM conveyor_workers WHERE id = :id;
+
+-- name: forget_workers
+DELETE FROM conveyor_workers WHERE last_seen < :before;
+
+-- name: workers
+SELECT * FROM conveyor_workers WHERE last_seen >= :since ORDER BY started_at;

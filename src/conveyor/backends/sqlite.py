@@ -1,0 +1,534 @@
+"""The embedded backend: one SQLite file in WAL mode, safe for many threads and processes.
+
+Each transition is one ``BEGIN IMMEDIATE`` transaction, so writers queue on SQLite's lock
+(with a busy timeout) instead of failing. Workers in this process are woken by an in-process
+signal; workers in other processes notice commits through ``PRAGMA data_version``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from ..errors import ConfigurationError, LeaseLost, StorageFull, StoreError
+from ..job import Job, JobState
+from .base import (
+    Backend,
+    EnqueueResult,
+    ErrorInfo,
+    Lease,
+    NewJob,
+    Page,
+    QueueStats,
+    ReapResult,
+    Stats,
+    WorkerInfo,
+)
+from .sql import load_migrations, load_queries
+
+Q = load_queries("sqlite")
+MIGRATIONS = load_migrations("sqlite")
+KEEP_ERRORS = 20
+
+
+@dataclass
+class _Signal:
+    """Wakes this process's idle workers when this process makes jobs available."""
+
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    generation: int = 0
+
+    def fire(self) -> None:
+        with self.cond:
+            self.generation += 1
+            self.cond.notify_all()
+
+
+_signals: dict[str, _Signal] = {}
+_signals_lock = threading.Lock()
+
+
+def _signal_for(path: str) -> _Signal:
+    with _signals_lock:
+        return _signals.setdefault(path, _Signal())
+
+
+def parse_sqlite_url(url: str) -> tuple[str, dict[str, str]]:
+    """``sqlite:///relative.db``, ``sqlite:////abs/path.db``, optional ``?synchronous=full&busy_timeout=10``."""
+    parts = urlsplit(url)
+    if parts.scheme != "sqlite":
+        raise ConfigurationError(f"not a sqlite URL: {url!r}")
+    raw = parts.netloc + parts.path
+    path = raw[1:] if raw.startswith("/") else raw
+    if not path or path == ":memory:":
+        raise ConfigurationError(
+            f"{url!r}: give a file path (sqlite:///conveyor.db); an in-memory database "
+            "cannot be shared between a worker and its producers"
+        )
+    options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    unknown = set(options) - {"synchronous", "busy_timeout"}
+    if unknown:
+        raise ConfigurationError(f"{url!r}: unknown option(s) {sorted(unknown)}; known: synchronous, busy_timeout")
+    return os.path.abspath(path), options
+
+
+class SqliteBackend(Backend):
+    poll_step = 0.002  # seconds between cross-process change checks while idle
+    due_check_interval = 0.05  # how often an idle waiter looks for scheduled jobs coming due
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.path, options = parse_sqlite_url(url)
+        sync = options.get("synchronous", "normal").upper()
+        if sync not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+            raise ConfigurationError(f"{url!r}: synchronous must be off, normal, full or extra")
+        self._synchronous = sync
+        try:
+            self._busy_timeout = float(options.get("busy_timeout", "30"))
+        except ValueError:
+            raise ConfigurationError(f"{url!r}: busy_timeout must be a number of seconds") from None
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self._signal = _signal_for(self.path)
+        self._migrate()
+
+    # -- connections ------------------------------------------------------------------
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            if self._closed:
+                raise StoreError("this backend is closed")
+            try:
+                conn = sqlite3.connect(
+                    self.path, timeout=self._busy_timeout, isolation_level=None, check_same_thread=False
+                )
+                conn.row_factory = sqlite3.Row
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+            except sqlite3.Error as exc:
+                raise _translate(exc, f"cannot open SQLite database {self.path}") from exc
+            self._local.conn = conn
+            with self._lock:
+                self._all.append(conn)
+        return conn
+
+    @contextmanager
+    def _write(self, now: float | None) -> Iterator[tuple[sqlite3.Connection, float]]:
+        """One write transaction, with the store's time read once at its start."""
+        conn = self._conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise _translate(exc, "cannot start a write transaction") from exc
+        try:
+            t = now if now is not None else conn.execute(Q["now"]).fetchone()[0]
+            yield conn, t
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise _translate(exc, "write failed, nothing was changed") from exc
+            raise
+
+    def _read(self, sql: str, params: dict[str, Any] | Sequence[Any] = ()) -> list[sqlite3.Row]:
+        try:
+            return self._conn().execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise _translate(exc, "read failed") from exc
+
+    def _migrate(self) -> None:
+        conn = self._conn()
+        latest = MIGRATIONS[-1][0]
+        if conn.execute("PRAGMA user_version").fetchone()[0] >= latest:
+            return
+        with self._write(None) as (c, _):
+            # Re-read under the write lock: another process may have migrated meanwhile.
+            current = c.execute("PRAGMA user_version").fetchone()[0]
+            for version, script in MIGRATIONS:
+                if version <= current:
+                    continue
+                for statement in _split_sql(script):
+                    c.execute(statement)
+                c.execute(f"PRAGMA user_version = {version}")
+
+    def schema_version(self) -> int:
+        return int(self._read("PRAGMA user_version")[0][0])
+
+    def now(self) -> float:
+        return float(self._read(Q["now"])[0][0])
+
+    def close(self) -> None:
+        self._closed = True
+        with self._lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass
+        self._local = threading.local()
+
+    # -- producer ---------------------------------------------------------------------
+    def enqueue_many(self, jobs: Sequence[NewJob], *, now: float | None = None) -> list[EnqueueResult]:
+        if not jobs:
+            return []
+        results: list[EnqueueResult] = []
+        with self._write(now) as (conn, t):
+            rows = [_insert_params(job, t) for job in jobs]
+            if all(job.unique_key is None for job in jobs):
+                conn.executemany(Q["insert"], rows)
+                # One writer holds the lock and ids are AUTOINCREMENT: the batch is consecutive.
+                last = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
+                first = last - len(rows) + 1
+                results = [EnqueueResult(first + i, True, t) for i in range(len(rows))]
+            else:
+                for job, params in zip(jobs, rows, strict=True):
+                    if job.unique_key is None:
+                        cur = conn.execute(Q["insert"], params)
+                        assert cur.lastrowid is not None
+                        results.append(EnqueueResult(cur.lastrowid, True, t))
+                        continue
+                    row = conn.execute(Q["insert_unique"], params).fetchone()
+                    if row is not None:
+                        results.append(EnqueueResult(row[0], True, t))
+                    else:
+                        existing = conn.execute(Q["find_unique"], params).fetchone()
+                        results.append(EnqueueResult(existing[0], False, t))
+        if any(r.created for r in results):
+            self._signal.fire()
+        return results
+
+    # -- worker -----------------------------------------------------------------------
+    def claim(
+        self, queue: str, limit: int, *, worker_id: str, lease_s: float, now: float | None = None
+    ) -> list[Job]:
+        if limit <= 0:
+            return []
+        with self._write(now) as (conn, t):
+            conn.execute(Q["promote_queue"], {"queue": queue, "now": t, "limit": 1000})
+            rows = conn.execute(
+                Q["claim"],
+                {"queue": queue, "limit": limit, "now": t, "worker_id": worker_id, "lease_s": lease_s},
+            ).fetchall()
+        jobs = [_row_to_job(r) for r in rows]
+        jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))
+        return jobs
+
+    def heartbeat(self, leases: Sequence[Lease], *, lease_s: float, now: float | None = None) -> set[int]:
+        if not leases:
+            return set()
+        lost: set[int] = set()
+        with self._write(now) as (conn, t):
+            for lease in leases:
+                cur = conn.execute(
+                    Q["heartbeat"], {"id": lease.job_id, "token": lease.token, "now": t, "lease_s": lease_s}
+                )
+                if cur.rowcount != 1:
+                    lost.add(lease.job_id)
+        return lost
+
+    def ack(self, lease: Lease, result: str | None, *, now: float | None = None) -> None:
+        with self._write(now) as (conn, t):
+            cur = conn.execute(Q["ack"], {"id": lease.job_id, "token": lease.token, "now": t, "result": result})
+            if cur.rowcount != 1:
+                raise LeaseLost(lease.job_id, "ack refused")
+
+    def retry(self, lease: Lease, error: ErrorInfo, *, delay: float, now: float | None = None) -> JobState:
+        with self._write(now) as (conn, t):
+            row = conn.execute(
+                Q["retry"],
+                {
+                    "id": lease.job_id, "token": lease.token, "now": t, "delay": max(float(delay), 0.0),
+                    "keep_errors": KEEP_ERRORS, "error": self._error_json(conn, lease, error, t),
+                },
+            ).fetchone()
+            if row is None:
+                raise LeaseLost(lease.job_id, "retry refused")
+            state = JobState(row[0])
+        if state is JobState.AVAILABLE:
+            self._signal.fire()
+        return state
+
+    def kill(self, lease: Lease, error: ErrorInfo, *, now: float | None = None) -> None:
+        with self._write(now) as (conn, t):
+            cur = conn.execute(
+                Q["kill"],
+                {
+                    "id": lease.job_id, "token": lease.token, "now": t,
+                    "keep_errors": KEEP_ERRORS, "error": self._error_json(conn, lease, error, t),
+                },
+            )
+            if cur.rowcount != 1:
+                raise LeaseLost(lease.job_id, "kill refused")
+
+    @staticmethod
+    def _error_json(conn: sqlite3.Connection, lease: Lease, error: ErrorInfo, t: float) -> str:
+        row = conn.execute("SELECT attempt, worker_id FROM conveyor_jobs WHERE id = ?", (lease.job_id,)).fetchone()
+        attempt, worker_id = (row[0], row[1]) if row else (0, None)
+        return json.dumps(error.as_dict(attempt, t, worker_id), ensure_ascii=False)
+
+    def release(self, leases: Sequence[Lease], *, now: float | None = None) -> list[int]:
+        if not leases:
+            return []
+        released: list[int] = []
+        with self._write(now) as (conn, _):
+            for lease in leases:
+                cur = conn.execute(Q["release"], {"id": lease.job_id, "token": lease.token})
+                if cur.rowcount == 1:
+                    released.append(lease.job_id)
+        if released:
+            self._signal.fire()
+        return released
+
+    # -- maintenance ------------------------------------------------------------------
+    def reap(self, *, limit: int = 1000, now: float | None = None) -> ReapResult:
+        with self._write(now) as (conn, t):
+            rows = conn.execute(Q["reap"], {"now": t, "limit": limit, "keep_errors": KEEP_ERRORS}).fetchall()
+            per_queue: dict[str, int] = {}
+            for row in rows:
+                per_queue[row["queue"]] = per_queue.get(row["queue"], 0) + 1
+            for queue, n in per_queue.items():
+                conn.execute(Q["count_up"], {"queue": queue, "name": "lease_expired", "n": n})
+        result = ReapResult(
+            requeued=sorted(r["id"] for r in rows if r["state"] == "available"),
+            dead=sorted(r["id"] for r in rows if r["state"] == "dead"),
+        )
+        if result.requeued:
+            self._signal.fire()
+        return result
+
+    def promote(self, *, limit: int = 1000, now: float | None = None) -> int:
+        with self._write(now) as (conn, t):
+            n = conn.execute(Q["promote"], {"now": t, "limit": limit}).rowcount
+        if n:
+            self._signal.fire()
+        return n
+
+    def prune(
+        self, *, older_than: float, states: Sequence[JobState] = (JobState.SUCCEEDED,),
+        limit: int = 1000, now: float | None = None,
+    ) -> int:
+        deleted = 0
+        with self._write(now) as (conn, t):
+            for state in states:
+                if not JobState(state).is_final:
+                    raise ValueError(f"prune only deletes finished jobs, not {state}")
+                left = limit - deleted
+                if left <= 0:
+                    break
+                deleted += conn.execute(
+                    Q["prune"], {"state": str(state), "before": t - older_than, "limit": left}
+                ).rowcount
+        return deleted
+
+    # -- inspection and administration ------------------------------------------------
+    def get(self, job_id: int) -> Job | None:
+        rows = self._read(Q["get"], {"id": job_id})
+        return _row_to_job(rows[0]) if rows else None
+
+    def list_jobs(
+        self, *, state: JobState | None = None, queue: str | None = None, task: str | None = None,
+        cursor: int | None = None, limit: int = 50,
+    ) -> Page:
+        where, params = [], {}
+        if state is not None:
+            where.append("state = :state")
+            params["state"] = str(state)
+        if queue is not None:
+            where.append("queue = :queue")
+            params["queue"] = queue
+        if task is not None:
+            where.append("task = :task")
+            params["task"] = task
+        if cursor is not None:
+            where.append("id < :cursor")
+            params["cursor"] = cursor
+        sql = "SELECT * FROM conveyor_jobs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY id DESC LIMIT :limit"
+        params["limit"] = limit + 1
+        rows = self._read(sql, params)
+        jobs = [_row_to_job(r) for r in rows[:limit]]
+        return Page(jobs=jobs, next_cursor=jobs[-1].id if len(rows) > limit and jobs else None)
+
+    def stats(self, *, now: float | None = None, worker_ttl: float = 60.0) -> Stats:
+        conn = self._conn()
+        try:
+            conn.execute("BEGIN")  # one consistent snapshot for every number
+            try:
+                t = now if now is not None else conn.execute(Q["now"]).fetchone()[0]
+                counts = conn.execute(Q["count_by_state"]).fetchall()
+                due = conn.execute(Q["due_scheduled"], {"now": t}).fetchall()
+                oldest = conn.execute(Q["oldest_available"]).fetchall()
+                counters = conn.execute(Q["counters"]).fetchall()
+                workers = conn.execute(Q["workers"], {"since": t - worker_ttl}).fetchall()
+            finally:
+                conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise _translate(exc, "stats failed") from exc
+
+        per: dict[str, dict[str, Any]] = {}
+
+        def q(name: str) -> dict[str, Any]:
+            return per.setdefault(name, {"queue": name})
+
+        for row in counts:
+            q(row["queue"])[row["state"]] = row["n"]
+        for row in due:
+            entry = q(row["queue"])
+            entry["scheduled"] = entry.get("scheduled", 0) - row["n"]
+            entry["available"] = entry.get("available", 0) + row["n"]
+            entry["_oldest"] = row["oldest"]
+        for row in oldest:
+            entry = q(row["queue"])
+            prev = entry.get("_oldest")
+            entry["_oldest"] = row["oldest"] if prev is None else min(prev, row["oldest"])
+        for row in counters:
+            if row["name"] == "lease_expired":
+                q(row["queue"])["lease_expiries"] = row["value"]
+        queues = []
+        for name in sorted(per):
+            entry = per[name]
+            oldest_at = entry.pop("_oldest", None)
+            entry["oldest_available_age"] = max(0.0, t - oldest_at) if oldest_at is not None else None
+            queues.append(QueueStats(**entry))
+        return Stats(
+            now=t,
+            queues=queues,
+            workers=[
+                WorkerInfo(
+                    id=w["id"], queues=json.loads(w["queues"]), concurrency=w["concurrency"], host=w["host"],
+                    pid=w["pid"], started_at=w["started_at"], last_seen=w["last_seen"], running=w["running"],
+                )
+                for w in workers
+            ],
+        )
+
+    def redrive(self, job_ids: Sequence[int] | None = None, *, queue: str | None = None,
+                now: float | None = None) -> int:
+        with self._write(now) as (conn, t):
+            if job_ids is None:
+                n = conn.execute(Q["redrive_all"], {"now": t, "queue": queue}).rowcount
+            else:
+                n = sum(conn.execute(Q["redrive"], {"now": t, "id": i}).rowcount for i in job_ids)
+        if n:
+            self._signal.fire()
+        return n
+
+    def purge(self, *, state: JobState = JobState.DEAD, queue: str | None = None,
+              job_ids: Sequence[int] | None = None) -> int:
+        state = JobState(state)
+        if not state.is_final:
+            raise ValueError(f"purge only deletes finished jobs, not {state}")
+        sql = "DELETE FROM conveyor_jobs WHERE state = :state AND (:queue IS NULL OR queue = :queue)"
+        with self._write(None) as (conn, _):
+            if job_ids is None:
+                return conn.execute(sql, {"state": str(state), "queue": queue}).rowcount
+            return sum(
+                conn.execute(sql + " AND id = :id", {"state": str(state), "queue": queue, "id": i}).rowcount
+                for i in job_ids
+            )
+
+    def cancel(self, job_id: int, *, now: float | None = None) -> bool:
+        with self._write(now) as (conn, t):
+            return bool(conn.execute(Q["cancel"], {"id": job_id, "now": t}).rowcount)
+
+    def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> bool:
+        conn = self._conn()
+        deadline = time.monotonic() + timeout
+        generation = self._signal.generation
+        version = conn.execute("PRAGMA data_version").fetchone()[0]
+        next_due_check = 0.0
+        placeholders = ",".join("?" * len(queues))
+        ready_sql = (
+            f"SELECT EXISTS (SELECT 1 FROM conveyor_jobs WHERE state = 'available' AND queue IN ({placeholders}))"
+            f" OR EXISTS (SELECT 1 FROM conveyor_jobs WHERE state = 'scheduled' AND queue IN ({placeholders})"
+            f" AND run_at <= (julianday('now') - 2440587.5) * 86400.0)"
+        )
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            with self._signal.cond:
+                if self._signal.generation != generation:
+                    return True
+                self._signal.cond.wait(min(remaining, self.poll_step))
+                if self._signal.generation != generation:
+                    return True
+            current = conn.execute("PRAGMA data_version").fetchone()[0]
+            tick = time.monotonic()
+            if current != version or tick >= next_due_check:
+                # Another process committed something (or time passed): look before claiming,
+                # so idle workers don't take the write lock for nothing.
+                version = current
+                next_due_check = tick + self.due_check_interval
+                if conn.execute(ready_sql, [*queues, *queues]).fetchone()[0]:
+                    return True
+
+    def wake(self) -> None:
+        """Wake this process's idle waiters (used on shutdown)."""
+        self._signal.fire()
+
+    # -- workers ----------------------------------------------------------------------
+    def record_worker(self, info: WorkerInfo, *, now: float | None = None) -> None:
+        with self._write(now) as (conn, t):
+            conn.execute(
+                Q["record_worker"],
+                {
+                    "id": info.id, "queues": json.dumps(info.queues), "concurrency": info.concurrency,
+                    "host": info.host, "pid": info.pid, "started_at": info.started_at, "now": t,
+                    "running": info.running,
+                },
+            )
+            # Rows of workers gone for a day are only noise.
+            conn.execute(Q["forget_workers"], {"before": t - 86400})
+
+    def remove_worker(self, worker_id: str) -> None:
+        with self._write(None) as (conn, _):
+            conn.execute(Q["remove_worker"], {"id": worker_id})
+
+
+def _insert_params(job: NewJob, t: float) -> dict[str, Any]:
+    run_at = job.run_at if job.run_at is not None else t + max(job.delay, 0.0)
+    return {
+        "queue": job.queue, "task": job.task, "args": job.args,
+        "state": "scheduled" if run_at > t else "available",
+        "priority": job.priority, "run_at": run_at, "max_attempts": job.max_attempts,
+        "timeout_s": job.timeout, "unique_key": job.unique_key, "meta": job.meta, "now": t,
+    }
+
+
+def _row_to_job(row: sqlite3.Row) -> Job:
+    return Job(
+        id=row["id"], task=row["task"], queue=row["queue"], args=json.loads(row["args"]),
+        state=JobState(row["state"]), attempts=row["attempt"], max_attempts=row["max_attempts"],
+        priority=row["priority"], run_at=row["run_at"], timeout=row["timeout_s"],
+        created_at=row["created_at"], attempted_at=row["attempted_at"], finished_at=row["finished_at"],
+        result=json.loads(row["result"]) if row["result"] is not None else None,
+        errors=json.loads(row["errors"]), unique_key=row["unique_key"], worker_id=row["worker_id"],
+        lease_token=row["lease_token"], lease_expires_at=row["lease_expires_at"], meta=json.loads(row["meta"]),
+    )
+
+
+def _split_sql(script: str) -> list[str]:
+    lines = [ln for ln in script.splitlines() if not ln.strip().startswith("--")]
+    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
+
+
+def _translate(exc: sqlite3.Error, what: str) -> StoreError:
+    text = str(exc)
+    if "full" in text.lower():
+        return StorageFull(f"SQLite: {what}: {text} (free disk space; nothing was written)")
+    return StoreError(f"SQLite: {what}: {text}")

@@ -1,0 +1,81 @@
+"""Every exception Conveyor raises on purpose, plus the two a task raises to steer its job."""
+
+from __future__ import annotations
+
+
+class ConveyorError(Exception):
+    """Base class of the errors Conveyor raises itself."""
+
+
+class PayloadError(ConveyorError, ValueError):
+    """The arguments of a job cannot be stored: not JSON, too deep, or otherwise unfit."""
+
+
+class PayloadTooLarge(PayloadError):
+    """The encoded arguments are larger than the configured limit."""
+
+
+class ArgumentsError(PayloadError, TypeError):
+    """The arguments do not bind to the task's signature."""
+
+
+class InvalidName(ConveyorError, ValueError):
+    """A queue or task name does not match the allowed pattern."""
+
+
+class UnknownTask(ConveyorError, LookupError):
+    """No task with this name is registered on the app."""
+
+
+class JobNotFound(ConveyorError, LookupError):
+    """No job with this id exists in the store."""
+
+
+class LeaseLost(ConveyorError):
+    """The caller's lease on a job is gone: it expired, was reaped, released or cancelled.
+
+    A worker that gets this must drop the job: another attempt may already own it.
+    """
+
+    def __init__(self, job_id: int, detail: str = "") -> None:
+        self.job_id = job_id
+        msg = f"lease on job {job_id} is no longer held by this worker"
+        super().__init__(f"{msg}: {detail}" if detail else msg)
+
+
+class QueueFull(ConveyorError):
+    """Enqueue refused because the queue is at its configured max_depth."""
+
+
+class ConfigurationError(ConveyorError, ValueError):
+    """A URL, option or argument to Conveyor itself is wrong."""
+
+
+class Retry(Exception):  # noqa: N818 - public name fixed by the design
+    """Raise inside a task to ask for another attempt after ``delay`` seconds.
+
+    If the job has used all its attempts it goes to the dead-letter queue instead.
+    """
+
+    def __init__(self, delay: float | None = None, reason: str = "") -> None:
+        if delay is not None and (delay != delay or delay < 0):
+            raise ValueError(f"Retry delay must be a non-negative number of seconds, got {delay!r}")
+        self.delay = delay
+        self.reason = reason
+        super().__init__(reason or (f"retry requested in {delay}s" if delay is not None else "retry requested"))
+
+
+class Reject(Exception):  # noqa: N818 - public name fixed by the design
+    """Raise inside a task to fail the job permanently: it goes to the dead-letter queue at once."""
+
+    def __init__(self, reason: str = "rejected") -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class StoreError(ConveyorError):
+    """The store failed or could not be reached; the operation did not happen."""
+
+
+class StorageFull(StoreError):
+    """The store is out of disk space; the operation did not happen."""

@@ -1,0 +1,130 @@
+"""Runs one claimed job and decides what becomes of it; the worker then writes that decision."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import functools
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import payload
+from .backends.base import ErrorInfo
+from .errors import ArgumentsError, PayloadError, Reject, Retry
+from .job import Job
+
+if TYPE_CHECKING:
+    from .task import Task
+
+MAX_MESSAGE_CHARS = 2_000
+MAX_TRACEBACK_CHARS = 16_000
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """``succeeded`` (with result JSON), ``retry`` (after ``delay``) or ``dead``."""
+
+    kind: str
+    result: str | None = None
+    error: ErrorInfo | None = None
+    delay: float = 0.0
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What a running task may want to know about its own job."""
+
+    job: Job
+
+    @property
+    def id(self) -> int:
+        return self.job.id
+
+    @property
+    def attempt(self) -> int:
+        return self.job.attempts
+
+
+_current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar("conveyor_job", default=None)
+
+
+def current_job() -> JobContext | None:
+    """The job being run by the calling task, or None outside a worker."""
+    return _current.get()
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 40] + f"... [{len(text) - limit + 40} chars cut]"
+
+
+def error_from(exc: BaseException, kind: str = "exception") -> ErrorInfo:
+    cls = type(exc)
+    name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    tb = "".join(traceback.format_exception(exc))
+    return ErrorInfo(kind=kind, type=name, message=_clip(str(exc), MAX_MESSAGE_CHARS), traceback=_clip(tb, MAX_TRACEBACK_CHARS))
+
+
+class Execution:
+    """One attempt of one job. ``thread`` is set for sync tasks: it may outlive a timeout."""
+
+    def __init__(self, job: Job, tasks: Mapping[str, Task[Any, Any]], pool: concurrent.futures.Executor) -> None:
+        self.job = job
+        self.tasks = tasks
+        self.pool = pool
+        self.thread: concurrent.futures.Future[Any] | None = None
+
+    async def run(self) -> Outcome:
+        job = self.job
+        task = self.tasks.get(job.task)
+        if task is None:
+            return Outcome("dead", error=ErrorInfo(
+                kind="unknown_task", type="conveyor.errors.UnknownTask",
+                message=f"no task named {job.task!r} is registered in this worker; "
+                        "deploy the code that defines it, then redrive the job",
+            ))
+        if not isinstance(job.args, dict):
+            return Outcome("dead", error=ErrorInfo(
+                kind="bad_arguments", type="conveyor.errors.ArgumentsError",
+                message=f"stored arguments are a {type(job.args).__name__}, not an object",
+            ))
+        try:
+            args, kwargs = payload.rebuild_call(task.fn, job.args)
+        except ArgumentsError as exc:
+            return Outcome("dead", error=error_from(exc, "bad_arguments"))
+
+        ctx = contextvars.copy_context()
+        ctx.run(_current.set, JobContext(job))
+        try:
+            async with asyncio.timeout(job.timeout) as deadline:
+                if task.is_async:
+                    coro = task.fn(*args, **kwargs)
+                    result = await asyncio.get_running_loop().create_task(coro, context=ctx)
+                else:
+                    self.thread = self.pool.submit(ctx.run, functools.partial(task.fn, *args, **kwargs))
+                    result = await asyncio.shield(asyncio.wrap_future(self.thread))
+        except Retry as exc:
+            delay = exc.delay if exc.delay is not None else task.retry_policy.delay(job.attempts)
+            return Outcome("retry", error=error_from(exc, "retry"), delay=delay)
+        except Reject as exc:
+            return Outcome("dead", error=error_from(exc, "rejected"))
+        except TimeoutError as exc:
+            if deadline.expired():
+                return Outcome("retry", delay=task.retry_policy.delay(job.attempts), error=ErrorInfo(
+                    kind="timeout", type="TimeoutError",
+                    message=f"task {job.task} did not finish within its timeout of {job.timeout:g}s"
+                            + ("; its thread was left running" if self.thread and not self.thread.done() else ""),
+                ))
+            return Outcome("retry", error=error_from(exc), delay=task.retry_policy.delay(job.attempts))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return Outcome("retry", error=error_from(exc), delay=task.retry_policy.delay(job.attempts))
+        try:
+            encoded = payload.encode(result, what=f"result of {job.task}")
+        except PayloadError as exc:
+            # Running it again would produce the same unstorable result.
+            return Outcome("dead", error=error_from(exc, "bad_result"))
+        return Outcome("succeeded", result=encoded)

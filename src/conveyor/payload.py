@@ -1,0 +1,166 @@
+"""JSON payloads: strict encoding, size limit, and binding to a task's signature. No pickle.
+
+Arguments are stored as the dict of bound parameters (``{"user_id": 42}``), so the store and
+the dashboard show names, and a worker rebuilds the call from the signature it has now.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .errors import ArgumentsError, InvalidName, PayloadError, PayloadTooLarge
+
+DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
+MAX_DEPTH = 64
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+TASK_NAME_RE = re.compile(r"^[A-Za-z0-9_.:<>-]{1,255}$")
+
+
+def check_queue_name(name: object) -> str:
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise InvalidName(
+            f"invalid queue name {name!r}: use 1-128 characters from A-Z a-z 0-9 _ . : -"
+        )
+    return name
+
+
+def check_task_name(name: object) -> str:
+    if not isinstance(name, str) or not TASK_NAME_RE.fullmatch(name):
+        raise InvalidName(
+            f"invalid task name {name!r}: use 1-255 characters from A-Z a-z 0-9 _ . : < > -"
+        )
+    return name
+
+
+def _check_value(value: object, path: str, depth: int) -> None:
+    """Refuse anything that would not come back equal from JSON, on every backend."""
+    if depth > MAX_DEPTH:
+        raise PayloadError(f"{path} is nested deeper than {MAX_DEPTH} levels")
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise PayloadError(f"{path} is {value!r}, which JSON cannot represent")
+        return
+    if isinstance(value, str):
+        _check_str(value, path)
+        return
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check_value(item, f"{path}[{i}]", depth + 1)
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise PayloadError(
+                    f"{path} has a key {key!r} of type {type(key).__name__}; JSON object keys must be str"
+                )
+            _check_str(key, f"{path} key")
+            _check_value(item, f"{path}[{key!r}]", depth + 1)
+        return
+    raise PayloadError(
+        f"{path} is a {type(value).__name__}, which is not JSON: pass ids and plain values "
+        "(str, int, float, bool, None, list, dict)"
+    )
+
+
+def _check_str(value: str, path: str) -> None:
+    if "\x00" in value:
+        # PostgreSQL jsonb cannot hold NUL; refuse it everywhere so backends agree.
+        raise PayloadError(f"{path} contains a NUL character (\\x00), which cannot be stored")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PayloadError(f"{path} is not valid Unicode text (lone surrogate?): {exc.reason}") from None
+
+
+def encode(value: object, *, what: str = "args", limit: int | None = None) -> str:
+    """Encode a JSON value strictly; raise PayloadError naming what is wrong."""
+    _check_value(value, what, 0)
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (ValueError, TypeError) as exc:  # e.g. an int too long to print
+        raise PayloadError(f"{what} cannot be encoded as JSON: {exc}") from None
+    if limit is not None:
+        size = len(text.encode("utf-8"))
+        if size > limit:
+            raise PayloadTooLarge(
+                f"{what} is {size} bytes as JSON, over the limit of {limit} bytes; "
+                "store the data elsewhere and pass its id"
+            )
+    return text
+
+
+def decode(text: str | bytes | None) -> Any:
+    if text is None:
+        return None
+    return json.loads(text)
+
+
+def bind_arguments(
+    fn: Callable[..., Any],
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    task_name: str = "",
+) -> dict[str, Any]:
+    """Bind a call to ``fn``'s signature and return the named arguments to store."""
+    sig = inspect.signature(fn)
+    try:
+        bound = sig.bind(*args, **(kwargs or {}))
+    except TypeError as exc:
+        raise ArgumentsError(f"arguments for task {task_name or fn.__name__}{sig}: {exc}") from None
+    return dict(bound.arguments)
+
+
+def rebuild_call(fn: Callable[..., Any], stored: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Turn stored named arguments back into (args, kwargs) for ``fn``; raise ArgumentsError if they no longer fit."""
+    sig = inspect.signature(fn)
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    params = sig.parameters
+    unknown = [k for k in stored if k not in params]
+    if unknown:
+        raise ArgumentsError(f"stored arguments {unknown} are not parameters of {fn.__name__}{sig}")
+    for name, param in params.items():
+        if name not in stored:
+            continue
+        value = stored[name]
+        if param.kind is inspect.Parameter.VAR_POSITIONAL:
+            if not isinstance(value, list):
+                raise ArgumentsError(f"stored *{name} is not a list")
+            args.extend(value)
+        elif param.kind is inspect.Parameter.VAR_KEYWORD:
+            if not isinstance(value, dict):
+                raise ArgumentsError(f"stored **{name} is not an object")
+            kwargs.update(value)
+        elif param.kind is inspect.Parameter.POSITIONAL_ONLY:
+            args.append(value)
+        elif param.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and not kwargs and _all_before_present(params, name, stored):
+            args.append(value)
+        else:
+            kwargs[name] = value
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise ArgumentsError(f"stored arguments do not fit {fn.__name__}{sig}: {exc}") from None
+    return tuple(args), kwargs
+
+
+def _all_before_present(params: Mapping[str, inspect.Parameter], name: str, stored: Mapping[str, Any]) -> bool:
+    # A positional-or-keyword parameter may go positionally only if every one before it did,
+    # which is what lets a following *args still receive its values.
+    for other, param in params.items():
+        if other == name:
+            return True
+        if param.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) and other not in stored:
+            return False
+    return True

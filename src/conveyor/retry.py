@@ -1,0 +1,44 @@
+"""Retry policy: exponential backoff with full jitter.
+
+Full jitter (a uniform draw between 0 and the exponential ceiling) spreads a burst of
+failures out instead of retrying them in lock-step against a struggling dependency.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """``delay(n)`` for failed attempt ``n`` (1-based) is uniform in ``[0, min(cap, base * factor**(n-1))]``."""
+
+    base: float = 1.0
+    factor: float = 2.0
+    cap: float = 3600.0
+    jitter: bool = True
+
+    def __post_init__(self) -> None:
+        if not (self.base >= 0 and self.factor >= 1 and self.cap >= 0):
+            raise ValueError(f"invalid retry policy {self!r}: need base >= 0, factor >= 1, cap >= 0")
+
+    def ceiling(self, attempt: int) -> float:
+        """The largest delay for this attempt, without jitter."""
+        n = max(attempt, 1) - 1
+        if self.base == 0 or self.cap == 0:
+            return 0.0
+        # Compare exponents first: factor**n overflows a float long before n reaches 2000.
+        if self.factor > 1 and n * math.log(self.factor) >= math.log(self.cap / self.base):
+            return self.cap
+        return min(self.cap, self.base * self.factor**n)
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        top = self.ceiling(attempt)
+        if not self.jitter:
+            return top
+        return (rng or random).uniform(0.0, top)
+
+
+DEFAULT_RETRY_POLICY = RetryPolicy()

@@ -1,0 +1,210 @@
+"""Tasks: a registered function plus its defaults, and the enqueue calls on it."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import inspect
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+
+from . import payload
+from .backends.base import NewJob
+from .errors import ConfigurationError, PayloadError
+from .job import Job, JobState
+from .retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from .app import Conveyor
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+PRIORITY_MIN, PRIORITY_MAX = -32768, 32767
+UNIQUE_KEY_MAX = 255
+
+
+@dataclass(frozen=True)
+class EnqueueOptions:
+    queue: str
+    max_attempts: int
+    timeout: float
+    priority: int = 0
+    delay: float = 0.0
+    run_at: float | None = None
+    unique_key: str | None = None
+
+
+def _check_options(opts: EnqueueOptions) -> EnqueueOptions:
+    payload.check_queue_name(opts.queue)
+    if not isinstance(opts.max_attempts, int) or isinstance(opts.max_attempts, bool) or opts.max_attempts < 1:
+        raise ConfigurationError(f"max_attempts must be an int >= 1, got {opts.max_attempts!r}")
+    if not _finite(opts.timeout) or opts.timeout <= 0:
+        raise ConfigurationError(
+            f"timeout must be a positive number of seconds, got {opts.timeout!r} (there is no 'forever')"
+        )
+    if not isinstance(opts.priority, int) or isinstance(opts.priority, bool) or not (
+        PRIORITY_MIN <= opts.priority <= PRIORITY_MAX
+    ):
+        raise ConfigurationError(f"priority must be an int in [{PRIORITY_MIN}, {PRIORITY_MAX}], got {opts.priority!r}")
+    if not _finite(opts.delay) or opts.delay < 0:
+        raise ConfigurationError(f"delay must be a non-negative number of seconds, got {opts.delay!r}")
+    if opts.run_at is not None and not _finite(opts.run_at):
+        raise ConfigurationError(f"run_at must be a datetime or unix time, got {opts.run_at!r}")
+    if opts.unique_key is not None and (
+        not isinstance(opts.unique_key, str) or not 0 < len(opts.unique_key) <= UNIQUE_KEY_MAX
+    ):
+        raise ConfigurationError(f"unique_key must be a non-empty str of at most {UNIQUE_KEY_MAX} characters")
+    if opts.unique_key is not None:
+        payload.encode(opts.unique_key, what="unique_key")
+    return opts
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _to_seconds(value: float | dt.timedelta) -> float:
+    return value.total_seconds() if isinstance(value, dt.timedelta) else value
+
+
+def _to_timestamp(value: float | dt.datetime) -> float:
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            raise ConfigurationError(
+                f"run_at {value!r} has no timezone; pass an aware datetime (e.g. tzinfo=datetime.UTC)"
+            )
+        return value.timestamp()
+    return value
+
+
+class _Enqueuer(Generic[P, R]):
+    """What ``Task`` and ``task.options(...)`` share: turning calls into stored jobs."""
+
+    task: Task[P, R]
+    _opts: EnqueueOptions
+
+    def _new_job(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> NewJob:
+        app = self.task.app
+        bound = payload.bind_arguments(self.task.fn, args, kwargs, task_name=self.task.name)
+        text = payload.encode(bound, what=f"arguments of {self.task.name}", limit=app.max_payload_bytes)
+        o = self._opts
+        return NewJob(
+            task=self.task.name, queue=o.queue, args=text, max_attempts=o.max_attempts, timeout=o.timeout,
+            priority=o.priority, delay=o.delay, run_at=o.run_at, unique_key=o.unique_key,
+        )
+
+    def _jobs(self, new: Sequence[NewJob]) -> list[Job]:
+        results = self.task.app.backend.enqueue_many(new)
+        jobs = []
+        for item, res in zip(new, results, strict=True):
+            if not res.created:
+                existing = self.task.app.get_job(res.id)
+                jobs.append(existing)
+                continue
+            run_at = item.run_at if item.run_at is not None else res.at + item.delay
+            jobs.append(
+                Job(
+                    id=res.id, task=item.task, queue=item.queue, args=payload.decode(item.args),
+                    state=JobState.SCHEDULED if run_at > res.at else JobState.AVAILABLE, attempts=0,
+                    max_attempts=item.max_attempts, priority=item.priority, run_at=run_at,
+                    timeout=item.timeout, created_at=res.at, unique_key=item.unique_key,
+                )
+            )
+        return jobs
+
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
+        """Store one job durably and return it (with its id). Bad arguments raise and store nothing."""
+        return self._jobs([self._new_job(args, kwargs)])[0]
+
+    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
+        """``enqueue`` for async code: the store write runs off the event loop."""
+        new = self._new_job(args, kwargs)
+        return (await asyncio.to_thread(self._jobs, [new]))[0]
+
+    def enqueue_many(self, calls: Iterable[Sequence[Any] | Mapping[str, Any]]) -> list[Job]:
+        """Store many jobs in one atomic write: each item is a tuple/list of args or a dict of kwargs.
+
+        If any item is invalid, nothing is stored.
+        """
+        new = []
+        for i, call in enumerate(calls):
+            if isinstance(call, Mapping):
+                new.append(self._new_job((), call))
+            elif isinstance(call, list | tuple):
+                new.append(self._new_job(call, {}))
+            else:
+                raise PayloadError(
+                    f"enqueue_many item {i} is a {type(call).__name__}; "
+                    "give a tuple of positional args or a dict of keyword args"
+                )
+        return self._jobs(new)
+
+    async def aenqueue_many(self, calls: Iterable[Sequence[Any] | Mapping[str, Any]]) -> list[Job]:
+        return await asyncio.to_thread(self.enqueue_many, list(calls))
+
+
+class Task(_Enqueuer[P, R]):
+    """A function registered with ``@app.task``. Calling it runs it here and now."""
+
+    def __init__(
+        self, app: Conveyor, fn: Callable[P, R], *, name: str, queue: str, max_attempts: int,
+        timeout: float, priority: int, retry: RetryPolicy,
+    ) -> None:
+        self.app = app
+        self.fn = fn
+        self.name = payload.check_task_name(name)
+        self.retry_policy = retry
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.task = self
+        self._opts = _check_options(
+            EnqueueOptions(queue=queue, max_attempts=max_attempts, timeout=timeout, priority=priority)
+        )
+        self.__doc__ = fn.__doc__
+        self.__name__ = getattr(fn, "__name__", name)
+        self.__wrapped__ = fn
+
+    @property
+    def queue(self) -> str:
+        return self._opts.queue
+
+    @property
+    def max_attempts(self) -> int:
+        return self._opts.max_attempts
+
+    @property
+    def timeout(self) -> float:
+        return self._opts.timeout
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.fn(*args, **kwargs)
+
+    def options(
+        self, *, delay: float | dt.timedelta | None = None, run_at: float | dt.datetime | None = None,
+        priority: int | None = None, queue: str | None = None, unique_key: str | None = None,
+        max_attempts: int | None = None, timeout: float | None = None,
+    ) -> TaskCall[P, R]:
+        """Per-call overrides: ``send_email.options(delay=10, priority=1).enqueue(42)``."""
+        changes: dict[str, Any] = {}
+        if delay is not None:
+            changes["delay"] = _to_seconds(delay)
+        if run_at is not None:
+            changes["run_at"] = _to_timestamp(run_at)
+        for key, value in (("priority", priority), ("queue", queue), ("unique_key", unique_key),
+                           ("max_attempts", max_attempts), ("timeout", timeout)):
+            if value is not None:
+                changes[key] = value
+        return TaskCall(self, _check_options(replace(self._opts, **changes)))
+
+    def __repr__(self) -> str:
+        return f"<Task {self.name} queue={self.queue!r}>"
+
+
+class TaskCall(_Enqueuer[P, R]):
+    """A task with per-call options applied; made by ``Task.options``."""
+
+    def __init__(self, task: Task[P, R], opts: EnqueueOptions) -> None:
+        self.task = task
+        self._opts = opts

@@ -1,0 +1,421 @@
+"""The worker: claims jobs up to its free slots, runs them, heartbeats their leases, and
+keeps the store tidy (reaping expired leases, promoting due jobs, pruning old results).
+
+A worker holds nothing that cannot be lost. Killed at any instant, its jobs come back when
+their leases expire; stopped with SIGTERM, it finishes what it can and releases the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import random
+import signal
+import socket
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from .app import Conveyor
+from .backends.base import Backend, Lease, WorkerInfo
+from .errors import ConfigurationError, LeaseLost
+from .executor import Execution, Outcome
+from .job import Job, JobState
+from .payload import check_queue_name
+
+log = logging.getLogger("conveyor.worker")
+T = TypeVar("T")
+
+
+def parse_queues(spec: str | Sequence[str] | Mapping[str, int]) -> dict[str, int]:
+    """``"high:6,default:3,low:1"`` (or a list, or a dict) to ``{queue: weight}``."""
+    items: list[tuple[str, int]] = []
+    if isinstance(spec, Mapping):
+        items = list(spec.items())
+    else:
+        parts = spec.split(",") if isinstance(spec, str) else list(spec)
+        for part in parts:
+            part = part.strip()
+            if not part:
+                continue
+            name, sep, weight = part.partition(":") if part.count(":") == 1 else part.rpartition(":")
+            if not sep:
+                items.append((part, 1))
+                continue
+            try:
+                items.append((name, int(weight)))
+            except ValueError:
+                raise ConfigurationError(f"queue weight in {part!r} must be an integer") from None
+    if not items:
+        raise ConfigurationError("no queues given: use e.g. --queues high:6,default:3,low:1")
+    result: dict[str, int] = {}
+    for name, weight in items:
+        check_queue_name(name)
+        if weight < 1:
+            raise ConfigurationError(f"queue {name!r} weight must be >= 1, got {weight}")
+        result[name] = weight
+    return result
+
+
+def plan_claims(free: int, weights: Mapping[str, int], rng: random.Random) -> list[tuple[str, int]]:
+    """Split ``free`` slots across queues by weight, in a weighted random order.
+
+    Each slot goes to a queue drawn by weight, so over time queues get slots in proportion to
+    their weights even when only one slot frees at a time. The order matters because the
+    worker hands a queue's unused share to the queues after it (work-conserving).
+    """
+    names = list(weights)
+    counts = Counter(rng.choices(names, [weights[n] for n in names], k=free))
+    # Weighted shuffle: sort by u**(1/w) descending (Efraimidis-Spirakis).
+    order = sorted(names, key=lambda n: rng.random() ** (1.0 / weights[n]), reverse=True)
+    return [(name, counts[name]) for name in order]
+
+
+@dataclass
+class _Running:
+    job: Job
+    lease: Lease
+    task: asyncio.Task[None] | None = None
+    execution: Execution | None = None
+    lost: bool = False
+    settled: bool = False  # the outcome was written (or refused): no more heartbeats
+
+
+@dataclass
+class WorkerCounters:
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    dead: int = 0
+    lease_lost: int = 0
+    reaped: int = 0
+    released: int = 0
+    by_task: Counter[str] = field(default_factory=Counter)
+
+
+class Worker:
+    """Run jobs from ``queues`` with up to ``concurrency`` at a time.
+
+    ``queues`` is ``"high:6,default:3,low:1"``, a list of names, or a dict of weights. Sync
+    tasks run on a thread pool of ``concurrency`` threads, ``async def`` tasks on the loop.
+    """
+
+    def __init__(
+        self,
+        app: Conveyor,
+        *,
+        queues: str | Sequence[str] | Mapping[str, int] = "default",
+        concurrency: int = 8,
+        visibility_timeout: float | None = None,
+        poll_interval: float = 1.0,
+        grace_period: float = 30.0,
+        maintenance_interval: float = 1.0,
+        prune_interval: float = 60.0,
+        worker_id: str | None = None,
+        install_signal_handlers: bool = True,
+    ) -> None:
+        if concurrency < 1:
+            raise ConfigurationError(f"concurrency must be >= 1, got {concurrency}")
+        self.app = app
+        self.weights = parse_queues(queues)
+        self.concurrency = concurrency
+        self.lease_s = float(visibility_timeout or app.visibility_timeout)
+        if self.lease_s <= 0:
+            raise ConfigurationError("visibility_timeout must be > 0")
+        self.heartbeat_interval = self.lease_s / 3
+        self.poll_interval = poll_interval
+        self.grace_period = grace_period
+        self.maintenance_interval = maintenance_interval
+        self.prune_interval = prune_interval
+        self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.install_signal_handlers = install_signal_handlers
+        self.counters = WorkerCounters()
+        self.started_at = time.time()
+        self._rng = random.Random()
+        self._running: dict[int, _Running] = {}
+        self._busy = 0  # slots taken, including threads still running past a timeout
+        self._stopping = False
+        self._forced = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._slot_freed: asyncio.Event | None = None
+        self._stopped: asyncio.Event | None = None
+        self._started = asyncio.Event()  # replaced in run_async
+        self._on_started: list[Callable[[], None]] = []
+
+    @property
+    def backend(self) -> Backend:
+        return self.app.backend
+
+    # -- public control ----------------------------------------------------------------
+    def run(self) -> None:
+        """Run until stopped (SIGTERM/SIGINT or ``stop()``)."""
+        asyncio.run(self.run_async())
+
+    def stop(self, *, graceful: bool = True) -> None:
+        """Ask the worker to stop; safe from any thread. A second, or non-graceful, call hurries it."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            self._stopping = True
+            self._forced = self._forced or not graceful
+            return
+        loop.call_soon_threadsafe(self._request_stop, graceful)
+
+    def _request_stop(self, graceful: bool = True) -> None:
+        if self._stopping or not graceful:
+            if not self._forced and self._stopping:
+                log.warning("second stop request: releasing running jobs now")
+            self._forced = True
+        if not self._stopping:
+            log.info("worker %s stopping: no new jobs; waiting up to %gs for %d running",
+                     self.id, self.grace_period, len(self._running))
+        self._stopping = True
+        self.backend.wake()
+        if self._slot_freed:
+            self._slot_freed.set()
+        if self._stopped and self._forced:
+            self._stopped.set()
+
+    # -- main --------------------------------------------------------------------------
+    async def run_async(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._slot_freed = asyncio.Event()
+        self._stopped = asyncio.Event()
+        # Separate threads so a slow claim never delays a heartbeat, and an idle wait blocks neither.
+        self._store = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="conveyor-store")
+        self._beat = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="conveyor-heartbeat")
+        self._waiter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="conveyor-wait")
+        self._pool = concurrent.futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix="conveyor-task")
+        if self.install_signal_handlers:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._request_stop)
+        await self._call(self._store, self.backend.record_worker, self._info())
+        log.info("worker %s started: queues %s, concurrency %d, lease %gs",
+                 self.id, ",".join(f"{q}:{w}" for q, w in self.weights.items()), self.concurrency, self.lease_s)
+        helpers = [
+            loop.create_task(self._heartbeat_loop(), name="conveyor-heartbeat"),
+            loop.create_task(self._maintenance_loop(), name="conveyor-maintenance"),
+        ]
+        self._started.set()
+        for cb in self._on_started:
+            cb()
+        try:
+            await self._claim_loop()
+            await self._drain()
+        finally:
+            for h in helpers:
+                h.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            if self.install_signal_handlers:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+            try:
+                await self._call(self._store, self.backend.remove_worker, self.id)
+            except Exception:
+                log.exception("could not remove worker row")
+            for ex in (self._store, self._beat, self._waiter, self._pool):
+                ex.shutdown(wait=False, cancel_futures=True)
+            log.info("worker %s stopped: %d succeeded, %d retried, %d dead, %d released",
+                     self.id, self.counters.succeeded, self.counters.retried, self.counters.dead,
+                     self.counters.released)
+
+    async def _call(self, executor: concurrent.futures.Executor, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+        assert self._loop is not None
+        return await self._loop.run_in_executor(executor, lambda: fn(*args, **kw))
+
+    def _info(self) -> WorkerInfo:
+        return WorkerInfo(
+            id=self.id, queues=list(self.weights), concurrency=self.concurrency, host=socket.gethostname(),
+            pid=os.getpid(), started_at=self.started_at, last_seen=0.0, running=len(self._running),
+        )
+
+    async def _claim_loop(self) -> None:
+        assert self._slot_freed is not None
+        queues = list(self.weights)
+        while not self._stopping:
+            free = self.concurrency - self._busy
+            if free <= 0:
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
+                continue
+            try:
+                jobs = await self._claim(free)
+            except Exception:
+                log.exception("claim failed; retrying in %gs", self.poll_interval)
+                await asyncio.sleep(self.poll_interval)
+                continue
+            for job in jobs:
+                self._start(job)
+            if jobs:
+                continue
+            try:
+                await self._call(self._waiter, self.backend.wait_for_jobs, queues, self.poll_interval)
+            except Exception:
+                log.exception("waiting for jobs failed")
+                await asyncio.sleep(self.poll_interval)
+
+    async def _claim(self, free: int) -> list[Job]:
+        claimed: list[Job] = []
+        carry = 0
+        full: list[str] = []
+        for queue, share in plan_claims(free, self.weights, self._rng):
+            want = share + carry
+            if want <= 0:
+                continue
+            jobs = await self._call(
+                self._store, self.backend.claim, queue, want, worker_id=self.id, lease_s=self.lease_s
+            )
+            claimed.extend(jobs)
+            carry = want - len(jobs)
+            if len(jobs) == want:
+                full.append(queue)
+        # Slots left over after every queue had its turn go to the queues that still had work.
+        for queue in full:
+            if carry <= 0 or self._stopping:
+                break
+            jobs = await self._call(
+                self._store, self.backend.claim, queue, carry, worker_id=self.id, lease_s=self.lease_s
+            )
+            claimed.extend(jobs)
+            carry -= len(jobs)
+        return claimed
+
+    def _start(self, job: Job) -> None:
+        assert self._loop is not None and job.lease_token is not None
+        self.counters.claimed += 1
+        running = _Running(job=job, lease=Lease(job.id, job.lease_token))
+        self._running[job.id] = running
+        self._busy += 1
+        running.task = self._loop.create_task(self._run_job(running), name=f"conveyor-job-{job.id}")
+
+    async def _run_job(self, running: _Running) -> None:
+        job = running.job
+        execution = Execution(job, self.app.tasks, self._pool)
+        running.execution = execution
+        log.debug("job %d %s attempt %d/%d started", job.id, job.task, job.attempts, job.max_attempts)
+        try:
+            outcome = await execution.run()
+            await self._settle(running, outcome)
+        except asyncio.CancelledError:
+            if not running.lost and not self._stopping:
+                raise
+        except Exception:
+            log.exception("job %d: unexpected error in the worker", job.id)
+        finally:
+            running.settled = True
+            self._running.pop(job.id, None)
+            thread = execution.thread
+            if thread is not None and not thread.done():
+                # A sync task past its timeout keeps its thread; keep its slot until it ends.
+                log.warning("job %d: thread still running after its timeout; its slot stays busy", job.id)
+                thread.add_done_callback(lambda _: self._loop.call_soon_threadsafe(self._free_slot)
+                                         if self._loop and not self._loop.is_closed() else None)
+            else:
+                self._free_slot()
+
+    def _free_slot(self) -> None:
+        self._busy -= 1
+        if self._slot_freed is not None:
+            self._slot_freed.set()
+
+    async def _settle(self, running: _Running, outcome: Outcome) -> None:
+        job, lease = running.job, running.lease
+        try:
+            if outcome.kind == "succeeded":
+                await self._call(self._store, self.backend.ack, lease, outcome.result)
+                self.counters.succeeded += 1
+                log.debug("job %d %s succeeded", job.id, job.task)
+            elif outcome.kind == "retry":
+                assert outcome.error is not None
+                state = await self._call(self._store, self.backend.retry, lease, outcome.error, delay=outcome.delay)
+                if state is JobState.DEAD:
+                    self.counters.dead += 1
+                    log.error("job %d %s failed on its last attempt (%d/%d), now dead: %s",
+                              job.id, job.task, job.attempts, job.max_attempts, outcome.error.message)
+                else:
+                    self.counters.retried += 1
+                    log.warning("job %d %s attempt %d/%d failed (%s), retry in %.2fs: %s",
+                                job.id, job.task, job.attempts, job.max_attempts, outcome.error.kind,
+                                outcome.delay, outcome.error.message)
+            else:
+                assert outcome.error is not None
+                await self._call(self._store, self.backend.kill, lease, outcome.error)
+                self.counters.dead += 1
+                log.error("job %d %s is dead (%s): %s", job.id, job.task, outcome.error.kind, outcome.error.message)
+            self.counters.by_task[f"{job.task}:{outcome.kind}"] += 1
+        except LeaseLost:
+            self.counters.lease_lost += 1
+            log.warning("job %d %s: outcome %r discarded, the lease was lost (the job is re-run or cancelled)",
+                        job.id, job.task, outcome.kind)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval)
+            held = [r for r in list(self._running.values()) if not r.settled and not r.lost]
+            try:
+                lost = await self._call(self._beat, self.backend.heartbeat, [r.lease for r in held],
+                                        lease_s=self.lease_s)
+                await self._call(self._beat, self.backend.record_worker, self._info())
+            except Exception:
+                log.exception("heartbeat failed; leases run out in %gs unless it recovers", self.lease_s)
+                continue
+            for r in held:
+                if r.job.id in lost and not r.settled:
+                    r.lost = True
+                    self.counters.lease_lost += 1
+                    log.warning("job %d %s: lease lost (expired, cancelled or taken over); stopping it",
+                                r.job.id, r.job.task)
+                    if r.task is not None:
+                        r.task.cancel()
+
+    async def _maintenance_loop(self) -> None:
+        next_prune = time.monotonic() + self._rng.uniform(0, self.prune_interval)
+        while True:
+            await asyncio.sleep(self.maintenance_interval * self._rng.uniform(0.5, 1.5))
+            try:
+                reaped = await self._call(self._beat, self.backend.reap, limit=1000)
+                if reaped.count:
+                    self.counters.reaped += reaped.count
+                    log.warning("reaped %d expired lease(s): %d back to available, %d dead",
+                                reaped.count, len(reaped.requeued), len(reaped.dead))
+                await self._call(self._beat, self.backend.promote, limit=1000)
+                if time.monotonic() >= next_prune and self.app.result_ttl > 0:
+                    next_prune = time.monotonic() + self.prune_interval
+                    await self._call(self._beat, self.backend.prune, older_than=self.app.result_ttl,
+                                     states=(JobState.SUCCEEDED, JobState.CANCELLED), limit=1000)
+            except Exception:
+                log.exception("maintenance failed")
+
+    async def _drain(self) -> None:
+        """After stop: wait for running jobs up to the grace period, then release the rest."""
+        assert self._stopped is not None
+        tasks = [r.task for r in self._running.values() if r.task is not None]
+        if tasks and not self._forced:
+            stopper = asyncio.ensure_future(self._stopped.wait())
+            deadline = time.monotonic() + self.grace_period
+            while not self._forced and any(not t.done() for t in tasks):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                await asyncio.wait([*[t for t in tasks if not t.done()], stopper], timeout=left,
+                                   return_when=asyncio.FIRST_COMPLETED)
+            stopper.cancel()
+        left_over = [r for r in self._running.values() if not r.settled]
+        if not left_over:
+            return
+        for r in left_over:
+            r.lost = True  # tell _run_job the cancel is ours
+            if r.task is not None:
+                r.task.cancel()
+        try:
+            released = await self._call(self._store, self.backend.release, [r.lease for r in left_over])
+            self.counters.released += len(released)
+            log.warning("released %d job(s) still running at shutdown: %s", len(released), released)
+        except Exception:
+            log.exception("could not release leases; they will expire in %gs", self.lease_s)
+        await asyncio.gather(*[r.task for r in left_over if r.task is not None], return_exceptions=True)
