@@ -67,7 +67,7 @@ class Conveyor:
         return self._backend
 
     @overload
-    def task(self, fn: Callable[P, R], /) -> Task[P, R]: ...
+    def task(self, fn: Callable[P, R]) -> Task[P, R]: ...
 
     @overload
     def task(
@@ -76,13 +76,13 @@ class Conveyor:
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
-        self, fn: Callable[P, R] | None = None, /, *, name: str | None = None, queue: str | None = None,
+        self, fn: Callable[..., Any] | None = None, *, name: str | None = None, queue: str | None = None,
         max_attempts: int | None = None, timeout: float | None = None, priority: int = 0,
         retry: RetryPolicy | None = None,
-    ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
+    ) -> Any:
         """Register a function as a task: ``@app.task`` or ``@app.task(queue="emails", max_attempts=5)``."""
 
-        def register(f: Callable[P, R]) -> Task[P, R]:
+        def register(f: Callable[..., Any]) -> Task[Any, Any]:
             task_name = name or f"{f.__module__}.{f.__qualname__}"
             if task_name in self.tasks and self.tasks[task_name].fn is not f:
                 raise ConfigurationError(f"a different function is already registered as task {task_name!r}")

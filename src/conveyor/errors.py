@@ -51,7 +51,7 @@ class ConfigurationError(ConveyorError, ValueError):
     """A URL, option or argument to Conveyor itself is wrong."""
 
 
-class Retry(Exception):  # noqa: N818 - public name fixed by the design
+class Retry(Exception):
     """Raise inside a task to ask for another attempt after ``delay`` seconds.
 
     If the job has used all its attempts it goes to the dead-letter queue instead.
@@ -65,7 +65,7 @@ class Retry(Exception):  # noqa: N818 - public name fixed by the design
         super().__init__(reason or (f"retry requested in {delay}s" if delay is not None else "retry requested"))
 
 
-class Reject(Exception):  # noqa: N818 - public name fixed by the design
+class Reject(Exception):
     """Raise inside a task to fail the job permanently: it goes to the dead-letter queue at once."""
 
     def __init__(self, reason: str = "rejected") -> None:

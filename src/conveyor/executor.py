@@ -85,13 +85,14 @@ class Execution:
                 message=f"no task named {job.task!r} is registered in this worker; "
                         "deploy the code that defines it, then redrive the job",
             ))
-        if not isinstance(job.args, dict):
+        stored: object = job.args  # written by another process or version: check, don't trust
+        if not isinstance(stored, dict):
             return Outcome("dead", error=ErrorInfo(
                 kind="bad_arguments", type="conveyor.errors.ArgumentsError",
-                message=f"stored arguments are a {type(job.args).__name__}, not an object",
+                message=f"stored arguments are a {type(stored).__name__}, not an object",
             ))
         try:
-            args, kwargs = payload.rebuild_call(task.fn, job.args)
+            args, kwargs = payload.rebuild_call(task.fn, stored)
         except ArgumentsError as exc:
             return Outcome("dead", error=error_from(exc, "bad_arguments"))
 

@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 
-class JobState(str, Enum):
+class JobState(StrEnum):
     SCHEDULED = "scheduled"
     AVAILABLE = "available"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     DEAD = "dead"
     CANCELLED = "cancelled"
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def is_final(self) -> bool:

@@ -142,9 +142,11 @@ def rebuild_call(fn: Callable[..., Any], stored: Mapping[str, Any]) -> tuple[tup
             if not isinstance(value, dict):
                 raise ArgumentsError(f"stored **{name} is not an object")
             kwargs.update(value)
-        elif param.kind is inspect.Parameter.POSITIONAL_ONLY:
-            args.append(value)
-        elif param.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and not kwargs and _all_before_present(params, name, stored):
+        elif param.kind is inspect.Parameter.POSITIONAL_ONLY or (
+            param.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+            and not kwargs
+            and _all_before_present(params, name, stored)
+        ):
             args.append(value)
         else:
             kwargs[name] = value

@@ -39,26 +39,23 @@ def parse_queues(spec: str | Sequence[str] | Mapping[str, int]) -> dict[str, int
         items = list(spec.items())
     else:
         parts = spec.split(",") if isinstance(spec, str) else list(spec)
-        for part in parts:
-            part = part.strip()
+        for raw in parts:
+            part = raw.strip()
             if not part:
                 continue
-            name, sep, weight = part.partition(":") if part.count(":") == 1 else part.rpartition(":")
-            if not sep:
-                items.append((part, 1))
-                continue
-            try:
-                items.append((name, int(weight)))
-            except ValueError:
-                raise ConfigurationError(f"queue weight in {part!r} must be an integer") from None
+            name, _, weight = part.rpartition(":")
+            if name and weight.strip().lstrip("-").isdigit():
+                items.append((name.strip(), int(weight)))
+            else:
+                items.append((part, 1))  # no weight; the name itself may contain ':'
     if not items:
         raise ConfigurationError("no queues given: use e.g. --queues high:6,default:3,low:1")
     result: dict[str, int] = {}
-    for name, weight in items:
-        check_queue_name(name)
-        if weight < 1:
-            raise ConfigurationError(f"queue {name!r} weight must be >= 1, got {weight}")
-        result[name] = weight
+    for queue, w in items:
+        check_queue_name(queue)
+        if w < 1:
+            raise ConfigurationError(f"queue {queue!r} weight must be >= 1, got {w}")
+        result[queue] = w
     return result
 
 

@@ -235,8 +235,8 @@ class Backend(abc.ABC):
     def now(self) -> float:
         """The store's clock, unix seconds."""
 
-    def wake(self) -> None:
+    def wake(self) -> None:  # noqa: B027 - optional hook: a backend without local waiters has nothing to do
         """Wake this process's threads blocked in wait_for_jobs (used at shutdown)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections. The backend must not be used afterwards."""

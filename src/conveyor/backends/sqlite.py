@@ -13,7 +13,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -173,10 +173,8 @@ class SqliteBackend(Backend):
         with self._lock:
             conns, self._all = self._all, []
         for conn in conns:
-            try:
+            with suppress(sqlite3.Error):
                 conn.close()
-            except sqlite3.Error:
-                pass
         self._local = threading.local()
 
     # -- producer ---------------------------------------------------------------------
@@ -341,7 +339,8 @@ class SqliteBackend(Backend):
         self, *, state: JobState | None = None, queue: str | None = None, task: str | None = None,
         cursor: int | None = None, limit: int = 50,
     ) -> Page:
-        where, params = [], {}
+        where: list[str] = []
+        params: dict[str, Any] = {}
         if state is not None:
             where.append("state = :state")
             params["state"] = str(state)

@@ -1,0 +1,411 @@
+"""The ``conveyor`` command line."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import asdict
+from typing import Any
+
+import click
+from rich.console import Console, Group
+from rich.table import Table
+
+from .app import Conveyor
+from .backends import redact_url
+from .backends.base import Stats
+from .errors import ConveyorError
+from .job import Job, JobState
+
+console = Console(highlight=False)
+
+
+def load_app(spec: str) -> Conveyor:
+    """``package.module:attribute`` to the Conveyor instance it names."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name:
+        raise click.UsageError(f"--app {spec!r}: expected module:attribute, e.g. myproject.jobs:app")
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise click.UsageError(f"--app {spec!r}: cannot import {module_name}: {exc}") from None
+    app = getattr(module, attr or "app", None)
+    if not isinstance(app, Conveyor):
+        raise click.UsageError(f"--app {spec!r}: {module_name}.{attr or 'app'} is not a Conveyor app")
+    return app
+
+
+class Ctx:
+    def __init__(self, app_spec: str | None, url: str | None) -> None:
+        self.app_spec = app_spec
+        self.url = url
+        self._app: Conveyor | None = None
+
+    @property
+    def app(self) -> Conveyor:
+        if self._app is None:
+            if self.app_spec:
+                self._app = load_app(self.app_spec)
+                if self.url:
+                    self._app.url = self.url
+            else:
+                self._app = Conveyor(self.url)
+        return self._app
+
+    def require_tasks(self, what: str) -> Conveyor:
+        if not self.app_spec:
+            raise click.UsageError(f"{what} needs --app module:attribute (or $CONVEYOR_APP) to know the tasks")
+        return self.app
+
+
+pass_ctx = click.make_pass_decorator(Ctx)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--app", "app_spec", envvar="CONVEYOR_APP", metavar="MODULE:ATTR",
+              help="Your Conveyor app, e.g. myproject.jobs:app ($CONVEYOR_APP).")
+@click.option("--url", envvar="CONVEYOR_URL", help="Store URL, overriding the app's ($CONVEYOR_URL).")
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.version_option(package_name="conveyor")
+@click.pass_context
+def cli(ctx: click.Context, app_spec: str | None, url: str | None, log_level: str) -> None:
+    """Conveyor: background jobs with leases, retries and a dead-letter queue."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ctx.obj = Ctx(app_spec, url)
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except ConveyorError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        sys.exit(1)
+
+
+# -- worker ------------------------------------------------------------------------------
+@cli.command()
+@click.option("--queues", "-q", default=None, help="Queues with weights: high:6,default:3,low:1 "
+              "(default: every queue the app's tasks use).")
+@click.option("--concurrency", "-c", default=8, show_default=True, help="Jobs run at once per process.")
+@click.option("--processes", "-p", default=1, show_default=True, help="Worker processes under one supervisor.")
+@click.option("--visibility-timeout", type=float, default=None,
+              help="Lease length in seconds (default: the app's).")
+@click.option("--grace", "grace_period", default=30.0, show_default=True,
+              help="Seconds to finish running jobs after SIGTERM before releasing them.")
+@click.option("--poll-interval", default=1.0, show_default=True, help="Longest idle wait between checks, seconds.")
+@pass_ctx
+def worker(obj: Ctx, queues: str | None, concurrency: int, processes: int, visibility_timeout: float | None,
+           grace_period: float, poll_interval: float) -> None:
+    """Run jobs. SIGTERM or Ctrl-C stops gracefully; a second one hurries."""
+    app = obj.require_tasks("worker")
+    if not queues:
+        queues = ",".join(sorted({t.queue for t in app.tasks.values()} or {app.default_queue}))
+    if processes > 1:
+        from .supervisor import Supervisor
+
+        argv = [sys.executable, "-m", "conveyor", "--app", obj.app_spec or ""]
+        if obj.url:
+            argv += ["--url", obj.url]
+        argv += ["--log-level", logging.getLevelName(logging.getLogger().level), "worker", "--queues", queues,
+                 "--concurrency", str(concurrency), "--grace", str(grace_period),
+                 "--poll-interval", str(poll_interval)]
+        if visibility_timeout:
+            argv += ["--visibility-timeout", str(visibility_timeout)]
+        sys.exit(Supervisor(argv, processes, grace_period=grace_period).run())
+
+    from .worker import Worker
+
+    w = Worker(app, queues=queues, concurrency=concurrency, visibility_timeout=visibility_timeout,
+               grace_period=grace_period, poll_interval=poll_interval)
+    click.echo(f"conveyor worker {w.id} on {redact_url(app.url)}: queues {queues}, "
+               f"concurrency {concurrency}, lease {w.lease_s:g}s", err=True)
+    w.run()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Threads of sync tasks that outlived their timeout cannot be joined; don't wait for them.
+    os._exit(0)
+
+
+# -- enqueue -----------------------------------------------------------------------------
+@cli.command()
+@click.argument("task_name")
+@click.option("--args", "args_json", default="[]", help='JSON: a list of positional args or an object of keyword args.')
+@click.option("--queue", default=None)
+@click.option("--delay", type=float, default=None, help="Seconds from now.")
+@click.option("--priority", type=int, default=None, help="Lower runs first.")
+@click.option("--unique-key", default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
+@pass_ctx
+def enqueue(obj: Ctx, task_name: str, args_json: str, queue: str | None, delay: float | None,
+            priority: int | None, unique_key: str | None, as_json: bool) -> None:
+    """Enqueue one job of TASK_NAME."""
+    app = obj.require_tasks("enqueue")
+    task = app.get_task(task_name)
+    try:
+        parsed = json.loads(args_json)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--args") from None
+    call = task.options(queue=queue, delay=delay, priority=priority, unique_key=unique_key)
+    if isinstance(parsed, list):
+        job = call.enqueue(*parsed)
+    elif isinstance(parsed, dict):
+        job = call.enqueue(**parsed)
+    else:
+        raise click.BadParameter("must be a JSON list (positional) or object (keyword)", param_hint="--args")
+    if as_json:
+        click.echo(json.dumps(job_dict(job)))
+    else:
+        click.echo(f"enqueued job {job.id} ({job.task} on {job.queue}, {job.state})")
+
+
+# -- stats -------------------------------------------------------------------------------
+def age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}m"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+def when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def stats_dict(stats: Stats) -> dict[str, Any]:
+    return {
+        "now": stats.now,
+        "queues": [asdict(q) | {"depth": q.depth} for q in stats.queues],
+        "workers": [asdict(w) for w in stats.workers],
+    }
+
+
+def stats_view(stats: Stats, url: str) -> Group:
+    table = Table(title=f"queues on {redact_url(url)}", title_justify="left")
+    for col in ("queue", "depth", "oldest waiting", "scheduled", "running", "succeeded", "dead",
+                "cancelled", "lease expiries"):
+        table.add_column(col, justify="left" if col == "queue" else "right")
+    for q in stats.queues:
+        table.add_row(q.queue, str(q.depth), age(q.oldest_available_age), str(q.scheduled), str(q.running),
+                      str(q.succeeded), f"[red]{q.dead}[/red]" if q.dead else "0", str(q.cancelled),
+                      str(q.lease_expiries))
+    if not stats.queues:
+        table.add_row("(no jobs yet)", "", "", "", "", "", "", "", "")
+    workers = Table(title=f"live workers: {len(stats.workers)}", title_justify="left")
+    for col in ("worker", "queues", "running", "concurrency", "last heartbeat", "up"):
+        workers.add_column(col)
+    for w in stats.workers:
+        workers.add_row(w.id, ",".join(w.queues), str(w.running), str(w.concurrency),
+                        age(stats.now - w.last_seen) + " ago", age(stats.now - w.started_at))
+    return Group(table, workers)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--watch", is_flag=True, help="Refresh every --interval seconds until Ctrl-C.")
+@click.option("--interval", default=1.0, show_default=True)
+@pass_ctx
+def stats(obj: Ctx, as_json: bool, watch: bool, interval: float) -> None:
+    """Depth and oldest waiting age per queue, counts by state, live workers."""
+    backend = obj.app.backend
+    if as_json and not watch:
+        click.echo(json.dumps(stats_dict(backend.stats()), indent=2))
+        return
+    if not watch:
+        console.print(stats_view(backend.stats(), obj.app.url))
+        return
+    from rich.live import Live
+
+    with Live(stats_view(backend.stats(), obj.app.url), console=console, auto_refresh=False) as live:
+        try:
+            while True:
+                time.sleep(interval)
+                if as_json:
+                    click.echo(json.dumps(stats_dict(backend.stats())))
+                else:
+                    live.update(stats_view(backend.stats(), obj.app.url), refresh=True)
+        except KeyboardInterrupt:
+            pass
+
+
+# -- jobs --------------------------------------------------------------------------------
+def job_dict(job: Job) -> dict[str, Any]:
+    d = asdict(job)
+    d["state"] = str(job.state)
+    d.pop("lease_token", None)
+    return d
+
+
+def show_job(job: Job) -> None:
+    table = Table(show_header=False, box=None)
+    table.add_column(style="bold")
+    table.add_column()
+    rows = [
+        ("id", str(job.id)), ("task", job.task), ("queue", job.queue), ("state", str(job.state)),
+        ("attempts", f"{job.attempts}/{job.max_attempts}"), ("priority", str(job.priority)),
+        ("args", json.dumps(job.args, ensure_ascii=False)), ("created", when(job.created_at)),
+        ("run at", when(job.run_at)), ("last started", when(job.attempted_at)),
+        ("finished", when(job.finished_at)), ("worker", job.worker_id or "-"),
+        ("result", json.dumps(job.result, ensure_ascii=False) if job.result is not None else "-"),
+        ("unique key", job.unique_key or "-"), ("timeout", f"{job.timeout:g}s"),
+    ]
+    for k, v in rows:
+        table.add_row(k, _escape(v))
+    console.print(table)
+    for err in job.errors:
+        console.print(f"[bold]attempt {err.get('attempt')}[/bold] {when(err.get('at'))} "
+                      f"[red]{_escape(str(err.get('kind')))}[/red] {_escape(str(err.get('type') or ''))}: "
+                      f"{_escape(str(err.get('message')))}")
+        if err.get("traceback"):
+            console.print(_escape(err["traceback"].rstrip()), style="dim")
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def jobs_table(jobs: list[Job], title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for col in ("id", "task", "queue", "state", "attempts", "args", "last error", "finished"):
+        table.add_column(col)
+    for j in jobs:
+        err = j.last_error
+        table.add_row(str(j.id), _escape(j.task), j.queue, str(j.state), f"{j.attempts}/{j.max_attempts}",
+                      _escape(json.dumps(j.args, ensure_ascii=False)[:60]),
+                      _escape(f"{err.get('kind')}: {err.get('message')}"[:80]) if err else "-",
+                      when(j.finished_at))
+    return table
+
+
+@cli.group()
+def jobs() -> None:
+    """Inspect and cancel jobs."""
+
+
+@jobs.command("show")
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def jobs_show(obj: Ctx, job_id: int, as_json: bool) -> None:
+    """Everything about one job, with every failed attempt."""
+    job = obj.app.get_job(job_id)
+    if as_json:
+        click.echo(json.dumps(job_dict(job), indent=2))
+    else:
+        show_job(job)
+
+
+@jobs.command("list")
+@click.option("--state", type=click.Choice([s.value for s in JobState]))
+@click.option("--queue")
+@click.option("--task")
+@click.option("--limit", default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def jobs_list(obj: Ctx, state: str | None, queue: str | None, task: str | None, limit: int, as_json: bool) -> None:
+    """Newest jobs first."""
+    page = obj.app.backend.list_jobs(state=JobState(state) if state else None, queue=queue, task=task, limit=limit)
+    if as_json:
+        click.echo(json.dumps([job_dict(j) for j in page.jobs], indent=2))
+    else:
+        console.print(jobs_table(page.jobs, f"jobs ({len(page.jobs)} shown)"))
+
+
+@jobs.command("cancel")
+@click.argument("job_id", type=int)
+@pass_ctx
+def jobs_cancel(obj: Ctx, job_id: int) -> None:
+    """Cancel a waiting or running job."""
+    if obj.app.backend.cancel(job_id):
+        click.echo(f"cancelled job {job_id}")
+    else:
+        raise click.ClickException(f"job {job_id} does not exist or is already finished")
+
+
+# -- dead-letter queue -------------------------------------------------------------------
+@cli.group()
+def dlq() -> None:
+    """The dead-letter queue: jobs that failed for good."""
+
+
+@dlq.command("list")
+@click.option("--queue")
+@click.option("--limit", default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def dlq_list(obj: Ctx, queue: str | None, limit: int, as_json: bool) -> None:
+    """Dead jobs, newest first."""
+    page = obj.app.backend.list_jobs(state=JobState.DEAD, queue=queue, limit=limit)
+    if as_json:
+        click.echo(json.dumps([job_dict(j) for j in page.jobs], indent=2))
+    else:
+        console.print(jobs_table(page.jobs, f"dead jobs ({len(page.jobs)} shown)"))
+
+
+@dlq.command("show")
+@click.argument("job_id", type=int)
+@pass_ctx
+def dlq_show(obj: Ctx, job_id: int) -> None:
+    """One dead job with every error and traceback."""
+    show_job(obj.app.get_job(job_id))
+
+
+@dlq.command("redrive")
+@click.argument("job_ids", type=int, nargs=-1)
+@click.option("--all", "all_", is_flag=True, help="Every dead job (of --queue, if given).")
+@click.option("--queue")
+@pass_ctx
+def dlq_redrive(obj: Ctx, job_ids: tuple[int, ...], all_: bool, queue: str | None) -> None:
+    """Send dead jobs back to their queue with attempts reset."""
+    if not job_ids and not all_:
+        raise click.UsageError("give job ids, or --all")
+    if job_ids and all_:
+        raise click.UsageError("give job ids or --all, not both")
+    n = obj.app.backend.redrive(None if all_ else list(job_ids), queue=queue)
+    click.echo(f"redrove {n} job(s)")
+    if job_ids and n < len(job_ids):
+        click.echo(f"{len(job_ids) - n} id(s) were not dead jobs and were left alone", err=True)
+
+
+@dlq.command("purge")
+@click.argument("job_ids", type=int, nargs=-1)
+@click.option("--queue")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@pass_ctx
+def dlq_purge(obj: Ctx, job_ids: tuple[int, ...], queue: str | None, yes: bool) -> None:
+    """Delete dead jobs (these ids, or all of --queue, or all)."""
+    if not yes and not job_ids:
+        click.confirm(f"Delete every dead job{' on ' + queue if queue else ''}?", abort=True)
+    n = obj.app.backend.purge(state=JobState.DEAD, queue=queue, job_ids=list(job_ids) or None)
+    click.echo(f"purged {n} dead job(s)")
+
+
+# -- store -------------------------------------------------------------------------------
+@cli.command()
+@pass_ctx
+def migrate(obj: Ctx) -> None:
+    """Create or upgrade the store's schema (also done on first use)."""
+    backend = obj.app.backend
+    version = getattr(backend, "schema_version", lambda: "?")()
+    click.echo(f"{redact_url(obj.app.url)}: schema version {version}")

@@ -1,0 +1,83 @@
+"""``--processes N``: run N worker processes under one parent that restarts crashed ones and
+passes SIGTERM/SIGINT on, so a deployment manages one process while using every core."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from types import FrameType
+
+log = logging.getLogger("conveyor.supervisor")
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if the supervisor dies, so no worker is left orphaned."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+class Supervisor:
+    def __init__(self, argv: Sequence[str], processes: int, *, grace_period: float = 30.0) -> None:
+        self.argv = list(argv)
+        self.processes = processes
+        self.grace_period = grace_period
+        self.children: dict[int, subprocess.Popen[bytes]] = {}
+        self.stopping = False
+        self.signals = 0
+
+    def _spawn(self, slot: int) -> None:
+        # Own process group: a terminal's Ctrl-C reaches only this parent, which passes it
+        # on once (children count a second signal as "hurry up").
+        child = subprocess.Popen(self.argv, process_group=0, preexec_fn=_die_with_parent)
+        self.children[slot] = child
+        log.info("started worker process %d (pid %d)", slot, child.pid)
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self.signals += 1
+        self.stopping = True
+        # A second signal is passed on too: children read it as "hurry up".
+        for child in self.children.values():
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        for slot in range(self.processes):
+            self._spawn(slot)
+        restarts: dict[int, float] = {}
+        backoff: dict[int, float] = {}
+        while not self.stopping:
+            time.sleep(0.2)
+            for slot, child in list(self.children.items()):
+                code = child.poll()
+                if code is None or self.stopping:
+                    continue
+                delay = backoff.get(slot, 0.5)
+                if slot not in restarts:
+                    log.error("worker process %d (pid %d) exited with %s; restarting in %.1fs",
+                              slot, child.pid, code, delay)
+                    restarts[slot] = time.monotonic() + delay
+                    backoff[slot] = min(delay * 2, 30.0)
+                if time.monotonic() >= restarts[slot]:
+                    del restarts[slot]
+                    self._spawn(slot)
+                    if code == 0:
+                        backoff.pop(slot, None)
+        deadline = time.monotonic() + self.grace_period + 5
+        for child in self.children.values():
+            left = max(0.0, deadline - time.monotonic())
+            try:
+                child.wait(timeout=left)
+            except subprocess.TimeoutExpired:
+                log.error("worker pid %d did not stop in time; killing it", child.pid)
+                child.kill()
+                child.wait()
+        return 0

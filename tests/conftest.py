@@ -1,0 +1,116 @@
+"""Shared fixtures: one store per test, parametrized over every backend.
+
+Adding a backend is two steps: write a ``<name>_store(tmp_path)`` context manager that yields
+a URL for a fresh, empty store (raising :class:`BackendUnavailable` if its service cannot be
+reached) and add one ``BackendSpec`` line to ``BACKENDS``. Every test that takes ``backend``,
+``store_url``, ``app`` or ``make_app`` then runs against it too.
+
+A backend whose service is down is skipped locally and fails the run in CI (``CI=true``), so
+a broken CI service can never turn the conformance suite green by skipping it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+import pytest
+
+from conveyor import Conveyor
+from conveyor.backends import open_backend
+from conveyor.backends.base import Backend
+
+
+class BackendUnavailable(Exception):
+    """The backend's service cannot be reached from this machine."""
+
+
+StoreFactory = Callable[[Path], contextlib.AbstractContextManager[str]]
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    name: str
+    store: StoreFactory  # yields the URL of a fresh, empty store; cleans it up afterwards
+
+
+@contextlib.contextmanager
+def sqlite_store(tmp_path: Path) -> Iterator[str]:
+    yield f"sqlite:///{tmp_path}/c.db"
+
+
+# Later, e.g.:
+#
+# @contextlib.contextmanager
+# def postgres_store(tmp_path: Path) -> Iterator[str]:
+#     base = os.environ.get("CONVEYOR_TEST_POSTGRES_URL", "postgresql://localhost/conveyor_test")
+#     try:
+#         ...connect with a short connect_timeout, create a fresh schema...
+#     except OSError as exc:
+#         raise BackendUnavailable(f"cannot connect to {redact_url(base)}: {exc}") from exc
+#     yield f"{base}?options=-csearch_path%3D{schema}"
+#     ...drop the schema...
+#
+# and the same for redis (a fresh key prefix or database number, FLUSHDB afterwards).
+
+BACKENDS: list[BackendSpec] = [
+    BackendSpec("sqlite", sqlite_store),
+    # BackendSpec("postgres", postgres_store),
+    # BackendSpec("redis", redis_store),
+]
+
+
+def _unavailable(name: str, exc: BackendUnavailable) -> NoReturn:
+    reason = f"{name} backend unavailable: {exc}"
+    if os.environ.get("CI") == "true":
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(params=BACKENDS, ids=[spec.name for spec in BACKENDS])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The URL of a fresh store of each backend in turn."""
+    spec: BackendSpec = request.param
+    with contextlib.ExitStack() as stack:
+        try:
+            url = stack.enter_context(spec.store(tmp_path))
+        except BackendUnavailable as exc:
+            _unavailable(spec.name, exc)
+        yield url
+
+
+@pytest.fixture
+def backend(store_url: str) -> Iterator[Backend]:
+    """A Backend on the test's store. Tests through this fixture use only the Backend interface."""
+    b = open_backend(store_url)
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+@pytest.fixture
+def make_app(store_url: str) -> Iterator[Callable[..., Conveyor]]:
+    """Build extra Conveyor apps on the test's store (e.g. with other settings); all closed at the end."""
+    apps: list[Conveyor] = []
+
+    def make(**kwargs: Any) -> Conveyor:
+        app = Conveyor(store_url, **kwargs)
+        apps.append(app)
+        return app
+
+    try:
+        yield make
+    finally:
+        for app in apps:
+            app.close()
+
+
+@pytest.fixture
+def app(make_app: Callable[..., Conveyor]) -> Conveyor:
+    """A Conveyor app on the same store as ``backend``."""
+    return make_app()

@@ -1,0 +1,101 @@
+"""Helpers shared by the tests: polling with a deadline, a worker on a background thread,
+and building backend-level jobs. Importable as ``support`` (tests/ is on sys.path via conftest)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from conveyor import Conveyor, Job
+from conveyor.backends.base import Backend, NewJob
+from conveyor.worker import Worker
+
+T = TypeVar("T")
+
+T0 = 1_700_000_000.0  # an injected "now" for backend tests: well in the past, a round number
+
+
+def wait_until(
+    predicate: Callable[[], T], timeout: float = 10, interval: float = 0.01, message: str = ""
+) -> T:
+    """Poll ``predicate`` until it returns something truthy and return that; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"condition not met within {timeout}s: {message or predicate}")
+        time.sleep(interval)
+
+
+def wait_for_job(app: Conveyor, job_id: int, *states: str, timeout: float = 10) -> Job:
+    """Wait until the job is in one of ``states`` (default: any final state) and return it."""
+
+    def check() -> Job | None:
+        job = app.get_job(job_id)
+        if states:
+            return job if str(job.state) in states else None
+        return job if job.is_final else None
+
+    try:
+        return wait_until(check, timeout=timeout, interval=0.01)
+    except AssertionError:
+        job = app.get_job(job_id)
+        raise AssertionError(
+            f"job {job_id} did not reach {states or 'a final state'} within {timeout}s; "
+            f"it is {job.state} after {job.attempts} attempt(s), errors={job.errors}"
+        ) from None
+
+
+def new_job(
+    task: str = "t.task",
+    queue: str = "default",
+    args: dict[str, Any] | None = None,
+    *,
+    max_attempts: int = 3,
+    timeout: float = 30.0,
+    **kw: Any,
+) -> NewJob:
+    return NewJob(
+        task=task, queue=queue, args=json.dumps(args or {}), max_attempts=max_attempts, timeout=timeout, **kw
+    )
+
+
+def enqueue_one(backend: Backend, *, now: float = T0, **kw: Any) -> int:
+    [res] = backend.enqueue_many([new_job(**kw)], now=now)
+    assert res.created
+    return res.id
+
+
+@contextlib.contextmanager
+def running_worker(app: Conveyor, **kwargs: Any) -> Iterator[Worker]:
+    """Run a Worker on a background thread for the duration of the block, then stop and join it."""
+    kwargs.setdefault("install_signal_handlers", False)
+    kwargs.setdefault("concurrency", 4)
+    kwargs.setdefault("poll_interval", 0.1)
+    kwargs.setdefault("maintenance_interval", 0.05)
+    kwargs.setdefault("grace_period", 10.0)
+    worker = Worker(app, **kwargs)
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:  # surfaced in the test thread below
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, name="test-worker", daemon=True)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(timeout=20)
+        assert not thread.is_alive(), "worker did not stop within 20s of stop()"
+    if errors:
+        raise AssertionError(f"worker.run() raised {errors[0]!r}") from errors[0]
