@@ -17,6 +17,7 @@ from .errors import (
     StoreError,
     UnknownTask,
 )
+from .executor import JobContext, current_job
 from .job import Job, JobState
 from .retry import RetryPolicy
 from .task import Task
@@ -27,6 +28,7 @@ __all__ = [
     "Conveyor",
     "ConveyorError",
     "InvalidName",
+    "JobContext",
     "Job",
     "JobNotFound",
     "JobState",
@@ -41,4 +43,5 @@ __all__ = [
     "StoreError",
     "Task",
     "UnknownTask",
+    "current_job",
 ]

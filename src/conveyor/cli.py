@@ -90,7 +90,7 @@ def main() -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except ConveyorError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        click.echo(f"error: {exc}", err=True)
         sys.exit(1)
 
 
@@ -409,3 +409,28 @@ def migrate(obj: Ctx) -> None:
     backend = obj.app.backend
     version = getattr(backend, "schema_version", lambda: "?")()
     click.echo(f"{redact_url(obj.app.url)}: schema version {version}")
+
+
+# -- demo --------------------------------------------------------------------------------
+@cli.command()
+@click.option("--db", "db_path", default="conveyor-demo.db", show_default=True, metavar="PATH",
+              type=click.Path(dir_okay=False), help="The demo's SQLite file.")
+@click.option("--fresh/--keep", default=True, show_default=True,
+              help="Delete the demo's SQLite file first (only if it holds nothing but demo jobs), or keep it.")
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="Stop by itself after this long (default: run until Ctrl-C).")
+@click.option("--live/--no-live", default=None,
+              help="Live terminal view, or plain log lines (default: live when stdout is a terminal).")
+def demo(db_path: str, fresh: bool, duration: float | None, live: bool | None) -> None:
+    """See Conveyor work: a producer and a worker on an embedded SQLite file, live.
+
+    Always uses its own SQLite file (--db), never --url or $CONVEYOR_URL. The tasks are in
+    conveyor.demo, so `conveyor --app conveyor.demo:app stats` works from another terminal.
+    """
+    from .demo import run_demo
+
+    code = run_demo(db_path, duration=duration, live=live, fresh=fresh, console=console)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # A demo task past its timeout may still be sleeping in its thread; don't wait for it.
+    os._exit(code)

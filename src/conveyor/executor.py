@@ -92,7 +92,7 @@ class Execution:
                 message=f"stored arguments are a {type(stored).__name__}, not an object",
             ))
         try:
-            args, kwargs = payload.rebuild_call(task.fn, stored)
+            args, kwargs = payload.rebuild_call(task.fn, stored, task.signature)
         except ArgumentsError as exc:
             return Outcome("dead", error=error_from(exc, "bad_arguments"))
 

@@ -111,9 +111,10 @@ def bind_arguments(
     kwargs: Mapping[str, Any] | None = None,
     *,
     task_name: str = "",
+    sig: inspect.Signature | None = None,
 ) -> dict[str, Any]:
     """Bind a call to ``fn``'s signature and return the named arguments to store."""
-    sig = inspect.signature(fn)
+    sig = sig or inspect.signature(fn)
     try:
         bound = sig.bind(*args, **(kwargs or {}))
     except TypeError as exc:
@@ -121,9 +122,11 @@ def bind_arguments(
     return dict(bound.arguments)
 
 
-def rebuild_call(fn: Callable[..., Any], stored: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def rebuild_call(
+    fn: Callable[..., Any], stored: Mapping[str, Any], sig: inspect.Signature | None = None
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Turn stored named arguments back into (args, kwargs) for ``fn``; raise ArgumentsError if they no longer fit."""
-    sig = inspect.signature(fn)
+    sig = sig or inspect.signature(fn)
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
     params = sig.parameters

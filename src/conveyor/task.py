@@ -88,7 +88,8 @@ class _Enqueuer(Generic[P, R]):
 
     def _new_job(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> NewJob:
         app = self.task.app
-        bound = payload.bind_arguments(self.task.fn, args, kwargs, task_name=self.task.name)
+        bound = payload.bind_arguments(self.task.fn, args, kwargs, task_name=self.task.name,
+                                       sig=self.task.signature)
         text = payload.encode(bound, what=f"arguments of {self.task.name}", limit=app.max_payload_bytes)
         o = self._opts
         return NewJob(
@@ -158,6 +159,7 @@ class Task(_Enqueuer[P, R]):
         self.name = payload.check_task_name(name)
         self.retry_policy = retry
         self.is_async = inspect.iscoroutinefunction(fn)
+        self.signature = inspect.signature(fn)
         self.task = self
         self._opts = _check_options(
             EnqueueOptions(queue=queue, max_attempts=max_attempts, timeout=timeout, priority=priority)
