@@ -62,7 +62,12 @@ def new_job(
     **kw: Any,
 ) -> NewJob:
     return NewJob(
-        task=task, queue=queue, args=json.dumps(args or {}), max_attempts=max_attempts, timeout=timeout, **kw
+        task=task,
+        queue=queue,
+        args=json.dumps(args or {}),
+        max_attempts=max_attempts,
+        timeout=timeout,
+        **kw,
     )
 
 
@@ -72,30 +77,49 @@ def enqueue_one(backend: Backend, *, now: float = T0, **kw: Any) -> int:
     return res.id
 
 
-@contextlib.contextmanager
-def running_worker(app: Conveyor, **kwargs: Any) -> Iterator[Worker]:
-    """Run a Worker on a background thread for the duration of the block, then stop and join it."""
-    kwargs.setdefault("install_signal_handlers", False)
-    kwargs.setdefault("concurrency", 4)
-    kwargs.setdefault("poll_interval", 0.1)
-    kwargs.setdefault("maintenance_interval", 0.05)
-    kwargs.setdefault("grace_period", 10.0)
-    worker = Worker(app, **kwargs)
-    errors: list[BaseException] = []
+class WorkerThread:
+    """A Worker running ``run()`` on a background thread. ``stop()`` is idempotent: a second
+    ``Worker.stop()`` would mean "hurry" (release running jobs), which tests must ask for explicitly."""
 
-    def target() -> None:
+    def __init__(self, app: Conveyor, **kwargs: Any) -> None:
+        kwargs.setdefault("install_signal_handlers", False)
+        kwargs.setdefault("concurrency", 4)
+        kwargs.setdefault("poll_interval", 0.1)
+        kwargs.setdefault("maintenance_interval", 0.05)
+        kwargs.setdefault("grace_period", 10.0)
+        self.worker = Worker(app, **kwargs)
+        self.errors: list[BaseException] = []
+        self._stop_requested = False
+        self.thread = threading.Thread(target=self._target, name="test-worker", daemon=True)
+
+    def _target(self) -> None:
         try:
-            worker.run()
-        except BaseException as exc:  # surfaced in the test thread below
-            errors.append(exc)
+            self.worker.run()
+        except BaseException as exc:  # surfaced in the test thread by join()
+            self.errors.append(exc)
 
-    thread = threading.Thread(target=target, name="test-worker", daemon=True)
-    thread.start()
+    def start(self) -> WorkerThread:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        if not self._stop_requested:
+            self._stop_requested = True
+            self.worker.stop()
+
+    def join(self, timeout: float = 20) -> None:
+        self.thread.join(timeout=timeout)
+        assert not self.thread.is_alive(), f"worker did not stop within {timeout}s of stop()"
+        if self.errors:
+            raise AssertionError(f"worker.run() raised {self.errors[0]!r}") from self.errors[0]
+
+
+@contextlib.contextmanager
+def running_worker(app: Conveyor, **kwargs: Any) -> Iterator[WorkerThread]:
+    """Run a Worker on a background thread for the duration of the block, then stop and join it."""
+    wt = WorkerThread(app, **kwargs).start()
     try:
-        yield worker
+        yield wt
     finally:
-        worker.stop()
-        thread.join(timeout=20)
-        assert not thread.is_alive(), "worker did not stop within 20s of stop()"
-    if errors:
-        raise AssertionError(f"worker.run() raised {errors[0]!r}") from errors[0]
+        wt.stop()
+        wt.join()
