@@ -102,10 +102,11 @@ class WorkerThread:
         self.thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, *, graceful: bool = True) -> None:
+        """Ask once; ``graceful=False`` releases running jobs instead of waiting for them."""
         if not self._stop_requested:
             self._stop_requested = True
-            self.worker.stop()
+            self.worker.stop(graceful=graceful)
 
     def join(self, timeout: float = 20) -> None:
         self.thread.join(timeout=timeout)

@@ -83,11 +83,11 @@ class Conveyor:
         """Register a function as a task: ``@app.task`` or ``@app.task(queue="emails", max_attempts=5)``."""
 
         def register(f: Callable[..., Any]) -> Task[Any, Any]:
-            task_name = name or f"{f.__module__}.{f.__qualname__}"
+            task_name = name if name is not None else f"{f.__module__}.{f.__qualname__}"
             if task_name in self.tasks and self.tasks[task_name].fn is not f:
                 raise ConfigurationError(f"a different function is already registered as task {task_name!r}")
             t = Task(
-                self, f, name=task_name, queue=queue or self.default_queue,
+                self, f, name=task_name, queue=queue if queue is not None else self.default_queue,
                 max_attempts=max_attempts if max_attempts is not None else self.default_max_attempts,
                 timeout=timeout if timeout is not None else self.default_timeout,
                 priority=priority, retry=retry or self.retry_policy,

@@ -98,13 +98,16 @@ def main() -> None:
 @cli.command()
 @click.option("--queues", "-q", default=None, help="Queues with weights: high:6,default:3,low:1 "
               "(default: every queue the app's tasks use).")
-@click.option("--concurrency", "-c", default=8, show_default=True, help="Jobs run at once per process.")
-@click.option("--processes", "-p", default=1, show_default=True, help="Worker processes under one supervisor.")
-@click.option("--visibility-timeout", type=float, default=None,
+@click.option("--concurrency", "-c", default=8, show_default=True, type=click.IntRange(min=1),
+              help="Jobs run at once per process.")
+@click.option("--processes", "-p", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Worker processes; more than 1 runs them under a supervisor that restarts crashed ones.")
+@click.option("--visibility-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Lease length in seconds (default: the app's).")
-@click.option("--grace", "grace_period", default=30.0, show_default=True,
+@click.option("--grace", "grace_period", default=30.0, show_default=True, type=click.FloatRange(min=0),
               help="Seconds to finish running jobs after SIGTERM before releasing them.")
-@click.option("--poll-interval", default=1.0, show_default=True, help="Longest idle wait between checks, seconds.")
+@click.option("--poll-interval", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Longest idle wait between checks, seconds.")
 @pass_ctx
 def worker(obj: Ctx, queues: str | None, concurrency: int, processes: int, visibility_timeout: float | None,
            grace_period: float, poll_interval: float) -> None:
@@ -112,6 +115,11 @@ def worker(obj: Ctx, queues: str | None, concurrency: int, processes: int, visib
     app = obj.require_tasks("worker")
     if not queues:
         queues = ",".join(sorted({t.queue for t in app.tasks.values()} or {app.default_queue}))
+    from .worker import Worker
+
+    # Built here even when children will run it: a bad option fails now, not in a restart loop.
+    w = Worker(app, queues=queues, concurrency=concurrency, visibility_timeout=visibility_timeout,
+               grace_period=grace_period, poll_interval=poll_interval)
     if processes > 1:
         from .supervisor import Supervisor
 
@@ -121,14 +129,10 @@ def worker(obj: Ctx, queues: str | None, concurrency: int, processes: int, visib
         argv += ["--log-level", logging.getLevelName(logging.getLogger().level), "worker", "--queues", queues,
                  "--concurrency", str(concurrency), "--grace", str(grace_period),
                  "--poll-interval", str(poll_interval)]
-        if visibility_timeout:
+        if visibility_timeout is not None:
             argv += ["--visibility-timeout", str(visibility_timeout)]
         sys.exit(Supervisor(argv, processes, grace_period=grace_period).run())
 
-    from .worker import Worker
-
-    w = Worker(app, queues=queues, concurrency=concurrency, visibility_timeout=visibility_timeout,
-               grace_period=grace_period, poll_interval=poll_interval)
     click.echo(f"conveyor worker {w.id} on {redact_url(app.url)}: queues {queues}, "
                f"concurrency {concurrency}, lease {w.lease_s:g}s", err=True)
     w.run()

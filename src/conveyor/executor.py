@@ -7,7 +7,7 @@ import concurrent.futures
 import contextvars
 import functools
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +67,25 @@ def error_from(exc: BaseException, kind: str = "exception") -> ErrorInfo:
     return ErrorInfo(kind=kind, type=name, message=_clip(str(exc), MAX_MESSAGE_CHARS), traceback=_clip(tb, MAX_TRACEBACK_CHARS))
 
 
+class TaskExit(Exception):
+    """A task called ``sys.exit()``: that fails its job, never the worker."""
+
+
+def _guard_sync(call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except SystemExit as exc:
+        raise TaskExit(f"task raised SystemExit({exc.code!r}) (sys.exit)") from None
+
+
+async def _guard_async(coro: Coroutine[Any, Any, Any]) -> Any:
+    # asyncio re-raises SystemExit out of the event loop itself; turn it into a failure here.
+    try:
+        return await coro
+    except SystemExit as exc:
+        raise TaskExit(f"task raised SystemExit({exc.code!r}) (sys.exit)") from None
+
+
 class Execution:
     """One attempt of one job. ``thread`` is set for sync tasks: it may outlive a timeout."""
 
@@ -101,10 +120,11 @@ class Execution:
         try:
             async with asyncio.timeout(job.timeout) as deadline:
                 if task.is_async:
-                    coro = task.fn(*args, **kwargs)
+                    coro = _guard_async(task.fn(*args, **kwargs))
                     result = await asyncio.get_running_loop().create_task(coro, context=ctx)
                 else:
-                    self.thread = self.pool.submit(ctx.run, functools.partial(task.fn, *args, **kwargs))
+                    call = functools.partial(_guard_sync, functools.partial(task.fn, *args, **kwargs))
+                    self.thread = self.pool.submit(ctx.run, call)
                     result = await asyncio.shield(asyncio.wrap_future(self.thread))
         except Retry as exc:
             delay = exc.delay if exc.delay is not None else task.retry_policy.delay(job.attempts)

@@ -17,6 +17,7 @@ from .errors import ArgumentsError, InvalidName, PayloadError, PayloadTooLarge
 
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_DEPTH = 64
+MAX_INT_BITS = 4096
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 TASK_NAME_RE = re.compile(r"^[A-Za-z0-9_.:<>-]{1,255}$")
@@ -45,6 +46,8 @@ def _check_value(value: object, path: str, depth: int) -> None:
     if value is None or isinstance(value, bool):
         return
     if isinstance(value, int):
+        if value.bit_length() > MAX_INT_BITS:
+            raise PayloadError(f"{path} is an integer of {value.bit_length()} bits, too large to store as JSON")
         return
     if isinstance(value, float):
         if not math.isfinite(value):

@@ -21,8 +21,13 @@ class RetryPolicy:
     jitter: bool = True
 
     def __post_init__(self) -> None:
-        if not (self.base >= 0 and self.factor >= 1 and self.cap >= 0):
-            raise ValueError(f"invalid retry policy {self!r}: need base >= 0, factor >= 1, cap >= 0")
+        values = (self.base, self.factor, self.cap)
+        if not all(math.isfinite(v) for v in values) or not (
+            self.base >= 0 and self.factor >= 1 and self.cap >= 0
+        ):
+            raise ValueError(
+                f"invalid retry policy {self!r}: need finite base >= 0, factor >= 1, cap >= 0 (seconds)"
+            )
 
     def ceiling(self, attempt: int) -> float:
         """The largest delay for this attempt, without jitter."""
@@ -30,9 +35,12 @@ class RetryPolicy:
         if self.base == 0 or self.cap == 0:
             return 0.0
         # Compare exponents first: factor**n overflows a float long before n reaches 2000.
-        if self.factor > 1 and n * math.log(self.factor) >= math.log(self.cap / self.base):
+        if self.factor > 1 and n * math.log(self.factor) >= math.log(self.cap) - math.log(self.base):
             return self.cap
-        return min(self.cap, self.base * self.factor**n)
+        try:
+            return min(self.cap, self.base * self.factor**n)
+        except OverflowError:
+            return self.cap
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         top = self.ceiling(attempt)

@@ -12,6 +12,7 @@ import concurrent.futures
 import logging
 import os
 import random
+import re
 import signal
 import socket
 import time
@@ -44,7 +45,7 @@ def parse_queues(spec: str | Sequence[str] | Mapping[str, int]) -> dict[str, int
             if not part:
                 continue
             name, _, weight = part.rpartition(":")
-            if name and weight.strip().lstrip("-").isdigit():
+            if name and re.fullmatch(r"\s*-?[0-9]+\s*", weight):
                 items.append((name.strip(), int(weight)))
             else:
                 items.append((part, 1))  # no weight; the name itself may contain ':'
@@ -121,9 +122,15 @@ class Worker:
         self.app = app
         self.weights = parse_queues(queues)
         self.concurrency = concurrency
-        self.lease_s = float(visibility_timeout or app.visibility_timeout)
-        if self.lease_s <= 0:
-            raise ConfigurationError("visibility_timeout must be > 0")
+        self.lease_s = float(app.visibility_timeout if visibility_timeout is None else visibility_timeout)
+        if not self.lease_s > 0:
+            raise ConfigurationError(f"visibility_timeout must be > 0 seconds, got {visibility_timeout!r}")
+        if not poll_interval > 0:
+            raise ConfigurationError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
+        if not grace_period >= 0:
+            raise ConfigurationError(f"grace_period must be >= 0 seconds, got {grace_period!r}")
+        if not maintenance_interval > 0:
+            raise ConfigurationError(f"maintenance_interval must be > 0 seconds, got {maintenance_interval!r}")
         self.heartbeat_interval = self.lease_s / 3
         self.poll_interval = poll_interval
         self.grace_period = grace_period
@@ -147,6 +154,11 @@ class Worker:
     @property
     def backend(self) -> Backend:
         return self.app.backend
+
+    @property
+    def stopping(self) -> bool:
+        """True once a stop was requested (it may change while the worker awaits)."""
+        return self._stopping
 
     # -- public control ----------------------------------------------------------------
     def run(self) -> None:
@@ -246,6 +258,11 @@ class Worker:
                 log.exception("claim failed; retrying in %gs", self.poll_interval)
                 await asyncio.sleep(self.poll_interval)
                 continue
+            if self.stopping and jobs:
+                # Claimed while the stop came in: give them straight back, unrun.
+                leases = [Lease(j.id, j.lease_token) for j in jobs if j.lease_token]
+                await self._call(self._store, self.backend.release, leases)
+                break
             for job in jobs:
                 self._start(job)
             if jobs:
@@ -262,7 +279,7 @@ class Worker:
         full: list[str] = []
         for queue, share in plan_claims(free, self.weights, self._rng):
             want = share + carry
-            if want <= 0:
+            if want <= 0 or self._stopping:
                 continue
             jobs = await self._call(
                 self._store, self.backend.claim, queue, want, worker_id=self.id, lease_s=self.lease_s
@@ -308,8 +325,10 @@ class Worker:
             self._running.pop(job.id, None)
             thread = execution.thread
             if thread is not None and not thread.done():
-                # A sync task past its timeout keeps its thread; keep its slot until it ends.
-                log.warning("job %d: thread still running after its timeout; its slot stays busy", job.id)
+                # A sync task can't be stopped (timeout, lost lease, shutdown): its slot stays
+                # busy until the thread returns, so capacity shown is capacity real.
+                log.warning("job %d: its thread is still running (%s); the slot stays busy until it returns",
+                            job.id, "lease lost" if running.lost else "timed out")
                 thread.add_done_callback(lambda _: self._loop.call_soon_threadsafe(self._free_slot)
                                          if self._loop and not self._loop.is_closed() else None)
             else:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from ..errors import ConfigurationError
 from .base import Backend
@@ -33,10 +33,20 @@ def open_backend(url: str) -> Backend:
     )
 
 
+SECRET_PARAMS = {"password", "sslpassword", "pass", "token"}
+
+
 def redact_url(url: str) -> str:
-    """The URL with any password replaced, for logs and screens."""
+    """The URL with any password (in the netloc or the query) replaced, for logs and screens."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return parts._replace(netloc=netloc).geturl()
+    if parts.password is None and not any(k.lower() in SECRET_PARAMS for k, _ in parse_qsl(parts.query)):
+        return url  # untouched: geturl() would normalise sqlite://// away
+    if parts.password is not None:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+        parts = parts._replace(netloc=netloc)
+    if parts.query:
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
+        if any(k.lower() in SECRET_PARAMS for k, _ in pairs):
+            masked = [(k, "***" if k.lower() in SECRET_PARAMS else v) for k, v in pairs]
+            parts = parts._replace(query=urlencode(masked, safe="*"))
+    return parts.geturl()

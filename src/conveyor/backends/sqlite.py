@@ -420,6 +420,9 @@ class SqliteBackend(Backend):
         with self._write(now) as (conn, t):
             if job_ids is None:
                 n = conn.execute(Q["redrive_all"], {"now": t, "queue": queue}).rowcount
+                # Newest first, one by one: of several dead jobs sharing a key, one comes back.
+                keyed = conn.execute(Q["dead_with_unique_key"], {"queue": queue}).fetchall()
+                n += sum(conn.execute(Q["redrive"], {"now": t, "id": r[0]}).rowcount for r in keyed)
             else:
                 n = sum(conn.execute(Q["redrive"], {"now": t, "id": i}).rowcount for i in job_ids)
         if n:

@@ -113,16 +113,26 @@ ON CONFLICT (queue, name) DO UPDATE SET value = value + excluded.value;
 SELECT * FROM conveyor_jobs WHERE id = :id;
 
 -- name: redrive
+-- A dead job whose unique_key a newer unfinished job holds stays dead: reviving it
+-- would break uniqueness (the newer job is doing its work).
 UPDATE conveyor_jobs
 SET state = 'available', attempt = 0, run_at = :now, finished_at = NULL, worker_id = NULL,
     meta = json_set(meta, '$.redriven', coalesce(json_extract(meta, '$.redriven'), 0) + 1)
-WHERE id = :id AND state = 'dead';
+WHERE id = :id AND state = 'dead'
+  AND (unique_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM conveyor_jobs AS o
+        WHERE o.unique_key = conveyor_jobs.unique_key AND o.state IN ('scheduled', 'available', 'running')));
 
 -- name: redrive_all
 UPDATE conveyor_jobs
 SET state = 'available', attempt = 0, run_at = :now, finished_at = NULL, worker_id = NULL,
     meta = json_set(meta, '$.redriven', coalesce(json_extract(meta, '$.redriven'), 0) + 1)
-WHERE state = 'dead' AND (:queue IS NULL OR queue = :queue);
+WHERE state = 'dead' AND (:queue IS NULL OR queue = :queue) AND unique_key IS NULL;
+
+-- name: dead_with_unique_key
+SELECT id FROM conveyor_jobs
+WHERE state = 'dead' AND (:queue IS NULL OR queue = :queue) AND unique_key IS NOT NULL
+ORDER BY id DESC;
 
 -- name: cancel
 UPDATE conveyor_jobs

@@ -1,0 +1,85 @@
+"""Backend contract under concurrency: many claimers, each job handed out exactly once."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+from support import T0, new_job
+
+from conveyor import JobState
+from conveyor.backends import open_backend
+from conveyor.backends.base import Backend
+
+JOBS = 500
+THREADS = 8
+
+
+def claim_concurrently(backends: list[Backend]) -> Counter[int]:
+    """Each thread claims small batches until the queue is empty; returns claims per job id."""
+    claimed: list[list[int]] = [[] for _ in backends]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(backends))
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait(10)
+            while batch := backends[i].claim(
+                "default", 5, worker_id=f"w{i}", lease_s=60, now=T0 + 1
+            ):
+                claimed[i].extend(j.id for j in batch)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(backends))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "claimer threads hung"
+    assert not errors, errors
+    assert sum(1 for c in claimed if c) >= 2, (
+        "expected the claims to be spread over several threads"
+    )
+    return Counter(i for c in claimed for i in c)
+
+
+def _check(backend: Backend, ids: list[int], counts: Counter[int]) -> None:
+    duplicates = {i: n for i, n in counts.items() if n > 1}
+    assert duplicates == {}, f"jobs claimed more than once: {duplicates}"
+    assert set(counts) == set(ids)
+    assert sum(counts.values()) == JOBS
+    jobs = backend.list_jobs(limit=JOBS + 1).jobs
+    assert len(jobs) == JOBS
+    assert all(j.state is JobState.RUNNING and j.attempts == 1 for j in jobs)
+    assert len({j.lease_token for j in jobs}) == JOBS
+
+
+@pytest.mark.parametrize("sharing", ["one-backend", "backend-per-thread"])
+def test_concurrent_claims_hand_out_each_job_exactly_once(
+    backend: Backend, store_url: str, sharing: str
+) -> None:
+    ids = [
+        r.id for r in backend.enqueue_many([new_job(args={"n": i}) for i in range(JOBS)], now=T0)
+    ]
+    assert len(set(ids)) == JOBS
+
+    opened: list[Backend] = []
+    make: Callable[[], Backend]
+    if sharing == "one-backend":
+        make = lambda: backend  # noqa: E731 - a Backend is shared between threads
+    else:
+
+        def make() -> Backend:
+            b = open_backend(store_url)
+            opened.append(b)
+            return b
+
+    try:
+        counts = claim_concurrently([make() for _ in range(THREADS)])
+    finally:
+        for b in opened:
+            b.close()
+    _check(backend, ids, counts)

@@ -1,0 +1,254 @@
+"""Backend contract: enqueue, get, scheduling, claim. Only the Backend interface is used,
+so these run unchanged on every backend. Every time-dependent call gets an injected ``now``."""
+
+from __future__ import annotations
+
+import pytest
+from support import T0, enqueue_one, new_job
+
+from conveyor import ConveyorError, JobState
+from conveyor.backends.base import Backend, NewJob
+
+
+def all_jobs(backend: Backend) -> list:
+    page = backend.list_jobs(limit=10_000)
+    assert page.next_cursor is None
+    return page.jobs
+
+
+# -- enqueue ----------------------------------------------------------------------------
+
+
+def test_enqueue_many_returns_ids_in_order(backend: Backend) -> None:
+    batch = [new_job(args={"n": i}) for i in range(7)]
+    results = backend.enqueue_many(batch, now=T0)
+
+    assert len(results) == 7
+    ids = [r.id for r in results]
+    assert ids == sorted(ids) and len(set(ids)) == 7
+    assert all(r.created for r in results)
+    assert all(r.at == T0 for r in results)
+    for i, job_id in enumerate(ids):
+        job = backend.get(job_id)
+        assert job is not None
+        assert job.args == {"n": i}
+
+
+def test_enqueue_many_of_nothing_writes_nothing(backend: Backend) -> None:
+    assert backend.enqueue_many([], now=T0) == []
+    assert all_jobs(backend) == []
+
+
+@pytest.mark.parametrize("with_unique_keys", [False, True], ids=["plain", "unique"])
+def test_enqueue_many_is_atomic(backend: Backend, with_unique_keys: bool) -> None:
+    before = enqueue_one(backend, args={"keep": True})
+    key = (lambda i: f"k{i}") if with_unique_keys else (lambda i: None)
+    batch = [
+        new_job(args={"n": 0}, unique_key=key(0)),
+        new_job(args={"n": 1}, unique_key=key(1)),
+        # max_attempts=0 violates the store's own consistency rules: the whole batch must fail.
+        NewJob(
+            task="t.task",
+            queue="default",
+            args="{}",
+            max_attempts=0,
+            timeout=30.0,
+            unique_key=key(2),
+        ),
+        new_job(args={"n": 3}, unique_key=key(3)),
+    ]
+    with pytest.raises(ConveyorError):
+        backend.enqueue_many(batch, now=T0)
+
+    assert [j.id for j in all_jobs(backend)] == [before]
+    # The unique keys of the failed batch were not taken either.
+    if with_unique_keys:
+        [res] = backend.enqueue_many([new_job(unique_key="k0")], now=T0)
+        assert res.created
+
+
+def test_get_returns_every_field(backend: Backend) -> None:
+    nj = NewJob(
+        task="mod.send_email",
+        queue="emails",
+        args='{"user_id": 42, "tags": ["a", "é"], "x": null}',
+        max_attempts=4,
+        timeout=12.5,
+        priority=3,
+        unique_key="welcome:42",
+        meta='{"origin": "test"}',
+    )
+    [res] = backend.enqueue_many([nj], now=T0)
+    job = backend.get(res.id)
+
+    assert job is not None
+    assert job.id == res.id
+    assert job.task == "mod.send_email"
+    assert job.queue == "emails"
+    assert job.args == {"user_id": 42, "tags": ["a", "é"], "x": None}
+    assert job.state is JobState.AVAILABLE
+    assert job.attempts == 0
+    assert job.max_attempts == 4
+    assert job.priority == 3
+    assert job.run_at == T0
+    assert job.timeout == 12.5
+    assert job.created_at == T0
+    assert job.attempted_at is None
+    assert job.finished_at is None
+    assert job.result is None
+    assert job.errors == []
+    assert job.unique_key == "welcome:42"
+    assert job.worker_id is None
+    assert job.lease_token is None
+    assert job.lease_expires_at is None
+    assert job.meta == {"origin": "test"}
+
+
+def test_get_of_a_missing_job_is_none(backend: Backend) -> None:
+    job_id = enqueue_one(backend)
+    assert backend.get(job_id + 1000) is None
+
+
+# -- scheduling -----------------------------------------------------------------------------
+
+
+def test_delayed_job_is_scheduled_and_promoted_when_due(backend: Backend) -> None:
+    job_id = enqueue_one(backend, delay=10.0)
+    job = backend.get(job_id)
+    assert job is not None
+    assert job.state is JobState.SCHEDULED
+    assert job.run_at == T0 + 10
+
+    assert backend.promote(now=T0 + 9.5) == 0
+    assert backend.get(job_id).state is JobState.SCHEDULED  # type: ignore[union-attr]
+    assert backend.claim("default", 5, worker_id="w", lease_s=30, now=T0 + 9.5) == []
+    assert backend.get(job_id).state is JobState.SCHEDULED  # type: ignore[union-attr]
+
+    assert backend.promote(now=T0 + 10) == 1
+    job = backend.get(job_id)
+    assert job is not None
+    assert job.state is JobState.AVAILABLE
+    assert job.run_at == T0 + 10
+    assert job.attempts == 0
+
+
+def test_promote_is_bounded_by_limit(backend: Backend) -> None:
+    ids = [enqueue_one(backend, delay=float(i + 1)) for i in range(5)]
+    assert backend.promote(limit=2, now=T0 + 100) == 2
+    states = [backend.get(i).state for i in ids]  # type: ignore[union-attr]
+    assert states.count(JobState.AVAILABLE) == 2
+    # The two that came due first went first.
+    assert states[:2] == [JobState.AVAILABLE, JobState.AVAILABLE]
+    assert backend.promote(limit=100, now=T0 + 100) == 3
+    assert backend.promote(limit=100, now=T0 + 100) == 0
+
+
+def test_claim_promotes_due_scheduled_jobs(backend: Backend) -> None:
+    job_id = enqueue_one(backend, delay=10.0)
+    [job] = backend.claim("default", 5, worker_id="w", lease_s=30, now=T0 + 10)
+    assert job.id == job_id
+    assert job.state is JobState.RUNNING
+    assert job.attempts == 1
+
+
+def test_run_at_wins_over_delay_and_a_past_run_at_is_available_at_once(backend: Backend) -> None:
+    later = enqueue_one(backend, run_at=T0 + 100, delay=1.0)
+    past = enqueue_one(backend, run_at=T0 - 100)
+    job = backend.get(later)
+    assert job is not None and job.state is JobState.SCHEDULED and job.run_at == T0 + 100
+    job = backend.get(past)
+    assert job is not None and job.state is JobState.AVAILABLE and job.run_at == T0 - 100
+
+
+# -- claim ----------------------------------------------------------------------------------
+
+
+def test_claim_order_is_priority_then_run_at_then_id(backend: Backend) -> None:
+    # (priority, run_at) in enqueue order; ids increase in this order.
+    spec = [
+        (5, T0 + 1),
+        (0, T0 + 3),
+        (0, T0 + 2),
+        (0, T0 + 2),
+        (-1, T0 + 4),
+        (0, T0 + 1),
+        (5, T0 + 0.5),
+    ]
+    ids = [enqueue_one(backend, priority=p, run_at=r) for p, r in spec]
+    expected = [
+        i for _, i in sorted(zip(spec, ids, strict=True), key=lambda x: (x[0][0], x[0][1], x[1]))
+    ]
+
+    now = T0 + 10  # everything is due (and promoted by the claim)
+    first_two = backend.claim("default", 2, worker_id="w", lease_s=30, now=now)
+    assert {j.id for j in first_two} == set(expected[:2])
+    rest = []
+    while batch := backend.claim("default", 1, worker_id="w", lease_s=30, now=now):
+        rest.extend(j.id for j in batch)
+    assert rest == expected[2:]
+
+
+def test_claim_respects_limit(backend: Backend) -> None:
+    ids = {enqueue_one(backend, args={"n": i}) for i in range(10)}
+    assert backend.claim("default", 0, worker_id="w", lease_s=30, now=T0) == []
+    assert all(backend.get(i).state is JobState.AVAILABLE for i in ids)  # type: ignore[union-attr]
+
+    first = backend.claim("default", 3, worker_id="w", lease_s=30, now=T0)
+    assert len(first) == 3
+    running = [j for j in all_jobs(backend) if j.state is JobState.RUNNING]
+    assert {j.id for j in running} == {j.id for j in first}
+
+    rest = backend.claim("default", 100, worker_id="w", lease_s=30, now=T0)
+    assert len(rest) == 7
+    assert {j.id for j in first} | {j.id for j in rest} == ids
+    assert backend.claim("default", 100, worker_id="w", lease_s=30, now=T0) == []
+
+
+def test_claim_takes_only_its_own_queue(backend: Backend) -> None:
+    a = {enqueue_one(backend, queue="a") for _ in range(3)}
+    b = {enqueue_one(backend, queue="b") for _ in range(2)}
+    got = backend.claim("a", 10, worker_id="w", lease_s=30, now=T0)
+    assert {j.id for j in got} == a
+    assert all(backend.get(i).state is JobState.AVAILABLE for i in b)  # type: ignore[union-attr]
+    assert backend.claim("nothing-here", 10, worker_id="w", lease_s=30, now=T0) == []
+
+
+def test_claim_sets_running_attempt_lease_and_expiry(backend: Backend) -> None:
+    job_id = enqueue_one(backend, max_attempts=3)
+    [job] = backend.claim("default", 1, worker_id="worker-1", lease_s=45, now=T0 + 5)
+
+    assert job.id == job_id
+    assert job.state is JobState.RUNNING
+    assert job.attempts == 1
+    assert isinstance(job.lease_token, str) and len(job.lease_token) >= 16
+    assert job.lease_expires_at == T0 + 5 + 45
+    assert job.worker_id == "worker-1"
+    assert job.attempted_at == T0 + 5
+
+    stored = backend.get(job_id)
+    assert stored == job  # the returned snapshot is what the store holds
+
+
+def test_two_claims_never_return_the_same_job(backend: Backend) -> None:
+    ids = {enqueue_one(backend, args={"n": i}) for i in range(20)}
+    seen: list[int] = []
+    tokens: list[str] = []
+    for k in range(8):
+        batch = backend.claim("default", 3, worker_id=f"w{k}", lease_s=30, now=T0 + k)
+        seen.extend(j.id for j in batch)
+        tokens.extend(j.lease_token for j in batch)  # type: ignore[misc]
+    assert len(seen) == len(set(seen)) == 20
+    assert set(seen) == ids
+    assert len(set(tokens)) == 20
+
+
+def test_claims_hand_out_fresh_tokens_per_attempt(backend: Backend) -> None:
+    from conveyor.backends.base import ErrorInfo, Lease
+
+    enqueue_one(backend, max_attempts=3)
+    [a] = backend.claim("default", 1, worker_id="w", lease_s=30, now=T0)
+    backend.retry(Lease(a.id, a.lease_token), ErrorInfo("exception", "boom"), delay=0, now=T0 + 1)  # type: ignore[arg-type]
+    [b] = backend.claim("default", 1, worker_id="w", lease_s=30, now=T0 + 2)
+    assert b.id == a.id
+    assert b.attempts == 2
+    assert b.lease_token != a.lease_token
