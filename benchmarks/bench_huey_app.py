@@ -70,8 +70,14 @@ class _DrainClock:
                 self.written = True
                 tmp = self.path + ".tmp"
                 with open(tmp, "w") as f:
-                    json.dump({"first_start": self.first_start, "last_complete": self.last_complete,
-                               "completed": self.completed}, f)
+                    json.dump(
+                        {
+                            "first_start": self.first_start,
+                            "last_complete": self.last_complete,
+                            "completed": self.completed,
+                        },
+                        f,
+                    )
                 os.replace(tmp, self.path)
 
 

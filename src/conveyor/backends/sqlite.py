@@ -41,10 +41,13 @@ KEEP_ERRORS = 20
 
 @dataclass
 class _Signal:
-    """Wakes this process's idle workers when this process makes jobs available."""
+    """Per database file and process: wakes idle workers when this process makes jobs
+    available, and queues this process's writers on a lock of our own, because SQLite's
+    busy handler waits by sleeping (up to 100 ms a nap) where a lock hands over at once."""
 
     cond: threading.Condition = field(default_factory=threading.Condition)
     generation: int = 0
+    write_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def fire(self) -> None:
         with self.cond:
@@ -126,20 +129,21 @@ class SqliteBackend(Backend):
     def _write(self, now: float | None) -> Iterator[tuple[sqlite3.Connection, float]]:
         """One write transaction, with the store's time read once at its start."""
         conn = self._conn()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            raise _translate(exc, "cannot start a write transaction") from exc
-        try:
-            t = now if now is not None else conn.execute(Q["now"]).fetchone()[0]
-            yield conn, t
-            conn.execute("COMMIT")
-        except BaseException as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.Error):
-                raise _translate(exc, "write failed, nothing was changed") from exc
-            raise
+        with self._signal.write_lock:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise _translate(exc, "cannot start a write transaction") from exc
+            try:
+                t = now if now is not None else conn.execute(Q["now"]).fetchone()[0]
+                yield conn, t
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise _translate(exc, "write failed, nothing was changed") from exc
+                raise
 
     def _read(self, sql: str, params: dict[str, Any] | Sequence[Any] = ()) -> list[sqlite3.Row]:
         try:
