@@ -43,28 +43,38 @@ def sqlite_store(tmp_path: Path) -> Iterator[str]:
     yield f"sqlite:///{tmp_path}/c.db"
 
 
-# Later, e.g.:
-#
-# @contextlib.contextmanager
-# def postgres_store(tmp_path: Path) -> Iterator[str]:
-#     base = os.environ.get("CONVEYOR_TEST_POSTGRES_URL", "postgresql://localhost/conveyor_test")
-#     try:
-#         ...connect with a short connect_timeout, create a fresh schema...
-#     except OSError as exc:
-#         raise BackendUnavailable(f"cannot connect to {redact_url(base)}: {exc}") from exc
-#     yield f"{base}?options=-csearch_path%3D{schema}"
-#     ...drop the schema...
-#
-# and the same for redis (a fresh key prefix or database number, FLUSHDB afterwards).
+POSTGRES_URL = os.environ.get("CONVEYOR_TEST_POSTGRES_URL", "postgresql://root@127.0.0.1:5432/test")
+
+
+@contextlib.contextmanager
+def postgres_store(tmp_path: Path) -> Iterator[str]:
+    """A fresh schema per test in the machine's PostgreSQL, dropped afterwards."""
+    import uuid
+
+    import psycopg
+
+    schema = f"conveyor_test_{uuid.uuid4().hex[:12]}"
+    try:
+        admin = psycopg.connect(POSTGRES_URL, autocommit=True, connect_timeout=3)
+    except psycopg.OperationalError as exc:
+        raise BackendUnavailable(f"cannot connect to {POSTGRES_URL}: {exc}") from exc
+    with admin:
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+        sep = "&" if "?" in POSTGRES_URL else "?"
+        try:
+            yield f"{POSTGRES_URL}{sep}options=-csearch_path%3D{schema}"
+        finally:
+            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
 
 BACKENDS: list[BackendSpec] = [
     BackendSpec("sqlite", sqlite_store),
-    # BackendSpec("postgres", postgres_store),
+    BackendSpec("postgres", postgres_store),
     # BackendSpec("redis", redis_store),
 ]
 
 
-NOT_YET_IMPLEMENTED = ["postgres", "redis"]
+NOT_YET_IMPLEMENTED = ["redis"]
 _skipped: dict[str, str] = {}
 
 

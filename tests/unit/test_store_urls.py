@@ -75,7 +75,6 @@ def test_open_backend_creates_and_migrates_the_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("url", "fragment"),
     [
-        ("postgresql://u:pw@localhost/db", "PostgreSQL"),
         ("redis://localhost:6379/0", "Redis"),
         ("mysql://u:hunter2@db/x", "unsupported"),
         ("conveyor.db", "unsupported"),
@@ -85,6 +84,15 @@ def test_open_backend_refuses_unavailable_or_unknown_schemes(url: str, fragment:
     with pytest.raises(ConfigurationError) as info:
         open_backend(url)
     assert fragment in str(info.value)
+    assert "hunter2" not in str(info.value)
+
+
+def test_postgres_with_a_wrong_role_fails_at_once_with_a_clear_error() -> None:
+    from conveyor.errors import StoreError
+
+    with pytest.raises(StoreError) as info:
+        open_backend("postgresql://no_such_role:hunter2@127.0.0.1:5432/test")
+    assert "no_such_role" in str(info.value)
     assert "hunter2" not in str(info.value)
 
 

@@ -7,14 +7,6 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 from ..errors import ConfigurationError
 from .base import Backend
 
-SCHEMES = {
-    "sqlite": "SQLite (embedded, one machine)",
-    "postgresql": "PostgreSQL",
-    "postgres": "PostgreSQL",
-    "redis": "Redis",
-    "rediss": "Redis over TLS",
-}
-
 
 def open_backend(url: str) -> Backend:
     scheme = urlsplit(url).scheme
@@ -22,15 +14,24 @@ def open_backend(url: str) -> Backend:
         from .sqlite import SqliteBackend
 
         return SqliteBackend(url)
-    if scheme in SCHEMES:
-        raise ConfigurationError(
-            f"the {SCHEMES[scheme]} backend is not available in this version of Conveyor yet; "
-            "use sqlite:///path/to/file.db"
-        )
+    if scheme in ("postgresql", "postgres"):
+        _require("psycopg", "postgres")
+        from .postgres import PostgresBackend
+
+        return PostgresBackend(url)
+    if scheme in ("redis", "rediss"):
+        raise ConfigurationError("the Redis backend is not available in this version of Conveyor yet")
     raise ConfigurationError(
-        f"unsupported store URL {redact_url(url)!r}: expected sqlite:///file.db "
-        "(postgresql:// and redis:// are planned)"
+        f"unsupported store URL {redact_url(url)!r}: expected sqlite:///file.db, "
+        "postgresql://user@host/db or redis://host:6379/0"
     )
+
+
+def _require(module: str, extra: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise ConfigurationError(f"this store needs the {module!r} package: pip install 'conveyor[{extra}]'")
 
 
 SECRET_PARAMS = {"password", "sslpassword", "pass", "token"}

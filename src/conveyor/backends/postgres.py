@@ -1,0 +1,564 @@
+"""PostgreSQL backend: many machines against one database.
+
+Claims are one ``FOR UPDATE SKIP LOCKED`` statement, batched to the worker's free slots;
+idle workers sleep on ``LISTEN`` and are woken by ``pg_notify`` from the transaction that
+made a job available, with polling as the fallback. Jobs can be enqueued inside the
+caller's own transaction, and a task can complete its job in the transaction that holds
+its own writes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg import errors as pgerrors
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from ..errors import ConfigurationError, LeaseLost, StorageFull, StoreError
+from ..job import Job, JobState
+from . import redact_url
+from .base import (
+    Backend,
+    EnqueueResult,
+    ErrorInfo,
+    Lease,
+    NewJob,
+    Page,
+    QueueStats,
+    ReapResult,
+    Stats,
+    WorkerInfo,
+)
+from .sql import load_migrations, load_queries
+
+log = logging.getLogger("conveyor.postgres")
+
+NOW = "coalesce(to_timestamp(%(now)s::float8), now())"
+Q = {name: sql.replace(":NOW", NOW) for name, sql in load_queries("postgres").items()}
+MIGRATIONS = load_migrations("postgres")
+KEEP_ERRORS = 20
+CHANNEL = "conveyor_wake"
+
+# Every network call has a bound: connecting, each statement, a dead peer (tcp_user_timeout).
+CONNECT_DEFAULTS = {
+    "connect_timeout": "5",
+    "application_name": "conveyor",
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "30000",
+}
+STATEMENT_TIMEOUT_MS = 30_000
+
+
+def _configure(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
+    conn.execute("SET idle_in_transaction_session_timeout = 60000")
+
+
+class PostgresBackend(Backend):
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10) -> None:
+        self.url = url
+        try:
+            params = conninfo_to_dict(url)
+        except psycopg.ProgrammingError as exc:
+            raise ConfigurationError(f"invalid PostgreSQL URL: {exc}") from None
+        for key, value in CONNECT_DEFAULTS.items():
+            params.setdefault(key, value)
+        self._params = params
+        self._conninfo = make_conninfo("", **params)
+        try:
+            # One direct attempt first: a wrong host, role or password fails now, with
+            # the server's words, instead of after the pool's retries time out.
+            psycopg.connect(self._conninfo).close()
+        except psycopg.Error as exc:
+            raise StoreError(f"PostgreSQL: cannot connect to {redact_url(url)}: {str(exc).strip()}") from None
+        self._pool: ConnectionPool[psycopg.Connection[dict[str, Any]]] = ConnectionPool(
+            conninfo=self._conninfo, kwargs={"autocommit": True, "row_factory": dict_row},
+            min_size=min_size, max_size=max_size, open=False, timeout=15.0,
+            configure=_configure, check=ConnectionPool.check_connection, name="conveyor",
+        )
+        try:
+            self._pool.open(wait=True, timeout=15.0)
+        except PoolTimeout as exc:
+            self._pool.close()
+            raise StoreError(f"PostgreSQL: cannot connect: {exc}") from None
+        self._listener: psycopg.Connection[dict[str, Any]] | None = None
+        self._listen_lock = threading.Lock()
+        self._wake_generation = 0
+        self._migrate()
+
+    # -- plumbing ---------------------------------------------------------------------
+    @contextmanager
+    def _tx(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+        try:
+            with self._pool.connection() as conn, conn.transaction():
+                yield conn
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+        except PoolTimeout as exc:
+            raise StoreError(f"PostgreSQL: no connection available: {exc}") from None
+
+    def _migrate(self) -> None:
+        latest = MIGRATIONS[-1][0]
+        with self._tx() as conn:
+            row = conn.execute("SELECT to_regclass('conveyor_schema_migrations') IS NOT NULL AS ok").fetchone()
+            if row and row["ok"]:
+                done = conn.execute("SELECT max(version) AS v FROM conveyor_schema_migrations").fetchone()
+                if done and done["v"] is not None and done["v"] >= latest:
+                    return
+        with self._tx() as conn:
+            # Many workers may start at once: one migrates, the others wait, then find it done.
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext('conveyor_migrate:' || current_schema()))")
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS conveyor_schema_migrations ("
+                " version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            applied = {r["version"] for r in conn.execute("SELECT version FROM conveyor_schema_migrations")}
+            for version, script in MIGRATIONS:
+                if version in applied:
+                    continue
+                conn.execute(script.encode())  # bytes: run as one multi-statement script
+                conn.execute("INSERT INTO conveyor_schema_migrations (version) VALUES (%s)", [version])
+                log.info("applied PostgreSQL migration %03d", version)
+
+    def schema_version(self) -> int:
+        with self._tx() as conn:
+            row = conn.execute("SELECT max(version) AS v FROM conveyor_schema_migrations").fetchone()
+        return int(row["v"]) if row and row["v"] is not None else 0
+
+    def now(self) -> float:
+        with self._tx() as conn:
+            row = conn.execute(Q["stats_now"], {"now": None}).fetchone()
+        assert row is not None
+        return float(row["now"])
+
+    def close(self) -> None:
+        with self._listen_lock:
+            if self._listener is not None:
+                self._listener.close()
+                self._listener = None
+        self._pool.close()
+
+    def _notify(self, conn: psycopg.Connection[Any], queues: Sequence[str]) -> None:
+        # Delivered at commit, so a woken worker always finds the job.
+        distinct = sorted(set(queues))
+        if distinct:
+            conn.execute(Q["notify"], {"channel": CHANNEL, "queues": distinct})
+
+    # -- producer ---------------------------------------------------------------------
+    def enqueue_many(
+        self, jobs: Sequence[NewJob], *, now: float | None = None,
+        connection: psycopg.Connection[Any] | None = None,
+    ) -> list[EnqueueResult]:
+        """With ``connection``, the jobs are written in the caller's transaction (a savepoint
+        inside it): rolled back, there are no jobs; committed, there is exactly one each."""
+        if not jobs:
+            return []
+        params = [_insert_params(job, now) for job in jobs]
+        if connection is not None:
+            try:
+                with connection.transaction():
+                    return self._enqueue_on(connection, jobs, params, now)
+            except psycopg.Error as exc:
+                raise _translate(exc) from exc
+        with self._tx() as conn:
+            return self._enqueue_on(conn, jobs, params, now)
+
+    def _enqueue_on(
+        self, conn: psycopg.Connection[Any], jobs: Sequence[NewJob], params: list[dict[str, Any]],
+        now: float | None,
+    ) -> list[EnqueueResult]:
+        results: list[EnqueueResult] = []
+        with conn.cursor(row_factory=dict_row) as cur:
+            cur.executemany(Q["insert"], params, returning=True)
+            rows: list[dict[str, Any] | None] = []
+            while True:
+                rows.append(cur.fetchone())
+                if not cur.nextset():
+                    break
+            for job, row in zip(jobs, rows, strict=True):
+                if row is not None:
+                    results.append(EnqueueResult(row["id"], True, row["at"]))
+                    continue
+                found = cur.execute(Q["find_unique"], {"unique_key": job.unique_key, "now": now}).fetchone()
+                if found is None:  # the holder finished between our insert and this read
+                    raise StoreError(f"unique key {job.unique_key!r} changed hands during enqueue; retry")
+                results.append(EnqueueResult(found["id"], False, found["at"]))
+        self._notify(conn, [j.queue for j, r in zip(jobs, results, strict=True) if r.created])
+        return results
+
+    async def aenqueue_many(
+        self, jobs: Sequence[NewJob], *, connection: psycopg.AsyncConnection[Any], now: float | None = None,
+    ) -> list[EnqueueResult]:
+        """``enqueue_many`` inside the caller's transaction on an async connection."""
+        if not jobs:
+            return []
+        params = [_insert_params(job, now) for job in jobs]
+        results: list[EnqueueResult] = []
+        try:
+            async with connection.transaction(), connection.cursor(row_factory=dict_row) as cur:
+                await cur.executemany(Q["insert"], params, returning=True)
+                rows: list[dict[str, Any] | None] = []
+                while True:
+                    rows.append(await cur.fetchone())
+                    if not cur.nextset():
+                        break
+                for job, row in zip(jobs, rows, strict=True):
+                    if row is not None:
+                        results.append(EnqueueResult(row["id"], True, row["at"]))
+                        continue
+                    await cur.execute(Q["find_unique"], {"unique_key": job.unique_key, "now": now})
+                    found = await cur.fetchone()
+                    if found is None:
+                        raise StoreError(f"unique key {job.unique_key!r} changed hands during enqueue; retry")
+                    results.append(EnqueueResult(found["id"], False, found["at"]))
+                queues = sorted({j.queue for j, r in zip(jobs, results, strict=True) if r.created})
+                if queues:
+                    await cur.execute(Q["notify"], {"channel": CHANNEL, "queues": queues})
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+        return results
+
+    # -- worker -----------------------------------------------------------------------
+    def claim(
+        self, queue: str, limit: int, *, worker_id: str, lease_s: float, now: float | None = None
+    ) -> list[Job]:
+        if limit <= 0:
+            return []
+        with self._tx() as conn:
+            conn.execute(Q["promote_queue"], {"queue": queue, "now": now, "limit": 1000})
+            rows = conn.execute(
+                Q["claim"],
+                {"queue": queue, "limit": limit, "now": now, "worker_id": worker_id, "lease_s": lease_s},
+            ).fetchall()
+        jobs = [_row_to_job(r) for r in rows]
+        jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))
+        return jobs
+
+    def heartbeat(self, leases: Sequence[Lease], *, lease_s: float, now: float | None = None) -> set[int]:
+        if not leases:
+            return set()
+        with self._tx() as conn:
+            rows = conn.execute(
+                Q["heartbeat"],
+                {"ids": [x.job_id for x in leases], "tokens": [x.token for x in leases], "now": now,
+                 "lease_s": lease_s},
+            ).fetchall()
+        held = {r["id"] for r in rows}
+        return {x.job_id for x in leases} - held
+
+    def ack(self, lease: Lease, result: str | None, *, now: float | None = None,
+            connection: psycopg.Connection[Any] | None = None) -> None:
+        """With ``connection``, the ack joins that connection's open transaction (the caller commits)."""
+        params = {"id": lease.job_id, "token": lease.token, "now": now, "result": result}
+        if connection is not None:
+            try:
+                row = connection.execute(Q["ack"], params).fetchone()
+            except psycopg.Error as exc:
+                raise _translate(exc) from exc
+            if row is None:
+                raise LeaseLost(lease.job_id, "ack refused")
+            return
+        with self._tx() as conn:
+            if conn.execute(Q["ack"], params).fetchone() is None:
+                raise LeaseLost(lease.job_id, "ack refused")
+
+    def retry(self, lease: Lease, error: ErrorInfo, *, delay: float, now: float | None = None) -> JobState:
+        with self._tx() as conn:
+            row = conn.execute(
+                Q["retry"],
+                {"id": lease.job_id, "token": lease.token, "now": now, "delay": max(float(delay), 0.0),
+                 "keep_errors": KEEP_ERRORS, "error": _error_json(error)},
+            ).fetchone()
+            if row is None:
+                raise LeaseLost(lease.job_id, "retry refused")
+            state = JobState(row["state"])
+            if state is not JobState.DEAD:
+                self._notify(conn, [row["queue"]])
+        return state
+
+    def kill(self, lease: Lease, error: ErrorInfo, *, now: float | None = None) -> None:
+        with self._tx() as conn:
+            row = conn.execute(
+                Q["kill"],
+                {"id": lease.job_id, "token": lease.token, "now": now, "keep_errors": KEEP_ERRORS,
+                 "error": _error_json(error)},
+            ).fetchone()
+            if row is None:
+                raise LeaseLost(lease.job_id, "kill refused")
+
+    def release(self, leases: Sequence[Lease], *, now: float | None = None) -> list[int]:
+        if not leases:
+            return []
+        with self._tx() as conn:
+            rows = conn.execute(
+                Q["release"], {"ids": [x.job_id for x in leases], "tokens": [x.token for x in leases]}
+            ).fetchall()
+            self._notify(conn, [r["queue"] for r in rows])
+        return sorted(r["id"] for r in rows)
+
+    # -- maintenance ------------------------------------------------------------------
+    def reap(self, *, limit: int = 1000, now: float | None = None) -> ReapResult:
+        with self._tx() as conn:
+            rows = conn.execute(Q["reap"], {"now": now, "limit": limit, "keep_errors": KEEP_ERRORS}).fetchall()
+            if rows:
+                conn.execute(Q["count_up"], {"name": "lease_expired", "queues": [r["queue"] for r in rows]})
+                self._notify(conn, [r["queue"] for r in rows if r["state"] == "available"])
+        return ReapResult(
+            requeued=sorted(r["id"] for r in rows if r["state"] == "available"),
+            dead=sorted(r["id"] for r in rows if r["state"] == "dead"),
+        )
+
+    def promote(self, *, limit: int = 1000, now: float | None = None) -> int:
+        with self._tx() as conn:
+            rows = conn.execute(Q["promote"], {"now": now, "limit": limit}).fetchall()
+            self._notify(conn, [r["queue"] for r in rows])
+        return len(rows)
+
+    def prune(
+        self, *, older_than: float, states: Sequence[JobState] = (JobState.SUCCEEDED,),
+        limit: int = 1000, now: float | None = None,
+    ) -> int:
+        deleted = 0
+        with self._tx() as conn:
+            for state in states:
+                if not JobState(state).is_final:
+                    raise ValueError(f"prune only deletes finished jobs, not {state}")
+                left = limit - deleted
+                if left <= 0:
+                    break
+                deleted += conn.execute(
+                    Q["prune"], {"state": str(state), "older_than": older_than, "limit": left, "now": now}
+                ).rowcount
+        return deleted
+
+    # -- inspection and administration ------------------------------------------------
+    def get(self, job_id: int) -> Job | None:
+        with self._tx() as conn:
+            row = conn.execute(Q["get"], {"id": job_id}).fetchone()
+        return _row_to_job(row) if row else None
+
+    def list_jobs(
+        self, *, state: JobState | None = None, queue: str | None = None, task: str | None = None,
+        cursor: int | None = None, limit: int = 50,
+    ) -> Page:
+        where: list[str] = []
+        params: dict[str, Any] = {"limit": limit + 1}
+        for column, value in (("state", str(state) if state is not None else None), ("queue", queue),
+                              ("task", task)):
+            if value is not None:
+                where.append(f"{column} = %({column})s")
+                params[column] = value
+        if cursor is not None:
+            where.append("id < %(cursor)s")
+            params["cursor"] = cursor
+        sql = "SELECT * FROM conveyor_jobs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY id DESC LIMIT %(limit)s"
+        with self._tx() as conn:
+            rows = conn.execute(sql.encode(), params).fetchall()
+        jobs = [_row_to_job(r) for r in rows[:limit]]
+        return Page(jobs=jobs, next_cursor=jobs[-1].id if len(rows) > limit and jobs else None)
+
+    def stats(self, *, now: float | None = None, worker_ttl: float = 60.0) -> Stats:
+        with self._tx() as conn:
+            # REPEATABLE READ: every number from one snapshot.
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            p = {"now": now}
+            row = conn.execute(Q["stats_now"], p).fetchone()
+            assert row is not None
+            t = float(row["now"])
+            counts = conn.execute(Q["count_by_state"]).fetchall()
+            due = conn.execute(Q["due_scheduled"], p).fetchall()
+            oldest = conn.execute(Q["oldest_available"]).fetchall()
+            counters = conn.execute(Q["counters"]).fetchall()
+            workers = conn.execute(Q["workers"], {"now": now, "ttl": worker_ttl}).fetchall()
+        per: dict[str, dict[str, Any]] = {}
+
+        def q(name: str) -> dict[str, Any]:
+            return per.setdefault(name, {"queue": name})
+
+        for r in counts:
+            q(r["queue"])[r["state"]] = r["n"]
+        for r in due:
+            entry = q(r["queue"])
+            entry["scheduled"] = entry.get("scheduled", 0) - r["n"]
+            entry["available"] = entry.get("available", 0) + r["n"]
+            entry["_oldest"] = r["oldest"]
+        for r in oldest:
+            entry = q(r["queue"])
+            prev = entry.get("_oldest")
+            entry["_oldest"] = r["oldest"] if prev is None else min(prev, r["oldest"])
+        for r in counters:
+            if r["name"] == "lease_expired":
+                q(r["queue"])["lease_expiries"] = r["value"]
+        queues = []
+        for name in sorted(per):
+            entry = per[name]
+            oldest_at = entry.pop("_oldest", None)
+            entry["oldest_available_age"] = max(0.0, t - oldest_at) if oldest_at is not None else None
+            queues.append(QueueStats(**entry))
+        return Stats(
+            now=t, queues=queues,
+            workers=[
+                WorkerInfo(id=w["id"], queues=list(w["queues"]), concurrency=w["concurrency"], host=w["host"],
+                           pid=w["pid"], started_at=w["started_at"], last_seen=w["last_seen"],
+                           running=w["running"])
+                for w in workers
+            ],
+        )
+
+    def redrive(self, job_ids: Sequence[int] | None = None, *, queue: str | None = None,
+                now: float | None = None) -> int:
+        with self._tx() as conn:
+            queues: list[str] = []
+            if job_ids is None:
+                queues += [r["queue"] for r in conn.execute(Q["redrive_all"], {"now": now, "queue": queue})]
+                keyed = conn.execute(Q["dead_with_unique_key"], {"queue": queue}).fetchall()
+                ids = [r["id"] for r in keyed]
+            else:
+                ids = list(job_ids)
+            for i in ids:
+                row = conn.execute(Q["redrive"], {"now": now, "id": i}).fetchone()
+                if row:
+                    queues.append(row["queue"])
+            self._notify(conn, queues)
+        return len(queues)
+
+    def purge(self, *, state: JobState = JobState.DEAD, queue: str | None = None,
+              job_ids: Sequence[int] | None = None) -> int:
+        state = JobState(state)
+        if not state.is_final:
+            raise ValueError(f"purge only deletes finished jobs, not {state}")
+        with self._tx() as conn:
+            return conn.execute(
+                Q["purge"], {"state": str(state), "queue": queue,
+                             "ids": list(job_ids) if job_ids is not None else None}
+            ).rowcount
+
+    def cancel(self, job_id: int, *, now: float | None = None) -> bool:
+        with self._tx() as conn:
+            return conn.execute(Q["cancel"], {"id": job_id, "now": now}).fetchone() is not None
+
+    def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        generation = self._wake_generation
+        wanted = set(queues)
+        with self._listen_lock:
+            try:
+                conn = self._listen_connection()
+                row = conn.execute(Q["ready"], {"queues": list(queues)}).fetchone()
+                assert row is not None
+                if row["ready"]:
+                    return True
+                if row["next_due_in"] is not None:
+                    deadline = min(deadline, time.monotonic() + max(0.0, row["next_due_in"]))
+                while self._wake_generation == generation:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return False
+                    # Short slices so wake() (shutdown) is noticed without a round trip.
+                    for note in conn.notifies(timeout=min(remaining, 0.1), stop_after=1):
+                        if note.payload in wanted:
+                            return True
+                return True
+            except psycopg.Error as exc:
+                self._drop_listener()
+                raise _translate(exc) from exc
+
+    def _listen_connection(self) -> psycopg.Connection[dict[str, Any]]:
+        if self._listener is None or self._listener.closed:
+            conn = psycopg.connect(self._conninfo, autocommit=True, row_factory=dict_row)
+            _configure(conn)
+            conn.execute(f"LISTEN {CHANNEL}")
+            self._listener = conn
+        return self._listener
+
+    def _drop_listener(self) -> None:
+        if self._listener is not None:
+            try:
+                self._listener.close()
+            finally:
+                self._listener = None
+
+    def wake(self) -> None:
+        self._wake_generation += 1
+
+    # -- workers ----------------------------------------------------------------------
+    def record_worker(self, info: WorkerInfo, *, now: float | None = None) -> None:
+        with self._tx() as conn:
+            conn.execute(
+                Q["record_worker"],
+                {"id": info.id, "queues": json.dumps(info.queues), "concurrency": info.concurrency,
+                 "host": info.host, "pid": info.pid, "started_at": info.started_at, "now": now,
+                 "running": info.running},
+            )
+            conn.execute(Q["forget_workers"], {"now": now})
+
+    def remove_worker(self, worker_id: str) -> None:
+        with self._tx() as conn:
+            conn.execute(Q["remove_worker"], {"id": worker_id})
+
+    # -- transactional completion -----------------------------------------------------
+    @contextmanager
+    def completion_connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection with an open transaction, for a task's writes plus its ack."""
+        try:
+            with self._pool.connection() as conn:
+                conn.autocommit = False
+                try:
+                    yield conn
+                finally:
+                    if not conn.closed:
+                        conn.rollback()  # no-op after a commit
+                        conn.autocommit = True
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+
+
+def _ts(value: datetime | None) -> float | None:
+    return value.timestamp() if value is not None else None
+
+
+def _row_to_job(row: dict[str, Any]) -> Job:
+    return Job(
+        id=row["id"], task=row["task"], queue=row["queue"], args=row["args"], state=JobState(row["state"]),
+        attempts=row["attempt"], max_attempts=row["max_attempts"], priority=row["priority"],
+        run_at=row["run_at"].timestamp(), timeout=float(row["timeout_s"]),
+        created_at=row["created_at"].timestamp(), attempted_at=_ts(row["attempted_at"]),
+        finished_at=_ts(row["finished_at"]), result=row["result"], errors=row["errors"],
+        unique_key=row["unique_key"], worker_id=row["worker_id"], lease_token=row["lease_token"],
+        lease_expires_at=_ts(row["lease_expires_at"]), meta=row["meta"],
+    )
+
+
+def _insert_params(job: NewJob, now: float | None) -> dict[str, Any]:
+    return {
+        "queue": job.queue, "task": job.task, "args": job.args, "priority": job.priority,
+        "run_at": job.run_at, "delay": max(job.delay, 0.0), "max_attempts": job.max_attempts,
+        "timeout_s": job.timeout, "unique_key": job.unique_key, "meta": job.meta, "now": now,
+    }
+
+
+def _error_json(error: ErrorInfo) -> str:
+    return json.dumps({"kind": error.kind, "type": error.type, "message": error.message,
+                       "traceback": error.traceback}, ensure_ascii=False)
+
+
+def _translate(exc: psycopg.Error) -> StoreError:
+    if isinstance(exc, pgerrors.DiskFull):
+        return StorageFull(f"PostgreSQL: out of disk space; nothing was written: {exc}")
+    return StoreError(f"PostgreSQL: {type(exc).__name__}: {str(exc).strip()}")
