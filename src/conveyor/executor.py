@@ -7,13 +7,14 @@ import concurrent.futures
 import contextvars
 import functools
 import traceback
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import payload
-from .backends.base import ErrorInfo
-from .errors import ArgumentsError, PayloadError, Reject, Retry
+from .backends.base import Backend, ErrorInfo, Lease
+from .errors import ArgumentsError, ConfigurationError, PayloadError, Reject, Retry
 from .job import Job
 
 if TYPE_CHECKING:
@@ -25,7 +26,8 @@ MAX_TRACEBACK_CHARS = 16_000
 
 @dataclass(frozen=True)
 class Outcome:
-    """``succeeded`` (with result JSON), ``retry`` (after ``delay``) or ``dead``."""
+    """``succeeded`` (with result JSON), ``retry`` (after ``delay``), ``dead``, or ``completed``
+    (the task already committed its success through ``JobContext.transaction``)."""
 
     kind: str
     result: str | None = None
@@ -33,11 +35,13 @@ class Outcome:
     delay: float = 0.0
 
 
-@dataclass(frozen=True)
 class JobContext:
-    """What a running task may want to know about its own job."""
+    """What a running task may know about its own job, and its transactional completion."""
 
-    job: Job
+    def __init__(self, job: Job, backend: Backend | None = None) -> None:
+        self.job = job
+        self._backend = backend
+        self.completed = False  # set once transaction() committed the job's success
 
     @property
     def id(self) -> int:
@@ -46,6 +50,33 @@ class JobContext:
     @property
     def attempt(self) -> int:
         return self.job.attempts
+
+    @contextmanager
+    def transaction(self, result: Any = None) -> Iterator[Any]:
+        """A database connection whose transaction also completes this job (PostgreSQL).
+
+        Write with it inside the block; leaving the block marks the job succeeded (with
+        ``result``) in the same transaction and commits both, so the writes happen exactly
+        once: if this worker lost its lease meanwhile, the ack is refused, everything is
+        rolled back and ``LeaseLost`` is raised. An exception in the block rolls back too.
+        """
+        backend = self._backend
+        opener = getattr(backend, "completion_connection", None)
+        if backend is None or opener is None:
+            raise ConfigurationError(
+                "transactional completion needs the PostgreSQL backend; "
+                f"this job runs on {type(backend).__name__}"
+            )
+        if self.completed:
+            raise ConfigurationError("this job was already completed by an earlier transaction() block")
+        token = self.job.lease_token
+        assert token is not None
+        encoded = payload.encode(result, what=f"result of {self.job.task}")
+        with opener() as conn:
+            yield conn
+            backend.ack(Lease(self.job.id, token), encoded, connection=conn)  # type: ignore[call-arg]
+            conn.commit()
+            self.completed = True
 
 
 _current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar("conveyor_job", default=None)
@@ -89,13 +120,25 @@ async def _guard_async(coro: Coroutine[Any, Any, Any]) -> Any:
 class Execution:
     """One attempt of one job. ``thread`` is set for sync tasks: it may outlive a timeout."""
 
-    def __init__(self, job: Job, tasks: Mapping[str, Task[Any, Any]], pool: concurrent.futures.Executor) -> None:
+    def __init__(
+        self, job: Job, tasks: Mapping[str, Task[Any, Any]], pool: concurrent.futures.Executor,
+        backend: Backend | None = None,
+    ) -> None:
         self.job = job
+        self.backend = backend
         self.tasks = tasks
         self.pool = pool
         self.thread: concurrent.futures.Future[Any] | None = None
+        self.context: JobContext | None = None
 
     async def run(self) -> Outcome:
+        outcome = await self._run()
+        if self.context is not None and self.context.completed:
+            # Whatever happened after the transaction committed, the job is done.
+            return Outcome("completed")
+        return outcome
+
+    async def _run(self) -> Outcome:
         job = self.job
         task = self.tasks.get(job.task)
         if task is None:
@@ -116,7 +159,8 @@ class Execution:
             return Outcome("dead", error=error_from(exc, "bad_arguments"))
 
         ctx = contextvars.copy_context()
-        ctx.run(_current.set, JobContext(job))
+        context = self.context = JobContext(job, self.backend)
+        ctx.run(_current.set, context)
         try:
             async with asyncio.timeout(job.timeout) as deadline:
                 if task.is_async:

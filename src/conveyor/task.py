@@ -7,12 +7,12 @@ import datetime as dt
 import inspect
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from . import payload
-from .backends.base import NewJob
-from .errors import ConfigurationError, PayloadError
+from .backends.base import EnqueueResult, NewJob
+from .errors import ConfigurationError, JobNotFound, PayloadError
 from .job import Job, JobState
 from .retry import RetryPolicy
 
@@ -35,6 +35,19 @@ class EnqueueOptions:
     delay: float = 0.0
     run_at: float | None = None
     unique_key: str | None = None
+    connection: Any = field(default=None, compare=False)  # transactional enqueue (PostgreSQL)
+
+
+def _check_transactional(backend: object) -> None:
+    if not getattr(backend, "supports_transactions", False):
+        raise ConfigurationError(
+            "enqueue with connection= needs the PostgreSQL backend (the job joins your transaction); "
+            f"this app uses {type(backend).__name__}"
+        )
+
+
+def _is_async_connection(connection: object) -> bool:
+    return inspect.iscoroutinefunction(getattr(connection, "commit", None))
 
 
 def _check_options(opts: EnqueueOptions) -> EnqueueOptions:
@@ -97,12 +110,27 @@ class _Enqueuer(Generic[P, R]):
             priority=o.priority, delay=o.delay, run_at=o.run_at, unique_key=o.unique_key,
         )
 
-    def _jobs(self, new: Sequence[NewJob]) -> list[Job]:
-        results = self.task.app.backend.enqueue_many(new)
+    def _jobs(self, new: Sequence[NewJob], connection: Any = None) -> list[Job]:
+        backend = self.task.app.backend
+        if connection is None:
+            results = backend.enqueue_many(new)
+        else:
+            _check_transactional(backend)
+            results = backend.enqueue_many(new, connection=connection)  # type: ignore[call-arg]
+        return self._built(new, results, connection)
+
+    def _built(self, new: Sequence[NewJob], results: Sequence[EnqueueResult], connection: Any) -> list[Job]:
         jobs = []
         for item, res in zip(new, results, strict=True):
             if not res.created:
-                existing = self.task.app.get_job(res.id)
+                backend = self.task.app.backend
+                # Read it where it is visible: it may sit uncommitted in the caller's transaction.
+                existing = (
+                    backend.get(res.id, connection=connection)  # type: ignore[call-arg]
+                    if connection is not None else backend.get(res.id)
+                )
+                if existing is None:
+                    raise JobNotFound(f"job {res.id} holding unique key {item.unique_key!r} vanished")
                 jobs.append(existing)
                 continue
             run_at = item.run_at if item.run_at is not None else res.at + item.delay
@@ -116,14 +144,39 @@ class _Enqueuer(Generic[P, R]):
             )
         return jobs
 
+    def _split_connection(self, kwargs: dict[str, Any]) -> Any:
+        # ``enqueue(..., connection=conn)`` unless the task itself has a ``connection`` parameter.
+        if "connection" in kwargs and "connection" not in self.task.signature.parameters:
+            return kwargs.pop("connection")
+        return self._opts.connection
+
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
-        """Store one job durably and return it (with its id). Bad arguments raise and store nothing."""
-        return self._jobs([self._new_job(args, kwargs)])[0]
+        """Store one job durably and return it (with its id). Bad arguments raise and store nothing.
+
+        On PostgreSQL, ``connection=conn`` (or ``.options(connection=conn)``) writes the job in
+        that connection's transaction: it exists only if the caller commits.
+        """
+        connection = self._split_connection(kwargs)
+        return self._jobs([self._new_job(args, kwargs)], connection)[0]
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
-        """``enqueue`` for async code: the store write runs off the event loop."""
-        new = self._new_job(args, kwargs)
-        return (await asyncio.to_thread(self._jobs, [new]))[0]
+        """``enqueue`` for async code: the store write runs off the event loop.
+
+        ``connection`` may be a psycopg ``AsyncConnection``: the job joins its transaction.
+        """
+        connection = self._split_connection(kwargs)
+        new = [self._new_job(args, kwargs)]
+        if connection is not None and _is_async_connection(connection):
+            backend = self.task.app.backend
+            _check_transactional(backend)
+            results = await backend.aenqueue_many(new, connection=connection)  # type: ignore[attr-defined]
+            if results[0].created:
+                return self._built(new, results, None)[0]
+            existing: Job | None = await backend.aget(results[0].id, connection=connection)  # type: ignore[attr-defined]
+            if existing is None:
+                raise JobNotFound(f"job {results[0].id} holding unique key {new[0].unique_key!r} vanished")
+            return existing
+        return (await asyncio.to_thread(self._jobs, new, connection))[0]
 
     def enqueue_many(self, calls: Iterable[Sequence[Any] | Mapping[str, Any]]) -> list[Job]:
         """Store many jobs in one atomic write: each item is a tuple/list of args or a dict of kwargs.
@@ -141,7 +194,7 @@ class _Enqueuer(Generic[P, R]):
                     f"enqueue_many item {i} is a {type(call).__name__}; "
                     "give a tuple of positional args or a dict of keyword args"
                 )
-        return self._jobs(new)
+        return self._jobs(new, self._opts.connection)
 
     async def aenqueue_many(self, calls: Iterable[Sequence[Any] | Mapping[str, Any]]) -> list[Job]:
         return await asyncio.to_thread(self.enqueue_many, list(calls))
@@ -186,7 +239,7 @@ class Task(_Enqueuer[P, R]):
     def options(
         self, *, delay: float | dt.timedelta | None = None, run_at: float | dt.datetime | None = None,
         priority: int | None = None, queue: str | None = None, unique_key: str | None = None,
-        max_attempts: int | None = None, timeout: float | None = None,
+        max_attempts: int | None = None, timeout: float | None = None, connection: Any = None,
     ) -> TaskCall[P, R]:
         """Per-call overrides: ``send_email.options(delay=10, priority=1).enqueue(42)``."""
         changes: dict[str, Any] = {}
@@ -195,7 +248,8 @@ class Task(_Enqueuer[P, R]):
         if run_at is not None:
             changes["run_at"] = _to_timestamp(run_at)
         for key, value in (("priority", priority), ("queue", queue), ("unique_key", unique_key),
-                           ("max_attempts", max_attempts), ("timeout", timeout)):
+                           ("max_attempts", max_attempts), ("timeout", timeout),
+                           ("connection", connection)):
             if value is not None:
                 changes[key] = value
         return TaskCall(self, _check_options(replace(self._opts, **changes)))

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from .app import Conveyor
 from .backends.base import Backend, Lease, WorkerInfo
-from .errors import ConfigurationError, LeaseLost
+from .errors import ConfigurationError, LeaseLost, StoreError
 from .executor import Execution, Outcome
 from .job import Job, JobState
 from .payload import check_queue_name
@@ -309,7 +309,7 @@ class Worker:
 
     async def _run_job(self, running: _Running) -> None:
         job = running.job
-        execution = Execution(job, self.app.tasks, self._pool)
+        execution = Execution(job, self.app.tasks, self._pool, self.backend)
         running.execution = execution
         log.debug("job %d %s attempt %d/%d started", job.id, job.task, job.attempts, job.max_attempts)
         try:
@@ -342,13 +342,16 @@ class Worker:
     async def _settle(self, running: _Running, outcome: Outcome) -> None:
         job, lease = running.job, running.lease
         try:
-            if outcome.kind == "succeeded":
-                await self._call(self._store, self.backend.ack, lease, outcome.result)
+            if outcome.kind == "completed":
+                self.counters.succeeded += 1
+                log.debug("job %d %s succeeded in its own transaction", job.id, job.task)
+            elif outcome.kind == "succeeded":
+                await self._record(self.backend.ack, lease, outcome.result)
                 self.counters.succeeded += 1
                 log.debug("job %d %s succeeded", job.id, job.task)
             elif outcome.kind == "retry":
                 assert outcome.error is not None
-                state = await self._call(self._store, self.backend.retry, lease, outcome.error, delay=outcome.delay)
+                state = await self._record(self.backend.retry, lease, outcome.error, delay=outcome.delay)
                 if state is JobState.DEAD:
                     self.counters.dead += 1
                     log.error("job %d %s failed on its last attempt (%d/%d), now dead: %s",
@@ -360,7 +363,7 @@ class Worker:
                                 outcome.delay, outcome.error.message)
             else:
                 assert outcome.error is not None
-                await self._call(self._store, self.backend.kill, lease, outcome.error)
+                await self._record(self.backend.kill, lease, outcome.error)
                 self.counters.dead += 1
                 log.error("job %d %s is dead (%s): %s", job.id, job.task, outcome.error.kind, outcome.error.message)
             self.counters.by_task[f"{job.task}:{outcome.kind}"] += 1
@@ -368,6 +371,22 @@ class Worker:
             self.counters.lease_lost += 1
             log.warning("job %d %s: outcome %r discarded, the lease was lost (the job is re-run or cancelled)",
                         job.id, job.task, outcome.kind)
+
+    async def _record(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+        """Write a job's outcome, retrying a store that is briefly away (a restart, a killed
+        connection) for as long as the lease could still be valid; then give up, and the
+        job is re-run after its lease expires."""
+        delay = 0.1
+        deadline = time.monotonic() + self.lease_s
+        while True:
+            try:
+                return await self._call(self._store, fn, *args, **kw)
+            except StoreError as exc:
+                if self._forced or time.monotonic() + delay > deadline:
+                    raise
+                log.warning("could not record a job outcome (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     async def _heartbeat_loop(self) -> None:
         while True:

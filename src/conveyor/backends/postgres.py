@@ -21,6 +21,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pgerrors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
@@ -68,6 +69,8 @@ def _configure(conn: psycopg.Connection[Any]) -> None:
 
 
 class PostgresBackend(Backend):
+    supports_transactions = True  # enqueue/ack can join a caller's transaction
+
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10) -> None:
         self.url = url
         try:
@@ -169,7 +172,8 @@ class PostgresBackend(Backend):
         params = [_insert_params(job, now) for job in jobs]
         if connection is not None:
             try:
-                with connection.transaction():
+                _join_transaction(connection)
+                with connection.transaction():  # a savepoint: the batch is all or nothing
                     return self._enqueue_on(connection, jobs, params, now)
             except psycopg.Error as exc:
                 raise _translate(exc) from exc
@@ -208,6 +212,8 @@ class PostgresBackend(Backend):
         params = [_insert_params(job, now) for job in jobs]
         results: list[EnqueueResult] = []
         try:
+            if not connection.autocommit and connection.info.transaction_status == TransactionStatus.IDLE:
+                await connection.execute("BEGIN")
             async with connection.transaction(), connection.cursor(row_factory=dict_row) as cur:
                 await cur.executemany(Q["insert"], params, returning=True)
                 rows: list[dict[str, Any] | None] = []
@@ -265,7 +271,8 @@ class PostgresBackend(Backend):
         params = {"id": lease.job_id, "token": lease.token, "now": now, "result": result}
         if connection is not None:
             try:
-                row = connection.execute(Q["ack"], params).fetchone()
+                with connection.cursor(row_factory=dict_row) as cur:
+                    row = cur.execute(Q["ack"], params).fetchone()
             except psycopg.Error as exc:
                 raise _translate(exc) from exc
             if row is None:
@@ -345,9 +352,26 @@ class PostgresBackend(Backend):
         return deleted
 
     # -- inspection and administration ------------------------------------------------
-    def get(self, job_id: int) -> Job | None:
+    def get(self, job_id: int, *, connection: psycopg.Connection[Any] | None = None) -> Job | None:
+        """With ``connection``, read through it (sees that transaction's uncommitted jobs)."""
+        if connection is not None:
+            try:
+                with connection.cursor(row_factory=dict_row) as cur:
+                    row = cur.execute(Q["get"], {"id": job_id}).fetchone()
+            except psycopg.Error as exc:
+                raise _translate(exc) from exc
+            return _row_to_job(row) if row else None
         with self._tx() as conn:
             row = conn.execute(Q["get"], {"id": job_id}).fetchone()
+        return _row_to_job(row) if row else None
+
+    async def aget(self, job_id: int, *, connection: psycopg.AsyncConnection[Any]) -> Job | None:
+        try:
+            async with connection.cursor(row_factory=dict_row) as cur:
+                await cur.execute(Q["get"], {"id": job_id})
+                row = await cur.fetchone()
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
         return _row_to_job(row) if row else None
 
     def list_jobs(
@@ -527,6 +551,13 @@ class PostgresBackend(Backend):
                         conn.autocommit = True
         except psycopg.Error as exc:
             raise _translate(exc) from exc
+
+
+def _join_transaction(conn: psycopg.Connection[Any]) -> None:
+    """Open the caller's transaction if none is open yet, so the caller's commit or rollback
+    decides. (``conn.transaction()`` on an idle connection would commit on its own.)"""
+    if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+        conn.execute("BEGIN")
 
 
 def _ts(value: datetime | None) -> float | None:
