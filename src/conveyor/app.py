@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from .backends import open_backend, redact_url
 from .backends.base import Backend
@@ -14,6 +14,9 @@ from .job import Job
 from .payload import DEFAULT_MAX_PAYLOAD_BYTES
 from .retry import RetryPolicy
 from .task import Task
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -54,6 +57,7 @@ class Conveyor:
         self.max_payload_bytes = max_payload_bytes
         self.result_ttl = result_ttl
         self.tasks: dict[str, Task[Any, Any]] = {}
+        self.metrics: Metrics | None = None  # set by enable_metrics()
         self._backend: Backend | None = None
         self._lock = threading.Lock()
 
@@ -96,6 +100,17 @@ class Conveyor:
             return t
 
         return register(fn) if fn is not None else register
+
+    def enable_metrics(self, *, store: bool = True) -> Metrics:
+        """Record Prometheus metrics in this process (enqueues; a worker's attempts, run times,
+        lag); with ``store``, also export store-wide gauges read at scrape time."""
+        from .metrics import Metrics
+
+        if self.metrics is None:
+            self.metrics = Metrics()
+        if store:
+            self.metrics.watch_store(self.backend)
+        return self.metrics
 
     def get_task(self, name: str) -> Task[Any, Any]:
         try:

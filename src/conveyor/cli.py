@@ -45,6 +45,7 @@ class Ctx:
     def __init__(self, app_spec: str | None, url: str | None) -> None:
         self.app_spec = app_spec
         self.url = url
+        self.log_format = "text"
         self._app: Conveyor | None = None
 
     @property
@@ -72,13 +73,19 @@ pass_ctx = click.make_pass_decorator(Ctx)
               help="Your Conveyor app, e.g. myproject.jobs:app ($CONVEYOR_APP).")
 @click.option("--url", envvar="CONVEYOR_URL", help="Store URL, overriding the app's ($CONVEYOR_URL).")
 @click.option("--log-level", default="INFO", show_default=True,
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+              help="DEBUG also logs every job start and success.")
+@click.option("--log-format", default="text", show_default=True, type=click.Choice(["text", "json"]),
+              envvar="CONVEYOR_LOG_FORMAT", help="json: one object per line, with job fields.")
 @click.version_option(package_name="conveyor")
 @click.pass_context
-def cli(ctx: click.Context, app_spec: str | None, url: str | None, log_level: str) -> None:
+def cli(ctx: click.Context, app_spec: str | None, url: str | None, log_level: str, log_format: str) -> None:
     """Conveyor: background jobs with leases, retries and a dead-letter queue."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .logs import configure_logging
+
+    configure_logging(log_level, log_format)
     ctx.obj = Ctx(app_spec, url)
+    ctx.obj.log_format = log_format
 
 
 def main() -> None:
@@ -108,9 +115,12 @@ def main() -> None:
               help="Seconds to finish running jobs after SIGTERM before releasing them.")
 @click.option("--poll-interval", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Longest idle wait between checks, seconds.")
+@click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=None,
+              help="Serve Prometheus metrics on this port (with --processes N: ports PORT..PORT+N-1).")
+@click.option("--metrics-addr", default="127.0.0.1", show_default=True, help="Address for --metrics-port.")
 @pass_ctx
 def worker(obj: Ctx, queues: str | None, concurrency: int, processes: int, visibility_timeout: float | None,
-           grace_period: float, poll_interval: float) -> None:
+           grace_period: float, poll_interval: float, metrics_port: int | None, metrics_addr: str) -> None:
     """Run jobs. SIGTERM or Ctrl-C stops gracefully; a second one hurries."""
     app = obj.require_tasks("worker")
     if not queues:
@@ -126,12 +136,18 @@ def worker(obj: Ctx, queues: str | None, concurrency: int, processes: int, visib
         argv = [sys.executable, "-m", "conveyor", "--app", obj.app_spec or ""]
         if obj.url:
             argv += ["--url", obj.url]
-        argv += ["--log-level", logging.getLevelName(logging.getLogger().level), "worker", "--queues", queues,
+        argv += ["--log-level", logging.getLevelName(logging.getLogger().level), "--log-format", obj.log_format,
+                 "worker", "--queues", queues,
                  "--concurrency", str(concurrency), "--grace", str(grace_period),
                  "--poll-interval", str(poll_interval)]
         if visibility_timeout is not None:
             argv += ["--visibility-timeout", str(visibility_timeout)]
-        sys.exit(Supervisor(argv, processes, grace_period=grace_period).run())
+        sys.exit(Supervisor(argv, processes, grace_period=grace_period, metrics_port=metrics_port,
+                            metrics_addr=metrics_addr).run())
+
+    if metrics_port is not None:
+        w.metrics = app.enable_metrics()
+        w.metrics.serve(metrics_port, metrics_addr)
 
     click.echo(f"conveyor worker {w.id} on {redact_url(app.url)}: queues {queues}, "
                f"concurrency {concurrency}, lease {w.lease_s:g}s", err=True)

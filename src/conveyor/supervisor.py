@@ -24,8 +24,13 @@ def _die_with_parent() -> None:
 
 
 class Supervisor:
-    def __init__(self, argv: Sequence[str], processes: int, *, grace_period: float = 30.0) -> None:
+    def __init__(
+        self, argv: Sequence[str], processes: int, *, grace_period: float = 30.0,
+        metrics_port: int | None = None, metrics_addr: str = "127.0.0.1",
+    ) -> None:
         self.argv = list(argv)
+        self.metrics_port = metrics_port
+        self.metrics_addr = metrics_addr
         self.processes = processes
         self.grace_period = grace_period
         self.children: dict[int, subprocess.Popen[bytes]] = {}
@@ -35,7 +40,11 @@ class Supervisor:
     def _spawn(self, slot: int) -> None:
         # Own process group: a terminal's Ctrl-C reaches only this parent, which passes it
         # on once (children count a second signal as "hurry up").
-        child = subprocess.Popen(self.argv, process_group=0, preexec_fn=_die_with_parent)
+        argv = list(self.argv)
+        if self.metrics_port is not None:
+            # One port per slot, stable across restarts, so scrape targets stay put.
+            argv += ["--metrics-port", str(self.metrics_port + slot), "--metrics-addr", self.metrics_addr]
+        child = subprocess.Popen(argv, process_group=0, preexec_fn=_die_with_parent)
         self.children[slot] = child
         log.info("started worker process %d (pid %d)", slot, child.pid)
 

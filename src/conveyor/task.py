@@ -117,6 +117,11 @@ class _Enqueuer(Generic[P, R]):
         else:
             _check_transactional(backend)
             results = backend.enqueue_many(new, connection=connection)  # type: ignore[call-arg]
+        metrics = self.task.app.metrics
+        if metrics is not None:
+            for item, res in zip(new, results, strict=True):
+                if res.created:
+                    metrics.enqueued.labels(item.queue, item.task).inc()
         return self._built(new, results, connection)
 
     def _built(self, new: Sequence[NewJob], results: Sequence[EnqueueResult], connection: Any) -> list[Job]:

@@ -27,6 +27,7 @@ from .backends.base import Backend, Lease, WorkerInfo
 from .errors import ConfigurationError, LeaseLost, StoreError
 from .executor import Execution, Outcome
 from .job import Job, JobState
+from .metrics import Metrics
 from .payload import check_queue_name
 
 log = logging.getLogger("conveyor.worker")
@@ -116,6 +117,7 @@ class Worker:
         prune_interval: float = 60.0,
         worker_id: str | None = None,
         install_signal_handlers: bool = True,
+        metrics: Metrics | None = None,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be >= 1, got {concurrency}")
@@ -138,6 +140,7 @@ class Worker:
         self.prune_interval = prune_interval
         self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.install_signal_handlers = install_signal_handlers
+        self.metrics = metrics if metrics is not None else app.metrics
         self.counters = WorkerCounters()
         self.started_at = time.time()
         self._rng = random.Random()
@@ -311,9 +314,15 @@ class Worker:
         job = running.job
         execution = Execution(job, self.app.tasks, self._pool, self.backend)
         running.execution = execution
-        log.debug("job %d %s attempt %d/%d started", job.id, job.task, job.attempts, job.max_attempts)
+        self._job_log(logging.DEBUG, job, "started", "job %d %s attempt %d/%d started",
+                      job.id, job.task, job.attempts, job.max_attempts)
+        if self.metrics is not None and job.attempted_at is not None:
+            self.metrics.lag_seconds.labels(job.queue).observe(max(0.0, job.attempted_at - job.run_at))
+        started = time.perf_counter()
         try:
             outcome = await execution.run()
+            if self.metrics is not None:
+                self.metrics.run_seconds.labels(job.queue, job.task).observe(time.perf_counter() - started)
             await self._settle(running, outcome)
         except asyncio.CancelledError:
             if not running.lost and not self._stopping:
@@ -339,38 +348,62 @@ class Worker:
         if self._slot_freed is not None:
             self._slot_freed.set()
 
+    def _job_log(self, level: int, job: Job, outcome: str, msg: str, *args: Any) -> None:
+        if log.isEnabledFor(level):
+            log.log(level, msg, *args, extra={
+                "job_id": job.id, "task": job.task, "queue": job.queue, "attempt": job.attempts,
+                "max_attempts": job.max_attempts, "outcome": outcome, "worker_id": self.id,
+            })
+
+    def _count(self, job: Job, outcome: str) -> None:
+        self.counters.by_task[f"{job.task}:{outcome}"] += 1
+        if self.metrics is not None:
+            self.metrics.attempts.labels(job.queue, job.task, outcome).inc()
+
     async def _settle(self, running: _Running, outcome: Outcome) -> None:
         job, lease = running.job, running.lease
+        if outcome.error is not None and outcome.error.kind == "timeout" and self.metrics is not None:
+            self.metrics.timeouts.labels(job.queue, job.task).inc()
         try:
             if outcome.kind == "completed":
                 self.counters.succeeded += 1
-                log.debug("job %d %s succeeded in its own transaction", job.id, job.task)
+                self._count(job, "succeeded")
+                self._job_log(logging.DEBUG, job, "succeeded", "job %d %s succeeded in its own transaction",
+                              job.id, job.task)
             elif outcome.kind == "succeeded":
                 await self._record(self.backend.ack, lease, outcome.result)
                 self.counters.succeeded += 1
-                log.debug("job %d %s succeeded", job.id, job.task)
+                self._count(job, "succeeded")
+                self._job_log(logging.DEBUG, job, "succeeded", "job %d %s succeeded", job.id, job.task)
             elif outcome.kind == "retry":
                 assert outcome.error is not None
                 state = await self._record(self.backend.retry, lease, outcome.error, delay=outcome.delay)
                 if state is JobState.DEAD:
                     self.counters.dead += 1
-                    log.error("job %d %s failed on its last attempt (%d/%d), now dead: %s",
-                              job.id, job.task, job.attempts, job.max_attempts, outcome.error.message)
+                    self._count(job, "dead")
+                    self._job_log(logging.ERROR, job, "dead",
+                                  "job %d %s failed on its last attempt (%d/%d), now dead: %s",
+                                  job.id, job.task, job.attempts, job.max_attempts, outcome.error.message)
                 else:
                     self.counters.retried += 1
-                    log.warning("job %d %s attempt %d/%d failed (%s), retry in %.2fs: %s",
-                                job.id, job.task, job.attempts, job.max_attempts, outcome.error.kind,
-                                outcome.delay, outcome.error.message)
+                    self._count(job, "retried")
+                    self._job_log(logging.WARNING, job, "retried",
+                                  "job %d %s attempt %d/%d failed (%s), retry in %.2fs: %s",
+                                  job.id, job.task, job.attempts, job.max_attempts, outcome.error.kind,
+                                  outcome.delay, outcome.error.message)
             else:
                 assert outcome.error is not None
                 await self._record(self.backend.kill, lease, outcome.error)
                 self.counters.dead += 1
-                log.error("job %d %s is dead (%s): %s", job.id, job.task, outcome.error.kind, outcome.error.message)
-            self.counters.by_task[f"{job.task}:{outcome.kind}"] += 1
+                self._count(job, "dead")
+                self._job_log(logging.ERROR, job, "dead", "job %d %s is dead (%s): %s",
+                              job.id, job.task, outcome.error.kind, outcome.error.message)
         except LeaseLost:
             self.counters.lease_lost += 1
-            log.warning("job %d %s: outcome %r discarded, the lease was lost (the job is re-run or cancelled)",
-                        job.id, job.task, outcome.kind)
+            self._count(job, "lease_lost")
+            self._job_log(logging.WARNING, job, "lease_lost",
+                          "job %d %s: outcome %r discarded, the lease was lost (the job is re-run or cancelled)",
+                          job.id, job.task, outcome.kind)
 
     async def _record(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
         """Write a job's outcome, retrying a store that is briefly away (a restart, a killed
@@ -403,6 +436,8 @@ class Worker:
                 if r.job.id in lost and not r.settled:
                     r.lost = True
                     self.counters.lease_lost += 1
+                    if self.metrics is not None:
+                        self.metrics.leases_lost.labels(r.job.queue).inc()
                     log.warning("job %d %s: lease lost (expired, cancelled or taken over); stopping it",
                                 r.job.id, r.job.task)
                     if r.task is not None:
@@ -416,6 +451,9 @@ class Worker:
                 reaped = await self._call(self._beat, self.backend.reap, limit=1000)
                 if reaped.count:
                     self.counters.reaped += reaped.count
+                    if self.metrics is not None:
+                        self.metrics.reaped.labels("requeued").inc(len(reaped.requeued))
+                        self.metrics.reaped.labels("dead").inc(len(reaped.dead))
                     log.warning("reaped %d expired lease(s): %d back to available, %d dead",
                                 reaped.count, len(reaped.requeued), len(reaped.dead))
                 await self._call(self._beat, self.backend.promote, limit=1000)

@@ -1,0 +1,42 @@
+"""Logging setup: readable lines by default, one JSON object per line with ``--log-format json``.
+
+Job events carry ``job_id``, ``task``, ``queue``, ``attempt``, ``max_attempts``, ``outcome`` and
+``worker_id`` as record attributes; the JSON format emits them as fields.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import sys
+
+JOB_FIELDS = ("job_id", "task", "queue", "attempt", "max_attempts", "outcome", "worker_id")
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, object] = {
+            "time": dt.datetime.fromtimestamp(record.created, tz=dt.UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for name in JOB_FIELDS:
+            value = getattr(record, name, None)
+            if value is not None:
+                entry[name] = value
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
