@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from support import T0, enqueue_one
@@ -99,9 +99,10 @@ def test_jobs_past_timeout(backend: Backend) -> None:
 
 
 class _Hook(BaseHTTPRequestHandler):
-    statuses: list[int] = []
-    bodies: list[dict[str, Any]] = []
-    delay = 0.0
+    # Set per test on a fresh subclass (see the hook fixture).
+    statuses: ClassVar[list[int]]
+    bodies: ClassVar[list[dict[str, Any]]]
+    delay: ClassVar[float]
 
     def do_POST(self) -> None:
         length = int(self.headers["Content-Length"])
