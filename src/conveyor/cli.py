@@ -220,17 +220,36 @@ def stats_dict(stats: Stats) -> dict[str, Any]:
     }
 
 
-def stats_view(stats: Stats, url: str) -> Group:
+def _finished(q: Any) -> int:
+    return int(q.succeeded + q.dead + q.cancelled)
+
+
+def stats_view(stats: Stats, url: str, previous: Stats | None = None) -> Group:
+    """The queues table; with ``previous`` (the last refresh) also throughput and failure rate."""
+    rates = previous is not None and stats.now > previous.now
     table = Table(title=f"queues on {redact_url(url)}", title_justify="left")
-    for col in ("queue", "depth", "oldest waiting", "scheduled", "running", "succeeded", "dead",
-                "cancelled", "lease expiries"):
+    columns = ["queue", "depth", "oldest waiting", "scheduled", "running", "succeeded", "dead",
+               "cancelled", "lease expiries"]
+    if rates:
+        columns += ["done/s", "failed"]
+    for col in columns:
         table.add_column(col, justify="left" if col == "queue" else "right")
+    before = {q.queue: q for q in previous.queues} if previous is not None else {}
     for q in stats.queues:
-        table.add_row(q.queue, str(q.depth), age(q.oldest_available_age), str(q.scheduled), str(q.running),
-                      str(q.succeeded), f"[red]{q.dead}[/red]" if q.dead else "0", str(q.cancelled),
-                      str(q.lease_expiries))
+        row = [q.queue, str(q.depth), age(q.oldest_available_age), str(q.scheduled), str(q.running),
+               str(q.succeeded), f"[red]{q.dead}[/red]" if q.dead else "0", str(q.cancelled),
+               str(q.lease_expiries)]
+        if rates:
+            assert previous is not None
+            old = before.get(q.queue)
+            done = _finished(q) - (_finished(old) if old else 0)
+            failed = q.dead - (old.dead if old else 0)
+            # Pruning deletes finished jobs, which can make a window's count dip: show "-" then.
+            row.append(f"{done / (stats.now - previous.now):.1f}" if done >= 0 else "-")
+            row.append(f"{failed / done:.0%}" if done > 0 and failed >= 0 else "-")
+        table.add_row(*row)
     if not stats.queues:
-        table.add_row("(no jobs yet)", "", "", "", "", "", "", "", "")
+        table.add_row("(no jobs yet)", *[""] * (len(columns) - 1))
     workers = Table(title=f"live workers: {len(stats.workers)}", title_justify="left")
     for col in ("worker", "queues", "running", "concurrency", "last heartbeat", "up"):
         workers.add_column(col)
@@ -256,16 +275,20 @@ def stats(obj: Ctx, as_json: bool, watch: bool, interval: float) -> None:
         return
     from rich.live import Live
 
-    with Live(stats_view(backend.stats(), obj.app.url), console=console, auto_refresh=False) as live:
-        try:
+    if as_json:
+        with contextlib.suppress(KeyboardInterrupt):
             while True:
+                click.echo(json.dumps(stats_dict(backend.stats())))
                 time.sleep(interval)
-                if as_json:
-                    click.echo(json.dumps(stats_dict(backend.stats())))
-                else:
-                    live.update(stats_view(backend.stats(), obj.app.url), refresh=True)
-        except KeyboardInterrupt:
-            pass
+        return
+    previous = backend.stats()
+    with Live(stats_view(previous, obj.app.url), console=console, auto_refresh=False) as live, \
+            contextlib.suppress(KeyboardInterrupt):
+        while True:
+            time.sleep(interval)
+            current = backend.stats()
+            live.update(stats_view(current, obj.app.url, previous), refresh=True)
+            previous = current
 
 
 # -- jobs --------------------------------------------------------------------------------
