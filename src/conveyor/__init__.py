@@ -15,6 +15,7 @@ from .errors import (
     Retry,
     StorageFull,
     StoreError,
+    StoreUnavailable,
     UnknownTask,
 )
 from .executor import JobContext, current_job
@@ -41,6 +42,7 @@ __all__ = [
     "RetryPolicy",
     "StorageFull",
     "StoreError",
+    "StoreUnavailable",
     "Task",
     "UnknownTask",
     "current_job",

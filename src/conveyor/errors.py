@@ -79,3 +79,11 @@ class StoreError(ConveyorError):
 
 class StorageFull(StoreError):
     """The store is out of disk space; the operation did not happen."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached (down, restarting, or not answering in time).
+
+    The message says whether the operation did not happen or, when a reply was lost in
+    flight, may have happened.
+    """

@@ -207,6 +207,8 @@ class Worker:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._request_stop)
         await self._call(self._store, self.backend.record_worker, self._info())
+        for text in await self._call(self._store, self.backend.startup_warnings):
+            log.warning("%s", text)
         log.info("worker %s started: queues %s, concurrency %d, lease %gs",
                  self.id, ",".join(f"{q}:{w}" for q, w in self.weights.items()), self.concurrency, self.lease_s)
         helpers = [

@@ -75,7 +75,6 @@ def test_open_backend_creates_and_migrates_the_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("url", "fragment"),
     [
-        ("redis://localhost:6379/0", "Redis"),
         ("mysql://u:hunter2@db/x", "unsupported"),
         ("conveyor.db", "unsupported"),
     ],

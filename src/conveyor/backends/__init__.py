@@ -20,7 +20,10 @@ def open_backend(url: str) -> Backend:
 
         return PostgresBackend(url)
     if scheme in ("redis", "rediss"):
-        raise ConfigurationError("the Redis backend is not available in this version of Conveyor yet")
+        _require("redis", "redis")
+        from .redis import RedisBackend
+
+        return RedisBackend(url)
     raise ConfigurationError(
         f"unsupported store URL {redact_url(url)!r}: expected sqlite:///file.db, "
         "postgresql://user@host/db or redis://host:6379/0"

@@ -235,6 +235,10 @@ class Backend(abc.ABC):
     def now(self) -> float:
         """The store's clock, unix seconds."""
 
+    def startup_warnings(self) -> list[str]:
+        """Settings of the store that put acknowledged jobs at risk; a worker logs them at start."""
+        return []
+
     def wake(self) -> None:  # noqa: B027 - optional hook: a backend without local waiters has nothing to do
         """Wake this process's threads blocked in wait_for_jobs (used at shutdown)."""
 

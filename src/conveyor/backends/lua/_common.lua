@@ -1,0 +1,193 @@
+-- _common.lua: the prelude every Conveyor script starts with (redis.py prepends it at load).
+--
+-- KEYS, the same header for every script (P is the app's prefix "{name}", whose braces are the
+-- Redis Cluster hash tag, so every key below, and every key made by appending a job id to a
+-- prefix key, lands in one slot):
+--   KEYS[1]  P:job:        prefix key; P:job:<id> is the job's HASH
+--   KEYS[2]  P:errors:     prefix key; P:errors:<id> is the job's LIST of error JSON objects
+--   KEYS[3]  P:jobs        ZSET of every job id (score = id), for listing newest first
+--   KEYS[4..9]  P:state:scheduled|available|running|succeeded|dead|cancelled
+--                          ZSET of ids per state (score = id), for listing by state
+--   KEYS[10] P:unique      HASH unique_key -> id of the unfinished job holding it
+--   KEYS[11] P:expiries    HASH queue -> number of leases that expired
+--   KEYS[12] P:queues      SET of every queue name ever used (never shrinks)
+--   KEYS[13] P:ids         STRING, INCR counter of job ids
+--   KEYS[14] P:workers     HASH worker id -> JSON info
+--   KEYS[15] P:seen        ZSET worker id -> last_seen
+-- then one block of 8 keys per queue named in ARGV, in the same order:
+--   P:q:<queue>:available  ZSET, score = priority, member = sortable(run_at) .. id (see member())
+--   P:q:<queue>:scheduled  ZSET id, score = run_at
+--   P:q:<queue>:running    ZSET id, score = lease_expires_at
+--   P:q:<queue>:succeeded|dead|cancelled  ZSET id, score = finished_at
+--   P:q:<queue>:jobs       ZSET id, score = id (listing by queue)
+--   P:q:<queue>:wake       LIST of wake-up markers that idle workers BLPOP
+-- then any keys of the script's own (xkey(i)).
+--
+-- ARGV: ARGV[1] = number of queue blocks n, ARGV[2..n+1] = their queue names, then the
+-- script's own arguments (arg(i)). Queue keys are never built here from data: a script that
+-- meets a job of a queue it was not given answers {'need', queue} and the caller retries
+-- with that queue's block.
+
+local P_JOB, P_ERR, K_ALL = KEYS[1], KEYS[2], KEYS[3]
+local K_STATE = {
+  scheduled = KEYS[4], available = KEYS[5], running = KEYS[6],
+  succeeded = KEYS[7], dead = KEYS[8], cancelled = KEYS[9],
+}
+local K_UNIQUE, K_EXPIRIES, K_QUEUES, K_IDS = KEYS[10], KEYS[11], KEYS[12], KEYS[13]
+local K_WORKERS, K_SEEN = KEYS[14], KEYS[15]
+local NHEAD, NQK = 15, 8
+local KEEP_ERRORS = 20
+-- Markers kept per wake list: enough to wake several idle workers for a burst, few enough
+-- that leftovers cause only a handful of spurious wake-ups.
+local WAKE_MAX = 8
+
+local NQ = tonumber(ARGV[1])
+local Q = {}
+local QNAMES = {}
+for i = 1, NQ do
+  local b = NHEAD + (i - 1) * NQK
+  local name = ARGV[1 + i]
+  QNAMES[i] = name
+  Q[name] = {
+    name = name, available = KEYS[b + 1], scheduled = KEYS[b + 2], running = KEYS[b + 3],
+    succeeded = KEYS[b + 4], dead = KEYS[b + 5], cancelled = KEYS[b + 6],
+    jobs = KEYS[b + 7], wake = KEYS[b + 8],
+  }
+end
+local A = 2 + NQ
+local function arg(i) return ARGV[A + i - 1] end
+local function xkey(i) return KEYS[NHEAD + NQ * NQK + i] end
+
+-- The store's clock unless the caller injected a time (tests do).
+local function clock(s)
+  if s ~= nil and s ~= '' then return tonumber(s) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+-- Lua's own number-to-string keeps 14 digits, which would shift times by up to 0.1 ms;
+-- 17 significant digits give back the very same double in Python.
+local function num(x) return string.format('%.17g', x) end
+local function jnum(x)
+  local s = num(x)
+  if not string.find(s, '[.eEn]') then s = s .. '.0' end
+  return s
+end
+
+-- Claim order inside one priority is run_at, then id. The ZSET score holds the priority
+-- (a small integer, exact), and equal scores sort by member bytes, so the member is a
+-- fixed-width, byte-sortable image of the exact double run_at followed by the zero-padded
+-- id. A composite float score (priority * 1e13 + run_at_ms) would need more than the 53
+-- bits a double holds and would also round run_at to a millisecond.
+local TWO53 = 9007199254740992
+local function member(run_at, id)
+  local code
+  if run_at > 0 then
+    local m, e = math.frexp(run_at)
+    code = string.format('2%04d%016.0f', e + 1100, m * TWO53)
+  elseif run_at < 0 then
+    local m, e = math.frexp(-run_at)
+    code = string.format('0%04d%016.0f', 1900 - e, TWO53 - 1 - m * TWO53)
+  else
+    code = '100000000000000000000'
+  end
+  return code .. string.format('%016.0f', tonumber(id))
+end
+local function id_of(m) return tostring(tonumber(string.sub(m, 22))) end
+
+local function is_unfinished(state)
+  return state == 'scheduled' or state == 'available' or state == 'running'
+end
+
+-- Take the job out of its state's sets (not the hash: the caller rewrites that).
+local function leave(q, id, state, m)
+  if state == 'available' then
+    redis.call('ZREM', q.available, m)
+  else
+    redis.call('ZREM', q[state], id)
+  end
+  redis.call('ZREM', K_STATE[state], id)
+end
+
+local function enter(q, id, key, state, score)
+  redis.call('ZADD', q[state], score, id)
+  redis.call('ZADD', K_STATE[state], id, id)
+  redis.call('HSET', key, 'state', state)
+end
+
+local function enter_available(q, id, key, run_at, priority)
+  local m = member(run_at, id)
+  redis.call('ZADD', q.available, priority, m)
+  redis.call('ZADD', K_STATE.available, id, id)
+  redis.call('HSET', key, 'state', 'available', 'm', m)
+end
+
+-- A finished job gives its unique key back, unless a newer job holds it already.
+local function free_unique(key, id)
+  local uk = redis.call('HGET', key, 'unique_key')
+  if uk and redis.call('HGET', K_UNIQUE, uk) == id then
+    redis.call('HDEL', K_UNIQUE, uk)
+  end
+end
+
+local function wake(q, n)
+  if n <= 0 then return end
+  local marks = {}
+  for i = 1, math.min(n, WAKE_MAX) do marks[i] = '1' end
+  redis.call('LPUSH', q.wake, unpack(marks))
+  redis.call('LTRIM', q.wake, 0, WAKE_MAX - 1)
+end
+
+-- A newly scheduled job that is now the queue's earliest moves idle workers' next due time.
+local function wake_if_first_scheduled(q, id)
+  local head = redis.call('ZRANGE', q.scheduled, 0, 0)
+  if head[1] == id then wake(q, 1) end
+end
+
+-- rest: the JSON members kind, type, message, traceback (encoded by the client, or below).
+local function add_error(id, attempt, now, worker_id, rest)
+  local wid = 'null'
+  if worker_id then wid = cjson.encode(worker_id) end
+  local doc = '{"attempt":' .. attempt .. ',"at":' .. jnum(now) .. ',"worker_id":' .. wid .. ',' .. rest .. '}'
+  redis.call('RPUSH', P_ERR .. id, doc)
+  redis.call('LTRIM', P_ERR .. id, -KEEP_ERRORS, -1)
+end
+
+local function job_data(id)
+  return {id, redis.call('HGETALL', P_JOB .. id), redis.call('LRANGE', P_ERR .. id, 0, -1)}
+end
+
+-- Scripts that touch every queue need all their blocks; the set only grows, so an equal
+-- count means the caller's list is complete.
+local function queues_complete()
+  return redis.call('SCARD', K_QUEUES) == NQ
+end
+
+local function promote_queue(q, now, limit)
+  local ids = redis.call('ZRANGEBYSCORE', q.scheduled, '-inf', num(now), 'LIMIT', 0, limit)
+  for _, id in ipairs(ids) do
+    local key = P_JOB .. id
+    redis.call('ZREM', q.scheduled, id)
+    redis.call('ZREM', K_STATE.scheduled, id)
+    local f = redis.call('HMGET', key, 'run_at', 'priority')
+    enter_available(q, id, key, tonumber(f[1]), tonumber(f[2]))
+  end
+  return #ids
+end
+
+local function delete_job(q, id, state)
+  redis.call('DEL', P_JOB .. id, P_ERR .. id)
+  redis.call('ZREM', q[state], id)
+  redis.call('ZREM', K_STATE[state], id)
+  redis.call('ZREM', K_ALL, id)
+  redis.call('ZREM', q.jobs, id)
+end
+
+-- The lease check every fenced call makes: same token, still running, not expired at now.
+local function fenced(key, token, now)
+  local f = redis.call('HMGET', key, 'state', 'lease_token', 'lease_expires_at', 'queue')
+  if f[1] ~= 'running' or f[2] ~= token or tonumber(f[3]) < now then return nil end
+  return f[4]
+end
+
+-- ---- end of prelude ----

@@ -1,0 +1,18 @@
+-- cancel: an unfinished job becomes cancelled. A running job loses its lease, so its worker's
+-- next heartbeat or ack is refused and the worker stops it.
+-- KEYS: the common header, then the block of the job's queue (a guess; see 'need').
+-- ARGV: n, queue names; now ('' = the store's clock), id
+-- Returns {'ok', 1} if cancelled, {'ok', 0} if missing or finished, or {'need', queue}.
+local now = clock(arg(1))
+local id = arg(2)
+local key = P_JOB .. id
+local f = redis.call('HMGET', key, 'state', 'queue', 'm')
+if not is_unfinished(f[1]) then return {'ok', 0} end
+local q = Q[f[2]]
+if not q then return {'need', f[2]} end
+leave(q, id, f[1], f[3])
+redis.call('HDEL', key, 'lease_token', 'lease_expires_at', 'm')
+redis.call('HSET', key, 'finished_at', num(now))
+enter(q, id, key, 'cancelled', now)
+free_unique(key, id)
+return {'ok', 1}

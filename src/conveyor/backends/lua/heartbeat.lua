@@ -1,0 +1,25 @@
+-- heartbeat: extend every lease still held to now + lease_s.
+-- KEYS: the common header, then the blocks of the queues the leases' jobs belong to.
+-- ARGV: n, queue names; now ('' = the store's clock), lease_s, then (id, token) pairs.
+-- Returns {'ok', lost ids...}, or {'need', queue...} (nothing changed) when a held job's
+-- queue block is missing.
+local now = clock(arg(1))
+local expires = now + tonumber(arg(2))
+local lost, held, need = {}, {}, {}
+for i = A + 2, #ARGV, 2 do
+  local id, token = ARGV[i], ARGV[i + 1]
+  local qn = fenced(P_JOB .. id, token, now)
+  if not qn then
+    lost[#lost + 1] = id
+  elseif Q[qn] then
+    held[#held + 1] = {id, Q[qn]}
+  else
+    need[#need + 1] = qn
+  end
+end
+if #need > 0 then return {'need', unpack(need)} end
+for _, h in ipairs(held) do
+  redis.call('HSET', P_JOB .. h[1], 'lease_expires_at', num(expires))
+  redis.call('ZADD', h[2].running, 'XX', expires, h[1])
+end
+return {'ok', unpack(lost)}

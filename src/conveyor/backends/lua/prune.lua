@@ -1,0 +1,27 @@
+-- prune: delete up to limit finished jobs of the given states whose finished_at is more than
+-- older_than seconds before now, oldest first within each state.
+-- KEYS: the common header, then the blocks of every queue in P:queues.
+-- ARGV: n, queue names; now ('' = the store's clock), older_than, limit, then states (each one
+--   of succeeded, dead, cancelled: the client refuses the others)
+-- Returns {'ok', count} or {'stale'} (nothing changed).
+if not queues_complete() then return {'stale'} end
+local now = clock(arg(1))
+local before = '(' .. num(now - tonumber(arg(2)))
+local left = tonumber(arg(3))
+local deleted = 0
+for s = A + 3, #ARGV do
+  if left <= 0 then break end
+  local state = ARGV[s]
+  local found = {}
+  for _, qn in ipairs(QNAMES) do
+    local r = redis.call('ZRANGEBYSCORE', Q[qn][state], '-inf', before, 'WITHSCORES', 'LIMIT', 0, left)
+    for k = 1, #r, 2 do found[#found + 1] = {r[k], tonumber(r[k + 1]), Q[qn]} end
+  end
+  table.sort(found, function(a, b) return a[2] < b[2] end)
+  for k = 1, math.min(left, #found) do
+    delete_job(found[k][3], found[k][1], state)
+    deleted = deleted + 1
+  end
+  left = left - math.min(left, #found)
+end
+return {'ok', deleted}

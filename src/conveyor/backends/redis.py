@@ -1,0 +1,755 @@
+"""The Redis backend: one Lua script per state transition, keys that fit one Cluster slot.
+
+``redis://[[user]:password@]host[:port][/db][?prefix=NAME]`` (``rediss://`` for TLS). All keys
+of one app start with ``{NAME}:`` (default ``conveyor``); the braces are the Cluster hash tag.
+The key layout and the scripts are described in docs/redis.md and at the top of
+``lua/_common.lua``.
+
+Every call has a socket timeout. Connection failures become :class:`StoreUnavailable`.
+Reads and idempotent writes are retried for a short while; a write that is not idempotent
+(enqueue, claim, cancel, ...) is retried only when the failure came before the command was
+sent, because a reply lost in flight does not tell whether the script ran.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from importlib import resources
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.commands.core import Script
+from redis.retry import Retry
+
+from ..errors import (
+    ConfigurationError,
+    LeaseLost,
+    PayloadError,
+    StorageFull,
+    StoreError,
+    StoreUnavailable,
+)
+from ..job import Job, JobState
+from .base import (
+    Backend,
+    EnqueueResult,
+    ErrorInfo,
+    Lease,
+    NewJob,
+    Page,
+    QueueStats,
+    ReapResult,
+    Stats,
+    WorkerInfo,
+)
+
+T = TypeVar("T")
+
+PREFIX_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+STATES = ("scheduled", "available", "running", "succeeded", "dead", "cancelled")
+QUEUE_KEYS = ("available", "scheduled", "running", "succeeded", "dead", "cancelled", "jobs", "wake")
+READ_ONLY_SCRIPTS = {"stats", "list_jobs"}
+# Only new work is refused when Redis is at maxmemory. Claiming, finishing and pruning must go
+# on, or a full Redis could never drain: they run with allow-oom.
+GROWING_SCRIPTS = {"enqueue"}
+
+DEFAULT_SOCKET_TIMEOUT = 5.0
+DEFAULT_CONNECT_TIMEOUT = 2.0
+RETRY_BUDGET = 2.0  # seconds a retryable call keeps trying before it reports the store down
+WAIT_SLICE = 1.0  # longest single BLPOP; the socket timeout of waiters is this plus the normal one
+LIST_BUDGET = 20_000  # ids one list_jobs call looks at before it hands back a cursor
+BATCH = 1000  # jobs one redrive/purge script handles, so a big DLQ never blocks Redis for long
+MAX_CACHED_QUEUES = 100_000
+
+
+class _NotSent(redis.ConnectionError):
+    """Connecting failed: the command was never sent, so retrying it cannot run it twice."""
+
+
+class _ConnectMixin:
+    def connect(self) -> None:
+        try:
+            super().connect()  # type: ignore[misc]
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if isinstance(exc, _NotSent | redis.AuthenticationError | redis.exceptions.AuthorizationError):
+                raise  # a wrong password is not worth retrying
+            raise _NotSent(str(exc)) from exc
+
+
+class _Connection(_ConnectMixin, redis.Connection):
+    pass
+
+
+class _SSLConnection(_ConnectMixin, redis.SSLConnection):
+    pass
+
+
+def parse_redis_url(url: str) -> tuple[str, str, dict[str, float]]:
+    """Split our own options (``prefix``, timeouts) off the URL; the rest goes to redis-py."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss"):
+        raise ConfigurationError(f"not a redis URL: {_redact(url)!r}")
+    prefix = "conveyor"
+    timeouts = {"socket_timeout": DEFAULT_SOCKET_TIMEOUT, "socket_connect_timeout": DEFAULT_CONNECT_TIMEOUT}
+    rest: list[tuple[str, str]] = []
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key == "prefix":
+            prefix = value
+        elif key in timeouts:
+            try:
+                timeouts[key] = float(value)
+            except ValueError:
+                raise ConfigurationError(f"{_redact(url)!r}: {key} must be a number of seconds") from None
+            if not (timeouts[key] > 0 and math.isfinite(timeouts[key])):
+                raise ConfigurationError(f"{_redact(url)!r}: {key} must be > 0 seconds")
+        else:
+            rest.append((key, value))
+    if not PREFIX_RE.fullmatch(prefix):
+        raise ConfigurationError(
+            f"{_redact(url)!r}: prefix must be 1-64 characters from A-Z a-z 0-9 _ . : -, got {prefix!r}"
+        )
+    return prefix, parts._replace(query=urlencode(rest)).geturl(), timeouts
+
+
+def _redact(url: str) -> str:
+    from . import redact_url
+
+    return redact_url(url)
+
+
+class _Keys:
+    def __init__(self, prefix: str) -> None:
+        p = "{" + prefix + "}"
+        self.p = p
+        self.header = [
+            f"{p}:job:", f"{p}:errors:", f"{p}:jobs", *(f"{p}:state:{s}" for s in STATES),
+            f"{p}:unique", f"{p}:expiries", f"{p}:queues", f"{p}:ids", f"{p}:workers", f"{p}:seen",
+        ]
+        self.queues = f"{p}:queues"
+
+    def job(self, job_id: int) -> str:
+        return f"{self.p}:job:{job_id}"
+
+    def errors(self, job_id: int) -> str:
+        return f"{self.p}:errors:{job_id}"
+
+    def queue(self, queue: str, what: str) -> str:
+        return f"{self.p}:q:{queue}:{what}"
+
+    def block(self, queue: str) -> list[str]:
+        return [self.queue(queue, what) for what in QUEUE_KEYS]
+
+    def state(self, state: str) -> str:
+        return f"{self.p}:state:{state}"
+
+
+def _load_script(name: str) -> str:
+    folder = resources.files(__package__).joinpath("lua")
+    common = folder.joinpath("_common.lua").read_text("utf-8")
+    body = folder.joinpath(f"{name}.lua").read_text("utf-8")
+    # A shebang makes Redis 7 check the script's flags before it runs: a script that grows the
+    # store is refused whole at maxmemory instead of failing at its first write, half-done.
+    if name in READ_ONLY_SCRIPTS:
+        shebang = "#!lua flags=no-writes"
+    elif name in GROWING_SCRIPTS:
+        shebang = "#!lua"
+    else:
+        shebang = "#!lua flags=allow-oom"
+    return f"{shebang}\n{common}\n{body}"
+
+
+SCRIPT_NAMES = (
+    "enqueue", "claim", "heartbeat", "ack", "retry", "kill", "release", "reap", "promote", "prune",
+    "cancel", "redrive", "purge", "record_worker", "remove_worker", "stats", "list_jobs",
+)
+
+
+class RedisBackend(Backend):
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.prefix, redis_url, timeouts = parse_redis_url(url)
+        self._where = _redact(redis_url)
+        self.keys = _Keys(self.prefix)
+        self.socket_timeout = timeouts["socket_timeout"]
+        tls = urlsplit(redis_url).scheme == "rediss"
+        common: dict[str, Any] = {
+            "socket_connect_timeout": timeouts["socket_connect_timeout"],
+            "socket_keepalive": True,
+            "decode_responses": True,
+            # Retries are ours (see _call): redis-py's would resend a script whose reply was lost.
+            "retry": Retry(NoBackoff(), 0),
+            "connection_class": _SSLConnection if tls else _Connection,
+            "max_connections": 1024,
+            "client_name": "conveyor",
+        }
+        try:
+            self._pool = redis.ConnectionPool.from_url(redis_url, socket_timeout=self.socket_timeout, **common)
+            # Idle workers block in BLPOP for up to WAIT_SLICE: their reads need a longer timeout.
+            self._block_pool = redis.ConnectionPool.from_url(
+                redis_url, socket_timeout=WAIT_SLICE + self.socket_timeout, **common
+            )
+        except ValueError as exc:
+            raise ConfigurationError(f"{_redact(url)!r}: {exc}") from None
+        self._r = redis.Redis(connection_pool=self._pool)
+        self._rb = redis.Redis(connection_pool=self._block_pool)
+        self._scripts: dict[str, Script] = {n: self._r.register_script(_load_script(n)) for n in SCRIPT_NAMES}
+        self._known_queues: list[str] = []
+        self._queue_of: dict[int, str] = {}
+        self._wake_lock = threading.Lock()
+        self._wake_gen = 0
+        self._waiters = 0
+        self._private_wake = f"{self.keys.p}:wake:{uuid.uuid4().hex}"
+        self._closed = False
+
+    # -- plumbing -----------------------------------------------------------------------
+    def _call(self, what: str, fn: Callable[[], T], *, safe: bool) -> T:
+        """Run ``fn`` with our retry policy and error translation.
+
+        ``safe``: running it twice does no harm (reads, idempotent writes, fenced writes).
+        Otherwise only failures before sending are retried.
+        """
+        if self._closed:
+            raise StoreError("this backend is closed")
+        deadline = time.monotonic() + RETRY_BUDGET
+        pause = 0.02
+        while True:
+            try:
+                return fn()
+            except (redis.AuthenticationError, redis.exceptions.AuthorizationError) as exc:
+                raise StoreError(
+                    f"Redis at {self._where} refused the credentials: {what} failed ({exc}); "
+                    "check the user and password in the URL"
+                ) from exc
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                retryable = safe or isinstance(exc, _NotSent | redis.BusyLoadingError | redis.exceptions.MaxConnectionsError)
+                if retryable and not self._closed and time.monotonic() + pause < deadline:
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.5)
+                    continue
+                if isinstance(exc, _NotSent | redis.BusyLoadingError | redis.exceptions.MaxConnectionsError):
+                    detail = "nothing was done"
+                elif safe:
+                    detail = "it is safe to try again"
+                else:
+                    detail = "the reply was lost, so it may or may not have happened"
+                raise StoreUnavailable(f"Redis at {self._where} is unreachable: {what} failed ({exc}); {detail}") from exc
+            except redis.ResponseError as exc:
+                text = str(exc)
+                if isinstance(exc, redis.exceptions.OutOfMemoryError) or text.startswith("OOM") or "maxmemory" in text:
+                    raise StorageFull(
+                        f"Redis at {self._where} is out of memory (maxmemory): {what} refused, nothing was written"
+                    ) from exc
+                if isinstance(exc, redis.ReadOnlyError):
+                    text += " (this server is a read-only replica: point the URL at the primary)"
+                elif isinstance(exc, redis.exceptions.NoPermissionError):
+                    text += " (the ACL user needs the scripting, hash, list, set, sorted set and string commands)"
+                raise StoreError(f"Redis at {self._where}: {what} failed: {text}") from exc
+            except redis.RedisError as exc:
+                raise StoreError(f"Redis at {self._where}: {what} failed: {exc}") from exc
+            except UnicodeEncodeError as exc:
+                raise PayloadError(f"{what}: a value is not valid UTF-8 text ({exc}); nothing was written") from exc
+
+    def _run(self, name: str, queues: Sequence[str], args: Sequence[Any], *, safe: bool,
+             all_queues: bool = False) -> Any:
+        """Run script ``name`` with the blocks of ``queues``; answer its 'need' and 'stale' replies."""
+        script = self._scripts[name]
+        qs = list(dict.fromkeys(queues))
+        for _ in range(8):
+            keys = list(self.keys.header)
+            for q in qs:
+                keys += self.keys.block(q)
+            argv = [len(qs), *qs, *args]
+            res = self._call(name, functools.partial(script, keys=keys, args=argv), safe=safe)
+            if isinstance(res, list) and res and res[0] == "need":
+                qs += [q for q in res[1:] if q not in qs]
+                continue
+            if isinstance(res, list) and res and res[0] == "stale":
+                qs = self._refresh_queues()
+                continue
+            if all_queues:
+                self._known_queues = qs
+            return res
+        raise StoreError(f"Redis at {self._where}: {name} kept finding new queues; try again")
+
+    def _refresh_queues(self) -> list[str]:
+        members = self._call("list queues", lambda: self._r.smembers(self.keys.queues), safe=True)
+        self._known_queues = sorted(members)  # type: ignore[arg-type]
+        return list(self._known_queues)
+
+    def _all_queues(self) -> list[str]:
+        return self._known_queues or self._refresh_queues()
+
+    def _guess(self, job_ids: Sequence[int]) -> list[str]:
+        """Queue blocks to send with a script on these jobs: their cached queues, else all known."""
+        found = [self._queue_of.get(i) for i in job_ids]
+        if all(q is not None for q in found):
+            return [q for q in found if q is not None]
+        return [*(q for q in found if q is not None), *self._known_queues]
+
+    def _remember(self, job: Job) -> None:
+        if not job.is_final:
+            if len(self._queue_of) > MAX_CACHED_QUEUES:
+                self._queue_of.clear()
+            self._queue_of[job.id] = job.queue
+
+    def _forget(self, job_id: int) -> None:
+        self._queue_of.pop(job_id, None)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @staticmethod
+    def _now_arg(now: float | None) -> str:
+        return "" if now is None else repr(float(now))
+
+    def _job(self, raw: Sequence[Any]) -> Job:
+        job_id, flat, errors = raw
+        return _to_job(int(job_id), dict(zip(flat[::2], flat[1::2], strict=True)), errors)
+
+    def now(self) -> float:
+        sec, usec = self._call("read the clock", self._r.time, safe=True)
+        return int(sec) + int(usec) / 1_000_000
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        with self._wake_lock:
+            self._wake_gen += 1
+            self._closed = True
+        # Disconnecting shuts the waiters' sockets down, which ends their BLPOP at once.
+        self._pool.disconnect()
+        self._block_pool.disconnect()
+
+    # -- producer -------------------------------------------------------------------------
+    def enqueue_many(self, jobs: Sequence[NewJob], *, now: float | None = None) -> list[EnqueueResult]:
+        if not jobs:
+            return []
+        args: list[Any] = [self._now_arg(now)]
+        for n, job in enumerate(jobs):
+            _validate(job, n)
+            args += [
+                job.queue, job.task, job.args, str(job.priority), repr(float(job.delay)),
+                "" if job.run_at is None else repr(float(job.run_at)), str(job.max_attempts),
+                repr(float(job.timeout)), "0" if job.unique_key is None else "1", job.unique_key or "",
+                job.meta,
+            ]
+        res = self._run("enqueue", [j.queue for j in jobs], args, safe=False)
+        at = float(res[0])
+        return [EnqueueResult(int(res[i]), bool(int(res[i + 1])), at) for i in range(1, len(res), 2)]
+
+    # -- worker ---------------------------------------------------------------------------
+    def claim(
+        self, queue: str, limit: int, *, worker_id: str, lease_s: float, now: float | None = None
+    ) -> list[Job]:
+        if limit <= 0:
+            return []
+        tokens = [uuid.uuid4().hex for _ in range(limit)]
+        res = self._run("claim", [queue], [self._now_arg(now), limit, repr(float(lease_s)), worker_id, *tokens],
+                        safe=False)
+        jobs = [self._job(raw) for raw in res]
+        for job in jobs:
+            self._remember(job)
+        return jobs
+
+    def heartbeat(self, leases: Sequence[Lease], *, lease_s: float, now: float | None = None) -> set[int]:
+        if not leases:
+            return set()
+        args: list[Any] = [self._now_arg(now), repr(float(lease_s))]
+        for lease in leases:
+            args += [lease.job_id, lease.token]
+        res = self._run("heartbeat", self._guess([lease.job_id for lease in leases]), args, safe=True)
+        return {int(i) for i in res[1:]}
+
+    def _settle(self, name: str, lease: Lease, args: Sequence[Any], now: float | None) -> list[Any]:
+        """A fenced script on one job. Retried on connection errors: the fence makes a repeat
+        harmless, and if the repeat is refused we look whether the first one had landed."""
+        tries = 0
+
+        def run(keys: list[str], argv: list[Any]) -> Any:
+            nonlocal tries
+            tries += 1
+            return self._scripts[name](keys=keys, args=argv)
+
+        qs = self._guess([lease.job_id])
+        for _ in range(4):
+            keys = list(self.keys.header)
+            for q in qs:
+                keys += self.keys.block(q)
+            argv = [len(qs), *qs, self._now_arg(now), lease.job_id, lease.token, *args]
+            tries = 0
+            res: list[Any] = self._call(name, functools.partial(run, keys, argv), safe=True)
+            if res[0] == "need":
+                qs = [*qs, *res[1:]]
+                continue
+            if res[0] == "lost" and tries > 1:  # resent after a connection error
+                last = self._call("check", lambda: self._r.hmget(self.keys.job(lease.job_id),
+                                                                  ["last_token", "last_outcome"]), safe=True)
+                if last[0] == lease.token:
+                    res = ["ok", last[1]]
+            self._forget(lease.job_id)
+            return res
+        raise StoreError(f"Redis at {self._where}: {name} could not find the queue of job {lease.job_id}")
+
+    def ack(self, lease: Lease, result: str | None, *, now: float | None = None) -> None:
+        res = self._settle("ack", lease, ["0" if result is None else "1", result or ""], now)
+        if res[0] != "ok":
+            raise LeaseLost(lease.job_id, "ack refused")
+
+    def retry(self, lease: Lease, error: ErrorInfo, *, delay: float, now: float | None = None) -> JobState:
+        d = float(delay)
+        if math.isnan(d) or math.isinf(d):
+            raise ValueError(f"retry delay must be a finite number of seconds, got {delay!r}")
+        res = self._settle("retry", lease, [repr(max(d, 0.0)), _error_members(error)], now)
+        if res[0] != "ok":
+            raise LeaseLost(lease.job_id, "retry refused")
+        return JobState(res[1])
+
+    def kill(self, lease: Lease, error: ErrorInfo, *, now: float | None = None) -> None:
+        res = self._settle("kill", lease, [_error_members(error)], now)
+        if res[0] != "ok":
+            raise LeaseLost(lease.job_id, "kill refused")
+
+    def release(self, leases: Sequence[Lease], *, now: float | None = None) -> list[int]:
+        if not leases:
+            return []
+        args: list[Any] = [self._now_arg(now)]
+        for lease in leases:
+            args += [lease.job_id, lease.token]
+        res = self._run("release", self._guess([lease.job_id for lease in leases]), args, safe=True)
+        released = [int(i) for i in res[1:]]
+        for i in released:
+            self._forget(i)
+        return released
+
+    # -- maintenance ----------------------------------------------------------------------
+    def reap(self, *, limit: int = 1000, now: float | None = None) -> ReapResult:
+        if limit <= 0:
+            return ReapResult()
+        res = self._run("reap", self._all_queues(), [self._now_arg(now), limit], safe=True, all_queues=True)
+        return ReapResult(requeued=sorted(int(i) for i in res[1]), dead=sorted(int(i) for i in res[2]))
+
+    def promote(self, *, limit: int = 1000, now: float | None = None) -> int:
+        if limit <= 0:
+            return 0
+        res = self._run("promote", self._all_queues(), [self._now_arg(now), limit], safe=True, all_queues=True)
+        return int(res[1])
+
+    def prune(
+        self, *, older_than: float, states: Sequence[JobState] = (JobState.SUCCEEDED,),
+        limit: int = 1000, now: float | None = None,
+    ) -> int:
+        names = []
+        for state in states:
+            if not JobState(state).is_final:
+                raise ValueError(f"prune only deletes finished jobs, not {state}")
+            names.append(str(JobState(state)))
+        if limit <= 0 or not names:
+            return 0
+        res = self._run("prune", self._all_queues(), [self._now_arg(now), repr(float(older_than)), limit, *names],
+                        safe=True, all_queues=True)
+        return int(res[1])
+
+    # -- inspection and administration ----------------------------------------------------
+    def get(self, job_id: int) -> Job | None:
+        def read() -> list[Any]:
+            pipe = self._r.pipeline(transaction=True)
+            pipe.hgetall(self.keys.job(job_id))
+            pipe.lrange(self.keys.errors(job_id), 0, -1)
+            return pipe.execute()
+
+        fields, errors = self._call("get", read, safe=True)
+        if not fields:
+            return None
+        return _to_job(job_id, fields, errors)
+
+    def list_jobs(
+        self, *, state: JobState | None = None, queue: str | None = None, task: str | None = None,
+        cursor: int | None = None, limit: int = 50,
+    ) -> Page:
+        if limit <= 0:
+            return Page(jobs=[], next_cursor=None)
+        indexes = []
+        if state is not None:
+            indexes.append(self.keys.state(str(JobState(state))))
+        if queue is not None:
+            indexes.append(self.keys.queue(queue, "jobs"))
+        if not indexes:
+            indexes.append(f"{self.keys.p}:jobs")
+        args = [0, len(indexes), "" if cursor is None else int(cursor), limit, max(LIST_BUDGET, limit + 1),
+                "" if state is None else str(JobState(state)), queue or "", task or ""]
+        script = self._scripts["list_jobs"]
+        keys = [*self.keys.header, *indexes]
+        raw, next_cursor = self._call("list jobs", lambda: script(keys=keys, args=args), safe=True)
+        return Page(jobs=[self._job(r) for r in raw], next_cursor=int(next_cursor) if next_cursor else None)
+
+    def stats(self, *, now: float | None = None, worker_ttl: float = 60.0) -> Stats:
+        res = self._run("stats", self._all_queues(), [self._now_arg(now), repr(float(worker_ttl))],
+                        safe=True, all_queues=True)
+        t = float(res[1])
+        queues = []
+        for name, sched, avail, running, ok, dead, cancelled, due, oldest, expiries in res[2]:
+            counts = (int(sched), int(avail), int(running), int(ok), int(dead), int(cancelled))
+            if not any(counts) and expiries == "":
+                continue  # every job of this queue was pruned: as absent as on the SQL stores
+            queues.append(QueueStats(
+                queue=name, scheduled=counts[0] - int(due), available=counts[1] + int(due), running=counts[2],
+                succeeded=counts[3], dead=counts[4], cancelled=counts[5],
+                oldest_available_age=max(0.0, t - float(oldest)) if oldest != "" else None,
+                lease_expiries=int(expiries or 0),
+            ))
+        workers = []
+        for wid, info, last_seen in res[3]:
+            d = json.loads(info)
+            workers.append(WorkerInfo(
+                id=wid, queues=list(d["queues"]), concurrency=int(d["concurrency"]), host=str(d["host"]),
+                pid=int(d["pid"]), started_at=float(d["started_at"]), last_seen=float(last_seen),
+                running=int(d["running"]),
+            ))
+        workers.sort(key=lambda w: (w.started_at, w.id))
+        return Stats(now=t, queues=sorted(queues, key=lambda q: q.queue), workers=workers)
+
+    def redrive(self, job_ids: Sequence[int] | None = None, *, queue: str | None = None,
+                now: float | None = None) -> int:
+        if job_ids is not None:
+            total = 0
+            ids = [int(i) for i in job_ids]
+            for start in range(0, len(ids), BATCH):
+                res = self._run("redrive", self._all_queues(), [self._now_arg(now), "ids", *ids[start:start + BATCH]],
+                                safe=False, all_queues=True)
+                total += int(res[1])
+            return total
+        total, cursor = 0, "+inf"
+        while True:
+            res = self._run("redrive", self._all_queues(), [self._now_arg(now), "all", queue or "", cursor, BATCH],
+                            safe=False, all_queues=True)
+            total += int(res[1])
+            cursor = res[2]
+            if not cursor:
+                return total
+
+    def purge(self, *, state: JobState = JobState.DEAD, queue: str | None = None,
+              job_ids: Sequence[int] | None = None) -> int:
+        state = JobState(state)
+        if not state.is_final:
+            raise ValueError(f"purge only deletes finished jobs, not {state}")
+        total = 0
+        if job_ids is not None:
+            ids = [int(i) for i in job_ids]
+            for start in range(0, len(ids), BATCH):
+                res = self._run("purge", self._all_queues(), [str(state), queue or "", "ids", *ids[start:start + BATCH]],
+                                safe=True, all_queues=True)
+                total += int(res[1])
+            return total
+        while True:
+            res = self._run("purge", self._all_queues(), [str(state), queue or "", "all", BATCH],
+                            safe=True, all_queues=True)
+            total += int(res[1])
+            if not int(res[2]):
+                return total
+
+    def cancel(self, job_id: int, *, now: float | None = None) -> bool:
+        res = self._run("cancel", self._guess([job_id]), [self._now_arg(now), int(job_id)], safe=False)
+        done = bool(int(res[1]))
+        if done:
+            self._forget(job_id)
+        return done
+
+    # -- waiting ------------------------------------------------------------------------------
+    def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> bool:
+        deadline = time.monotonic() + max(0.0, timeout)
+        with self._wake_lock:
+            generation = self._wake_gen
+            self._waiters += 1
+        wake_keys = [self.keys.queue(q, "wake") for q in queues] + [self._private_wake]
+        try:
+            while True:
+                if self._wake_gen != generation or self._closed:
+                    return True
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                try:
+                    ready, due_in = self._peek(queues)
+                    if ready:
+                        return True
+                    pause = min(remaining, WAIT_SLICE)
+                    if due_in is not None:
+                        pause = min(pause, due_in)
+                    # A marker only says "something changed": look again before reporting work,
+                    # so a worker whose neighbour took the job goes back to sleep.
+                    # Popping a marker twice is harmless, hence "safe" (retried while Redis is away).
+                    block = functools.partial(self._rb.blpop, wake_keys, timeout=max(pause, 0.001))
+                    self._call("wait for jobs", block, safe=True)
+                except Exception:
+                    if self.closed:
+                        return True  # close() pulled the socket from under us: that is a wake-up
+                    raise
+        finally:
+            with self._wake_lock:
+                self._waiters -= 1
+
+    def _peek(self, queues: Sequence[str]) -> tuple[bool, float | None]:
+        """(jobs are waiting now, seconds until the earliest scheduled job is due)."""
+        def read() -> list[Any]:
+            pipe = self._r.pipeline(transaction=False)
+            pipe.time()
+            for q in queues:
+                pipe.zcard(self.keys.queue(q, "available"))
+                pipe.zrange(self.keys.queue(q, "scheduled"), 0, 0, withscores=True)
+            return pipe.execute()
+
+        res = self._call("wait for jobs", read, safe=True)
+        sec, usec = res[0]
+        t = int(sec) + int(usec) / 1_000_000
+        due_in: float | None = None
+        for i in range(len(queues)):
+            if int(res[1 + 2 * i]):
+                return True, None
+            head = res[2 + 2 * i]
+            if head:
+                left = float(head[0][1]) - t
+                if left <= 0:
+                    return True, None
+                due_in = left if due_in is None else min(due_in, left)
+        return False, due_in
+
+    def wake(self) -> None:
+        """Interrupt this process's waiters: a local flag, plus a marker on a key only this
+        backend's waiters block on (so another worker's sleep is never disturbed)."""
+        with self._wake_lock:
+            self._wake_gen += 1
+            waiters = self._waiters
+        if not waiters or self._closed:
+            return
+
+        def push() -> None:
+            try:
+                pipe = self._r.pipeline(transaction=True)
+                pipe.lpush(self._private_wake, *["1"] * waiters)
+                pipe.expire(self._private_wake, 60)
+                pipe.execute()
+            except Exception:  # best effort: the waiters see the flag after their slice anyway
+                pass
+
+        # Off the caller's thread: wake() runs on the worker's event loop at shutdown, which
+        # must not stall on a Redis that is down.
+        threading.Thread(target=push, name="conveyor-redis-wake", daemon=True).start()
+
+    # -- workers --------------------------------------------------------------------------
+    def record_worker(self, info: WorkerInfo, *, now: float | None = None) -> None:
+        doc = json.dumps({
+            "queues": list(info.queues), "concurrency": info.concurrency, "host": info.host, "pid": info.pid,
+            "started_at": info.started_at, "running": info.running,
+        })
+        self._run("record_worker", [], [self._now_arg(now), info.id, doc], safe=True)
+
+    def remove_worker(self, worker_id: str) -> None:
+        self._run("remove_worker", [], [worker_id], safe=True)
+
+    def startup_warnings(self) -> list[str]:
+        """Settings of this Redis that can lose or delete jobs, as sentences for the worker log."""
+        warnings: list[str] = []
+        info: dict[str, Any] = self._call("read server info", lambda: self._r.info("persistence"), safe=True)
+        memory: dict[str, Any] = self._call("read server info", lambda: self._r.info("memory"), safe=True)
+
+        def config(name: str) -> str | None:
+            try:
+                got = self._r.config_get(name)
+            except redis.ResponseError:
+                return None  # managed services often refuse CONFIG; say what we know from INFO
+            value = got.get(name) if isinstance(got, dict) else None
+            return None if value is None else str(value)
+
+        if not int(info.get("aof_enabled", 0)):
+            save = config("save")
+            if save == "":
+                warnings.append(
+                    f"Redis at {self._where} has no persistence (appendonly no, save \"\"): a restart of Redis "
+                    "loses every job, including acknowledged enqueues. Use appendonly yes (see docs/redis.md)."
+                )
+            else:
+                rule = f" (save {save!r})" if save else ""
+                warnings.append(
+                    f"Redis at {self._where} persists by RDB snapshots only{rule}: a crash of Redis loses the "
+                    "jobs enqueued and the results written since the last snapshot. Use appendonly yes "
+                    "(see docs/redis.md)."
+                )
+        elif config("appendfsync") == "no":
+            warnings.append(
+                f"Redis at {self._where} uses appendfsync no: an OS crash or power loss can lose the last "
+                "~30 s of writes. Use appendfsync everysec or always (see docs/redis.md)."
+            )
+        policy = str(memory.get("maxmemory_policy", "noeviction"))
+        if policy != "noeviction":
+            warnings.append(
+                f"Redis at {self._where} has maxmemory-policy {policy}: under memory pressure Redis would "
+                "silently delete jobs. Use maxmemory-policy noeviction."
+            )
+        return warnings
+
+
+def _validate(job: NewJob, n: int) -> None:
+    """The rules the SQL stores enforce with CHECK constraints, checked before anything is sent,
+    because a Lua script that fails half-way does not roll back what it wrote."""
+
+    def bad(why: str) -> StoreError:
+        return StoreError(f"job {n} of the batch ({job.task!r}) breaks the store's rules: {why}; nothing was written")
+
+    if isinstance(job.max_attempts, bool) or not isinstance(job.max_attempts, int) or job.max_attempts < 1:
+        raise bad(f"max_attempts must be an int >= 1, got {job.max_attempts!r}")
+    if not (isinstance(job.timeout, int | float) and math.isfinite(job.timeout) and job.timeout > 0):
+        raise bad(f"timeout must be > 0 seconds, got {job.timeout!r}")
+    if not isinstance(job.queue, str) or not 1 <= len(job.queue) <= 128:
+        raise bad(f"queue name must be 1-128 characters, got {job.queue!r}")
+    if not isinstance(job.task, str) or not 1 <= len(job.task) <= 255:
+        raise bad(f"task name must be 1-255 characters, got {job.task!r}")
+    if isinstance(job.priority, bool) or not isinstance(job.priority, int) or abs(job.priority) > 2**53:
+        raise bad(f"priority must be an int, got {job.priority!r}")
+    if not (isinstance(job.delay, int | float) and math.isfinite(job.delay)):
+        raise bad(f"delay must be a finite number of seconds, got {job.delay!r}")
+    if job.run_at is not None and not (isinstance(job.run_at, int | float) and math.isfinite(job.run_at)):
+        raise bad(f"run_at must be a finite unix time, got {job.run_at!r}")
+    for what, text in (("args", job.args), ("meta", job.meta)):
+        if not isinstance(text, str):
+            raise bad(f"{what} must be JSON text")
+
+
+def _error_members(error: ErrorInfo) -> str:
+    """The error's own members as JSON text without braces; the script adds attempt, at and worker."""
+    return json.dumps(
+        {"kind": error.kind, "type": error.type, "message": error.message, "traceback": error.traceback},
+        ensure_ascii=False,
+    )[1:-1]
+
+
+def _opt_float(value: str | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _to_job(job_id: int, h: dict[str, str], errors: Sequence[str]) -> Job:
+    meta = json.loads(h.get("meta", "{}"))
+    redriven = h.get("redriven")
+    if redriven is not None and isinstance(meta, dict):
+        # Kept apart from meta so the script never re-encodes the caller's JSON (cjson would
+        # round floats to 14 digits); merged here as the SQL stores do with json_set.
+        base = meta.get("redriven")
+        meta["redriven"] = (base if isinstance(base, int) and not isinstance(base, bool) else 0) + int(redriven)
+    return Job(
+        id=job_id, task=h["task"], queue=h["queue"], args=json.loads(h["args"]), state=JobState(h["state"]),
+        attempts=int(h["attempt"]), max_attempts=int(h["max_attempts"]), priority=int(h["priority"]),
+        run_at=float(h["run_at"]), timeout=float(h["timeout_s"]), created_at=float(h["created_at"]),
+        attempted_at=_opt_float(h.get("attempted_at")), finished_at=_opt_float(h.get("finished_at")),
+        result=json.loads(h["result"]) if "result" in h else None,
+        errors=[json.loads(e) for e in errors], unique_key=h.get("unique_key"), worker_id=h.get("worker_id"),
+        lease_token=h.get("lease_token"), lease_expires_at=_opt_float(h.get("lease_expires_at")), meta=meta,
+    )

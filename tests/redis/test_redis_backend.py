@@ -1,0 +1,385 @@
+"""Redis-only properties the shared conformance suite cannot see: the key layout, exact claim
+order, wake-ups without polling, timeouts, and the persistence warnings.
+
+Each test runs on a private redis-server (see conftest.py), never the shared one."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from redis.crc import key_slot
+from redisrig import RedisServer
+
+import conveyor.backends.redis as redis_backend
+from conveyor import JobState, StorageFull, StoreError
+from conveyor.backends import open_backend
+from conveyor.backends.base import ErrorInfo, Lease, NewJob, WorkerInfo
+from conveyor.backends.redis import RedisBackend
+from conveyor.errors import StoreUnavailable
+
+T0 = 1_700_000_000.0
+
+
+def job(queue: str = "default", *, task: str = "t", max_attempts: int = 3, **kw: Any) -> NewJob:
+    return NewJob(task=task, queue=queue, args="{}", max_attempts=max_attempts, timeout=30.0, **kw)
+
+
+@pytest.fixture
+def backend(private_redis: RedisServer) -> Iterator[RedisBackend]:
+    b = open_backend(private_redis.url)
+    assert isinstance(b, RedisBackend)
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def test_every_key_has_the_prefix_and_one_cluster_slot(backend: RedisBackend, private_redis: RedisServer) -> None:
+    ids = [r.id for r in backend.enqueue_many(
+        [job("a"), job("b", delay=5), job("a", unique_key="u:1"), job("c", max_attempts=1)], now=T0)]
+    [a] = backend.claim("a", 1, worker_id="w", lease_s=30, now=T0)
+    backend.retry(Lease(a.id, a.lease_token or ""), ErrorInfo("exception", "x"), delay=10, now=T0 + 1)
+    [c] = backend.claim("c", 1, worker_id="w", lease_s=30, now=T0)
+    backend.kill(Lease(c.id, c.lease_token or ""), ErrorInfo("rejected", "no"), now=T0 + 1)
+    backend.redrive([c.id], now=T0 + 2)
+    backend.cancel(ids[1], now=T0 + 3)
+    backend.reap(now=T0 + 100)
+    backend.record_worker(WorkerInfo("w", ["a"], 1, "h", 1, T0, 0.0), now=T0)
+    backend.stats(now=T0)
+    backend.wait_for_jobs(["a"], 0.01)
+
+    c2 = private_redis.client()
+    keys = list(c2.scan_iter(count=1000))
+    c2.close()
+    assert keys, "nothing was written"
+    tag = "{" + private_redis.prefix + "}:"
+    assert all(k.startswith(tag) for k in keys), [k for k in keys if not k.startswith(tag)]
+    assert {key_slot(k.encode()) for k in keys} == {key_slot(tag.encode())}
+
+
+def test_apps_with_different_prefixes_do_not_see_each_other(private_redis: RedisServer) -> None:
+    one = open_backend(private_redis.url.replace(private_redis.prefix, "app_one"))
+    two = open_backend(private_redis.url.replace(private_redis.prefix, "app_two"))
+    try:
+        one.enqueue_many([job("shared")], now=T0)
+        assert two.claim("shared", 10, worker_id="w", lease_s=30, now=T0) == []
+        assert two.list_jobs().jobs == []
+        assert [q.queue for q in one.stats(now=T0).queues] == ["shared"]
+        assert two.stats(now=T0).queues == []
+    finally:
+        one.close()
+        two.close()
+
+
+def test_bad_prefix_is_refused() -> None:
+    with pytest.raises(ValueError, match="prefix"):
+        open_backend("redis://127.0.0.1:1/0?prefix=a{b}")
+
+
+def test_claim_order_is_exact_for_close_run_at_negative_times_and_extreme_priorities(
+    backend: RedisBackend,
+) -> None:
+    # run_at values a microsecond and less apart, around zero and below it, at both ends of
+    # the priority range: a float composite score would tie or misorder several of them.
+    run_ats = [T0 + 1e-6, T0, T0 + 2e-7, T0 - 1e-6, 0.0, -1.0, -1e9, 1e-300, 5e-324, T0 + 1, -5e-324]
+    specs = [(p, r) for p in (32767, 0, -32768) for r in run_ats]
+    results = backend.enqueue_many([job(priority=p, run_at=r) for p, r in specs], now=T0 + 10)
+    expected = [res.id for _, res in sorted(zip(specs, results, strict=True), key=lambda x: (*x[0], x[1].id))]
+    got = []
+    while batch := backend.claim("default", 1, worker_id="w", lease_s=30, now=T0 + 10):
+        got.extend(j.id for j in batch)
+    assert got == expected
+    for res, (_, r) in zip(results, specs, strict=True):
+        stored = backend.get(res.id)
+        assert stored is not None and stored.run_at == r  # bit for bit
+
+
+def test_times_are_stored_bit_for_bit(backend: RedisBackend) -> None:
+    now = 1_712_345_678.123_456_7
+    [res] = backend.enqueue_many([job(delay=0.1)], now=now)
+    stored = backend.get(res.id)
+    assert stored is not None
+    assert stored.created_at == now and stored.run_at == now + 0.1
+    [claimed] = backend.claim("default", 1, worker_id="w", lease_s=0.3, now=now + 0.2)
+    assert claimed.lease_expires_at == now + 0.2 + 0.3
+    backend.retry(Lease(claimed.id, claimed.lease_token or ""), ErrorInfo("exception", "x"), delay=0, now=now + 0.25)
+    again = backend.get(res.id)
+    assert again is not None and again.errors[0]["at"] == now + 0.25 and isinstance(again.errors[0]["at"], float)
+
+
+def test_list_jobs_hands_back_a_cursor_when_its_work_budget_runs_out(
+    backend: RedisBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    [old] = backend.enqueue_many([job(task="rare")], now=T0)
+    backend.enqueue_many([job(task="common") for _ in range(30)], now=T0)
+    monkeypatch.setattr(redis_backend, "LIST_BUDGET", 7)
+    found, cursor, pages = [], None, 0
+    while True:
+        page = backend.list_jobs(task="rare", cursor=cursor, limit=10)
+        pages += 1
+        found += [j.id for j in page.jobs]
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert found == [old.id]
+    assert pages > 1  # each call looked at no more than its budget
+
+
+def _waiter(backend: RedisBackend, queues: list[str], timeout: float) -> tuple[threading.Thread, dict[str, float]]:
+    out: dict[str, float] = {}
+
+    def run() -> None:
+        t = time.monotonic()
+        out["result"] = backend.wait_for_jobs(queues, timeout)
+        out["elapsed"] = time.monotonic() - t
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    time.sleep(0.1)  # let it block
+    return thread, out
+
+
+def test_wake_interrupts_a_local_waiter_promptly(backend: RedisBackend) -> None:
+    thread, out = _waiter(backend, ["default"], 30)
+    t = time.monotonic()
+    backend.wake()
+    thread.join(5)
+    assert out["result"] is True
+    assert time.monotonic() - t < 0.5
+
+
+def test_close_interrupts_a_local_waiter(private_redis: RedisServer) -> None:
+    b = open_backend(private_redis.url)
+    assert isinstance(b, RedisBackend)
+    thread, out = _waiter(b, ["default"], 30)
+    b.close()
+    thread.join(5)
+    assert out["result"] is True and out["elapsed"] < 2
+
+
+def test_a_scheduled_job_wakes_the_waiter_when_it_comes_due(backend: RedisBackend) -> None:
+    thread, out = _waiter(backend, ["default"], 10)
+    backend.enqueue_many([job(delay=0.5)])  # store time: due 0.5 s from now
+    thread.join(10)
+    assert out["result"] is True
+    assert 0.4 <= out["elapsed"] < 2.0
+
+
+def test_an_idle_waiter_does_not_poll(backend: RedisBackend, private_redis: RedisServer) -> None:
+    c = private_redis.client()
+    c.config_resetstat()
+    assert backend.wait_for_jobs(["a", "b"], 2.0) is False
+    stats = c.info("commandstats")
+    c.close()
+    calls = sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_config")
+    # One BLPOP per 1 s slice, plus one look (TIME + ZCARD/ZRANGE per queue) before each.
+    assert stats["cmdstat_blpop"]["calls"] <= 3
+    assert calls < 30, stats
+
+
+def test_an_unreachable_redis_raises_store_unavailable_quickly(private_redis: RedisServer) -> None:
+    b = open_backend(private_redis.url)
+    try:
+        b.enqueue_many([job()])
+        private_redis.kill()
+        t = time.monotonic()
+        with pytest.raises(StoreUnavailable, match=r"unreachable.*nothing was done"):
+            b.enqueue_many([job()])
+        assert time.monotonic() - t < 5
+        with pytest.raises(StoreUnavailable):
+            b.stats()
+        with pytest.raises(StoreUnavailable):
+            b.wait_for_jobs(["default"], 0.5)
+    finally:
+        b.close()
+
+
+def test_a_stalled_redis_times_out_instead_of_hanging(private_redis: RedisServer) -> None:
+    b = open_backend(private_redis.url + "&socket_timeout=0.3")
+    admin = private_redis.client()
+    try:
+        b.enqueue_many([job()])  # connected
+        admin.execute_command("CLIENT", "PAUSE", "3000", "ALL")
+        t = time.monotonic()
+        with pytest.raises(StoreUnavailable, match="may or may not have happened"):
+            b.enqueue_many([job()])
+        assert time.monotonic() - t < 2
+    finally:
+        admin.execute_command("CLIENT", "UNPAUSE")
+        admin.close()
+        b.close()
+
+
+def test_a_batch_that_breaks_the_rules_writes_nothing(backend: RedisBackend, private_redis: RedisServer) -> None:
+    with pytest.raises(StoreError, match="max_attempts"):
+        backend.enqueue_many([job(), job(max_attempts=0)], now=T0)
+    with pytest.raises(StoreError, match="queue"):
+        backend.enqueue_many([job("x" * 129)], now=T0)
+    c = private_redis.client()
+    assert c.dbsize() == 0
+    c.close()
+
+
+def test_script_flush_between_calls_is_transparent(backend: RedisBackend, private_redis: RedisServer) -> None:
+    backend.enqueue_many([job()], now=T0)
+    c = private_redis.client()
+    c.script_flush()
+    c.close()
+    [claimed] = backend.claim("default", 1, worker_id="w", lease_s=30, now=T0)
+    backend.ack(Lease(claimed.id, claimed.lease_token or ""), json.dumps(1), now=T0 + 1)
+    assert backend.get(claimed.id).state is JobState.SUCCEEDED  # type: ignore[union-attr]
+
+
+# -- persistence warnings -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("appendonly", "save", "expect"),
+    [(False, "", "no persistence"), (False, "60 1", "RDB snapshots only"), (True, "", None)],
+    ids=["none", "rdb", "aof"],
+)
+def test_startup_warnings_name_a_redis_that_can_lose_jobs(
+    tmp_path: Path, appendonly: bool, save: str, expect: str | None
+) -> None:
+    server = RedisServer(tmp_path, appendonly=appendonly, save=save).start()
+    b = open_backend(server.url)
+    assert isinstance(b, RedisBackend)
+    try:
+        warnings = b.startup_warnings()
+        if expect is None:
+            assert warnings == []
+        else:
+            assert len(warnings) == 1 and expect in warnings[0], warnings
+        c = server.client()
+        c.config_set("maxmemory-policy", "allkeys-lru")  # the test sets it; the library never would
+        c.close()
+        assert any("allkeys-lru" in w for w in b.startup_warnings())
+    finally:
+        b.close()
+        server.stop()
+
+
+def test_the_library_never_sends_dangerous_commands(backend: RedisBackend, private_redis: RedisServer) -> None:
+    c = private_redis.client()
+    c.config_resetstat()
+    backend.enqueue_many([job(), job(delay=1)], now=T0)
+    [j] = backend.claim("default", 1, worker_id="w", lease_s=30, now=T0)
+    backend.heartbeat([Lease(j.id, j.lease_token or "")], lease_s=30, now=T0)
+    backend.reap(now=T0 + 100)
+    backend.purge()
+    backend.stats()
+    backend.list_jobs()
+    backend.startup_warnings()
+    stats = c.info("commandstats")
+    c.close()
+    for name in ("keys", "flushall", "flushdb"):
+        assert f"cmdstat_{name}" not in stats
+    assert stats.get("cmdstat_config", {}).get("calls", 0) <= 3  # CONFIG GET, by startup_warnings only
+
+
+def test_redis_client_errors_are_store_errors(backend: RedisBackend, private_redis: RedisServer) -> None:
+    c = private_redis.client()
+    c.set("{" + private_redis.prefix + "}:ids", "not a number")
+    c.close()
+    with pytest.raises(StoreError, match="enqueue") as info:
+        backend.enqueue_many([job()], now=T0)
+    assert not isinstance(info.value, redis.RedisError)  # never a raw driver exception
+
+
+BUSY_LUA = """
+local t = redis.call('TIME')
+local until_us = tonumber(t[1]) * 1000000 + tonumber(t[2]) + tonumber(ARGV[1])
+repeat t = redis.call('TIME') until tonumber(t[1]) * 1000000 + tonumber(t[2]) >= until_us
+return 1
+"""
+
+
+@pytest.mark.parametrize("call", ["ack", "retry"])
+def test_a_fenced_call_whose_reply_was_lost_is_not_reported_as_lease_lost(
+    private_redis: RedisServer, call: str
+) -> None:
+    """Redis runs the ack but the reply never arrives (the client timed out and hung up). The
+    retry is then refused by the fence, and the backend must see that its first try landed."""
+    b = open_backend(private_redis.url + "&socket_timeout=0.2")
+    admin = private_redis.client()
+    try:
+        b.enqueue_many([job(), job()])
+        warm, j = b.claim("default", 2, worker_id="w", lease_s=60)
+        # Once normally, so the script is cached: else the lost call would only be a NOSCRIPT.
+        if call == "ack":
+            b.ack(Lease(warm.id, warm.lease_token or ""), None)
+        else:
+            b.retry(Lease(warm.id, warm.lease_token or ""), ErrorInfo("exception", "x"), delay=0)
+        lease = Lease(j.id, j.lease_token or "")
+        # Keep the server busy for 0.6 s: the ack sent meanwhile waits in its socket, the client
+        # gives up after 0.2 s, and Redis still runs it when the busy script ends.
+        busy = threading.Thread(target=lambda: admin.eval(BUSY_LUA, 0, 600_000), daemon=True)
+        busy.start()
+        time.sleep(0.1)
+        if call == "ack":
+            b.ack(lease, json.dumps("done"))
+            assert b.get(j.id).state is JobState.SUCCEEDED  # type: ignore[union-attr]
+        else:
+            assert b.retry(lease, ErrorInfo("exception", "x"), delay=0) is JobState.AVAILABLE
+            stored = b.get(j.id)
+            assert stored is not None and len(stored.errors) == 1  # recorded once, not twice
+        busy.join(5)
+    finally:
+        admin.close()
+        b.close()
+
+
+def test_credentials_and_acl_users(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path, extra=("--requirepass", "s3cret"))
+    server.password = "s3cret"
+    server.start()
+    admin = server.client()
+    admin.acl_setuser("app", enabled=True, passwords=["+apppw"], keys=["{" + server.prefix + "}*"],
+                      commands=["+@all", "-@dangerous", "+info", "+config|get"])
+    admin.close()
+    base = f"127.0.0.1:{server.port}/0?prefix={server.prefix}"
+    try:
+        for url in (f"redis://{base}", f"redis://:wrong@{base}"):
+            b = open_backend(url)
+            t = time.monotonic()
+            with pytest.raises(StoreError, match="credentials") as info:
+                b.enqueue_many([job()])
+            assert time.monotonic() - t < 1  # not retried: waiting would not fix a password
+            assert "wrong" not in str(info.value)
+            b.close()
+        for url in (f"redis://:s3cret@{base}", f"redis://app:apppw@{base}"):
+            b = open_backend(url)
+            [res] = b.enqueue_many([job()], now=T0)
+            assert b.claim("default", 1, worker_id="w", lease_s=30, now=T0)[0].id == res.id
+            b.close()
+    finally:
+        server.stop()
+
+
+def test_a_full_redis_refuses_whole_batches_with_storage_full(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path, extra=("--maxmemory", "4mb", "--maxmemory-policy", "noeviction")).start()
+    b = open_backend(server.url)
+    try:
+        big = NewJob(task="t", queue="default", args=json.dumps({"blob": "x" * 50_000}), max_attempts=3, timeout=30)
+        with pytest.raises(StorageFull, match="out of memory"):
+            for _ in range(1000):
+                b.enqueue_many([big] * 10)
+        # Whole batches or nothing: every job that exists is complete and indexed.
+        page = b.list_jobs(limit=10_000)
+        assert len(page.jobs) % 10 == 0 and page.jobs
+        assert all(j.args == {"blob": "x" * 50_000} for j in page.jobs)
+        # Workers can still finish jobs: pruning frees memory and enqueues work again.
+        jobs = b.claim("default", 10, worker_id="w", lease_s=30)
+        for j in jobs:
+            b.ack(Lease(j.id, j.lease_token or ""), None)
+        assert b.prune(older_than=-1) == 10
+    finally:
+        b.close()
+        server.stop()
