@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import payload
+from . import payload, tracing
 from .backends.base import Backend, ErrorInfo, Lease
 from .errors import ArgumentsError, ConfigurationError, PayloadError, Reject, Retry
 from .job import Job
@@ -130,12 +130,15 @@ class Execution:
         self.pool = pool
         self.thread: concurrent.futures.Future[Any] | None = None
         self.context: JobContext | None = None
+        self.span: Any = None
 
     async def run(self) -> Outcome:
+        self.span = tracing.start_attempt(self.job)
         outcome = await self._run()
         if self.context is not None and self.context.completed:
             # Whatever happened after the transaction committed, the job is done.
-            return Outcome("completed")
+            outcome = Outcome("completed")
+        tracing.finish(self.span, outcome)
         return outcome
 
     async def _run(self) -> Outcome:
@@ -161,6 +164,7 @@ class Execution:
         ctx = contextvars.copy_context()
         context = self.context = JobContext(job, self.backend)
         ctx.run(_current.set, context)
+        ctx.run(tracing.activate, self.span)
         try:
             async with asyncio.timeout(job.timeout) as deadline:
                 if task.is_async:

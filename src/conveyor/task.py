@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import inspect
+import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
-from . import payload
+from . import payload, tracing
 from .backends.base import EnqueueResult, NewJob
 from .errors import ConfigurationError, JobNotFound, PayloadError
 from .job import Job, JobState
@@ -105,9 +106,11 @@ class _Enqueuer(Generic[P, R]):
                                        sig=self.task.signature)
         text = payload.encode(bound, what=f"arguments of {self.task.name}", limit=app.max_payload_bytes)
         o = self._opts
+        trace = tracing.carrier()
         return NewJob(
             task=self.task.name, queue=o.queue, args=text, max_attempts=o.max_attempts, timeout=o.timeout,
             priority=o.priority, delay=o.delay, run_at=o.run_at, unique_key=o.unique_key,
+            meta=json.dumps({tracing.META_KEY: trace}) if trace else "{}",
         )
 
     def _jobs(self, new: Sequence[NewJob], connection: Any = None) -> list[Job]:
