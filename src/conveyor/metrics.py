@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("conveyor.metrics")
 
 RUN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600)
+# Succeeded and cancelled counts grow with retention; the scrape leaves them out (see stats()).
+COUNTED_STATES = (JobState.SCHEDULED, JobState.AVAILABLE, JobState.RUNNING, JobState.DEAD)
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 
 
@@ -42,7 +44,7 @@ class StoreCollector(Collector):
         started = time.perf_counter()
         up = GaugeMetricFamily("conveyor_store_up", "1 if the store answered the last scrape, else 0")
         try:
-            stats = self.backend.stats(worker_ttl=self.worker_ttl)
+            stats = self.backend.stats(worker_ttl=self.worker_ttl, finished=False)
         except Exception as exc:  # a scrape must not fail because the store is away: say so instead
             log.warning("metrics: store stats failed: %s", exc)
             up.add_metric([], 0)
@@ -50,7 +52,9 @@ class StoreCollector(Collector):
             return
         up.add_metric([], 1)
         yield up
-        depth = GaugeMetricFamily("conveyor_queue_jobs", "Jobs in the store by queue and state", labels=["queue", "state"])
+        depth = GaugeMetricFamily(
+            "conveyor_queue_jobs", "Unfinished and dead jobs in the store by queue and state", labels=["queue", "state"]
+        )
         waiting = GaugeMetricFamily("conveyor_queue_depth", "Jobs due and waiting for a worker", labels=["queue"])
         age = GaugeMetricFamily(
             "conveyor_queue_oldest_job_age_seconds",
@@ -67,7 +71,7 @@ class StoreCollector(Collector):
             for name in w.queues:
                 serving[name] = serving.get(name, 0) + 1
         for q in stats.queues:
-            for state in JobState:
+            for state in COUNTED_STATES:
                 depth.add_metric([q.queue, state.value], getattr(q, state.value))
             waiting.add_metric([q.queue], q.depth)
             age.add_metric([q.queue], q.oldest_available_age or 0.0)

@@ -552,3 +552,20 @@ def test_time_comes_from_the_store(backend: Backend) -> None:
     assert claimed.attempted_at is not None and claimed.lease_expires_at is not None
     assert claimed.lease_expires_at == pytest.approx(claimed.attempted_at + LEASE)
     assert abs(claimed.attempted_at - backend.now()) < 5
+
+
+def test_stats_without_finished_history_keeps_every_other_number(backend: Backend) -> None:
+    """The scrape-time form: succeeded/cancelled are left out, the rest is identical."""
+    ids = [enqueue_one(backend, now=T0, max_attempts=1) for _ in range(4)]
+    enqueue_one(backend, now=T0, delay=100)
+    a, b, c = backend.claim("default", 3, worker_id="w", lease_s=60, now=T0 + 1)
+    backend.ack(Lease(a.id, a.lease_token or ""), None, now=T0 + 2)
+    backend.kill(Lease(b.id, b.lease_token or ""), ErrorInfo(kind="rejected", message="x"), now=T0 + 2)
+    assert backend.cancel(ids[3], now=T0 + 2)
+    full = {q.queue: q for q in backend.stats(now=T0 + 3).queues}["default"]
+    lean = {q.queue: q for q in backend.stats(now=T0 + 3, finished=False).queues}["default"]
+    assert (full.succeeded, full.cancelled) == (1, 1)
+    assert (lean.succeeded, lean.cancelled) == (0, 0)
+    for field in ("scheduled", "available", "running", "dead", "lease_expiries", "oldest_available_age"):
+        assert getattr(lean, field) == getattr(full, field), field
+    assert (lean.running, lean.dead, lean.scheduled) == (1, 1, 1) and c.id in ids

@@ -202,8 +202,13 @@ class Backend(abc.ABC):
         """Jobs newest first (descending id); ``cursor`` is the ``next_cursor`` of the previous page."""
 
     @abc.abstractmethod
-    def stats(self, *, now: float | None = None, worker_ttl: float = 60.0) -> Stats:
-        """Per-queue counts, oldest waiting age and lease expiries; workers seen within ``worker_ttl``."""
+    def stats(self, *, now: float | None = None, worker_ttl: float = 60.0, finished: bool = True) -> Stats:
+        """Per-queue counts, oldest waiting age and lease expiries; workers seen within ``worker_ttl``.
+
+        ``finished=False`` leaves succeeded and cancelled jobs uncounted (reported as 0): their
+        number grows with retention, while everything else is read from indexes over
+        unfinished and dead jobs, so a scrape stays cheap however much history is kept.
+        """
 
     @abc.abstractmethod
     def redrive(self, job_ids: Sequence[int] | None = None, *, queue: str | None = None,

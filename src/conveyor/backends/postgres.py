@@ -397,7 +397,7 @@ class PostgresBackend(Backend):
         jobs = [_row_to_job(r) for r in rows[:limit]]
         return Page(jobs=jobs, next_cursor=jobs[-1].id if len(rows) > limit and jobs else None)
 
-    def stats(self, *, now: float | None = None, worker_ttl: float = 60.0) -> Stats:
+    def stats(self, *, now: float | None = None, worker_ttl: float = 60.0, finished: bool = True) -> Stats:
         with self._tx() as conn:
             # REPEATABLE READ: every number from one snapshot.
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
@@ -405,7 +405,7 @@ class PostgresBackend(Backend):
             row = conn.execute(Q["stats_now"], p).fetchone()
             assert row is not None
             t = float(row["now"])
-            counts = conn.execute(Q["count_by_state"]).fetchall()
+            counts = conn.execute(Q["count_by_state" if finished else "count_unfinished"]).fetchall()
             due = conn.execute(Q["due_scheduled"], p).fetchall()
             oldest = conn.execute(Q["oldest_available"]).fetchall()
             counters = conn.execute(Q["counters"]).fetchall()

@@ -492,13 +492,16 @@ class RedisBackend(Backend):
         raw, next_cursor = self._call("list jobs", lambda: script(keys=keys, args=args), safe=True)
         return Page(jobs=[self._job(r) for r in raw], next_cursor=int(next_cursor) if next_cursor else None)
 
-    def stats(self, *, now: float | None = None, worker_ttl: float = 60.0) -> Stats:
+    def stats(self, *, now: float | None = None, worker_ttl: float = 60.0, finished: bool = True) -> Stats:
+        # Every count here is a ZCARD/SCARD, cheap either way; ``finished=False`` still reports
+        # succeeded/cancelled as 0, as the contract says.
         res = self._run("stats", self._all_queues(), [self._now_arg(now), repr(float(worker_ttl))],
                         safe=True, all_queues=True)
         t = float(res[1])
         queues = []
         for name, sched, avail, running, ok, dead, cancelled, due, oldest, expiries in res[2]:
-            counts = (int(sched), int(avail), int(running), int(ok), int(dead), int(cancelled))
+            counts = (int(sched), int(avail), int(running), int(ok) if finished else 0, int(dead),
+                      int(cancelled) if finished else 0)
             if not any(counts) and expiries == "":
                 continue  # every job of this queue was pruned: as absent as on the SQL stores
             queues.append(QueueStats(

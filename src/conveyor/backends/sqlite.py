@@ -366,13 +366,13 @@ class SqliteBackend(Backend):
         jobs = [_row_to_job(r) for r in rows[:limit]]
         return Page(jobs=jobs, next_cursor=jobs[-1].id if len(rows) > limit and jobs else None)
 
-    def stats(self, *, now: float | None = None, worker_ttl: float = 60.0) -> Stats:
+    def stats(self, *, now: float | None = None, worker_ttl: float = 60.0, finished: bool = True) -> Stats:
         conn = self._conn()
         try:
             conn.execute("BEGIN")  # one consistent snapshot for every number
             try:
                 t = now if now is not None else conn.execute(Q["now"]).fetchone()[0]
-                counts = conn.execute(Q["count_by_state"]).fetchall()
+                counts = conn.execute(Q["count_by_state" if finished else "count_unfinished"]).fetchall()
                 due = conn.execute(Q["due_scheduled"], {"now": t}).fetchall()
                 oldest = conn.execute(Q["oldest_available"]).fetchall()
                 counters = conn.execute(Q["counters"]).fetchall()

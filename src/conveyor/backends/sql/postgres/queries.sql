@@ -182,6 +182,12 @@ SELECT extract(epoch FROM :NOW)::float8 AS now;
 -- name: count_by_state
 SELECT queue, state, count(*) AS n FROM conveyor_jobs GROUP BY queue, state;
 
+-- name: count_unfinished
+-- Reads the (state, queue, id) index for these states only: cost follows the backlog and
+-- the dead-letter queue, not the retained history.
+SELECT queue, state, count(*) AS n FROM conveyor_jobs
+WHERE state IN ('scheduled', 'available', 'running', 'dead') GROUP BY queue, state;
+
 -- name: due_scheduled
 SELECT queue, count(*) AS n, extract(epoch FROM min(run_at))::float8 AS oldest FROM conveyor_jobs
 WHERE state = 'scheduled' AND run_at <= :NOW GROUP BY queue;

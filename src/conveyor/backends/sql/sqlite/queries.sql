@@ -148,6 +148,12 @@ WHERE id IN (SELECT id FROM conveyor_jobs
 -- name: count_by_state
 SELECT queue, state, count(*) AS n FROM conveyor_jobs GROUP BY queue, state;
 
+-- name: count_unfinished
+-- Reads the (state, queue, id) index for these states only: cost follows the backlog and
+-- the dead-letter queue, not the retained history.
+SELECT queue, state, count(*) AS n FROM conveyor_jobs
+WHERE state IN ('scheduled', 'available', 'running', 'dead') GROUP BY queue, state;
+
 -- name: due_scheduled
 SELECT queue, count(*) AS n, min(run_at) AS oldest FROM conveyor_jobs
 WHERE state = 'scheduled' AND run_at <= :now GROUP BY queue;
