@@ -61,6 +61,7 @@ CONNECT_DEFAULTS = {
     "tcp_user_timeout": "30000",
 }
 STATEMENT_TIMEOUT_MS = 30_000
+POOL_TIMEOUT = 5.0  # longest wait for a connection: an outage surfaces as StoreError this soon
 
 
 def _configure(conn: psycopg.Connection[Any]) -> None:
@@ -89,11 +90,13 @@ class PostgresBackend(Backend):
             raise StoreError(f"PostgreSQL: cannot connect to {redact_url(url)}: {str(exc).strip()}") from None
         self._pool: ConnectionPool[psycopg.Connection[dict[str, Any]]] = ConnectionPool(
             conninfo=self._conninfo, kwargs={"autocommit": True, "row_factory": dict_row},
-            min_size=min_size, max_size=max_size, open=False, timeout=15.0,
-            configure=_configure, check=ConnectionPool.check_connection, name="conveyor",
+            min_size=min_size, max_size=max_size, open=False, timeout=POOL_TIMEOUT,
+            # Give up reconnecting quickly: the next request then connects at once, instead of
+            # waiting out the pool's exponential backoff long after the server is back.
+            reconnect_timeout=5.0, configure=_configure, name="conveyor",
         )
         try:
-            self._pool.open(wait=True, timeout=15.0)
+            self._pool.open(wait=True, timeout=POOL_TIMEOUT)
         except PoolTimeout as exc:
             self._pool.close()
             raise StoreError(f"PostgreSQL: cannot connect: {exc}") from None
@@ -104,14 +107,30 @@ class PostgresBackend(Backend):
 
     # -- plumbing ---------------------------------------------------------------------
     @contextmanager
+    def _live_connection(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+        """A pooled connection that just answered. Dead ones (killed backend, server restart)
+        go back to the pool, which discards them, and we take the next: probing here instead
+        of the pool's own check avoids its growing sleeps between failed checks."""
+        try:
+            for _ in range(self._pool.max_size + 1):
+                with self._pool.connection() as conn:
+                    try:
+                        conn.execute("")
+                    except psycopg.OperationalError:
+                        continue
+                    yield conn
+                    return
+        except PoolTimeout as exc:
+            raise StoreError(f"PostgreSQL: no connection available: {exc}") from None
+        raise StoreError("PostgreSQL: no live connection in the pool (is the server up?)")
+
+    @contextmanager
     def _tx(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         try:
-            with self._pool.connection() as conn, conn.transaction():
+            with self._live_connection() as conn, conn.transaction():
                 yield conn
         except psycopg.Error as exc:
             raise _translate(exc) from exc
-        except PoolTimeout as exc:
-            raise StoreError(f"PostgreSQL: no connection available: {exc}") from None
 
     def _migrate(self) -> None:
         latest = MIGRATIONS[-1][0]
@@ -541,7 +560,7 @@ class PostgresBackend(Backend):
     def completion_connection(self) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection with an open transaction, for a task's writes plus its ack."""
         try:
-            with self._pool.connection() as conn:
+            with self._live_connection() as conn:
                 conn.autocommit = False
                 try:
                     yield conn
