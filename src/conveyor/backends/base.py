@@ -15,7 +15,7 @@ Rules every backend keeps (the conformance suite in tests/conformance checks the
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,6 +97,44 @@ class QueueStats:
     @property
     def depth(self) -> int:
         return self.available
+
+
+def queue_stats_from_rows(
+    now: float,
+    counts: Iterable[Mapping[str, Any]],
+    due: Iterable[Mapping[str, Any]],
+    oldest: Iterable[Mapping[str, Any]],
+    counters: Iterable[Mapping[str, Any]],
+) -> list[QueueStats]:
+    """Assemble per-queue stats from the SQL stores' rows: counts (queue, state, n), due
+    scheduled jobs (queue, n, oldest), oldest available (queue, oldest) and counters
+    (queue, name, value). Due scheduled jobs count as available: they are waiting too."""
+    per: dict[str, dict[str, Any]] = {}
+
+    def q(name: str) -> dict[str, Any]:
+        return per.setdefault(name, {"queue": name})
+
+    for row in counts:
+        q(row["queue"])[row["state"]] = row["n"]
+    for row in due:
+        entry = q(row["queue"])
+        entry["scheduled"] = entry.get("scheduled", 0) - row["n"]
+        entry["available"] = entry.get("available", 0) + row["n"]
+        entry["_oldest"] = row["oldest"]
+    for row in oldest:
+        entry = q(row["queue"])
+        prev = entry.get("_oldest")
+        entry["_oldest"] = row["oldest"] if prev is None else min(prev, row["oldest"])
+    for row in counters:
+        if row["name"] == "lease_expired":
+            q(row["queue"])["lease_expiries"] = row["value"]
+    queues = []
+    for name in sorted(per):
+        entry = per[name]
+        oldest_at = entry.pop("_oldest", None)
+        entry["oldest_available_age"] = max(0.0, now - oldest_at) if oldest_at is not None else None
+        queues.append(QueueStats(**entry))
+    return queues
 
 
 @dataclass(frozen=True)

@@ -35,10 +35,10 @@ from .base import (
     Lease,
     NewJob,
     Page,
-    QueueStats,
     ReapResult,
     Stats,
     WorkerInfo,
+    queue_stats_from_rows,
 )
 from .sql import load_migrations, load_queries
 
@@ -429,31 +429,7 @@ class PostgresBackend(Backend):
             oldest = conn.execute(Q["oldest_available"]).fetchall()
             counters = conn.execute(Q["counters"]).fetchall()
             workers = conn.execute(Q["workers"], {"now": now, "ttl": worker_ttl}).fetchall()
-        per: dict[str, dict[str, Any]] = {}
-
-        def q(name: str) -> dict[str, Any]:
-            return per.setdefault(name, {"queue": name})
-
-        for r in counts:
-            q(r["queue"])[r["state"]] = r["n"]
-        for r in due:
-            entry = q(r["queue"])
-            entry["scheduled"] = entry.get("scheduled", 0) - r["n"]
-            entry["available"] = entry.get("available", 0) + r["n"]
-            entry["_oldest"] = r["oldest"]
-        for r in oldest:
-            entry = q(r["queue"])
-            prev = entry.get("_oldest")
-            entry["_oldest"] = r["oldest"] if prev is None else min(prev, r["oldest"])
-        for r in counters:
-            if r["name"] == "lease_expired":
-                q(r["queue"])["lease_expiries"] = r["value"]
-        queues = []
-        for name in sorted(per):
-            entry = per[name]
-            oldest_at = entry.pop("_oldest", None)
-            entry["oldest_available_age"] = max(0.0, t - oldest_at) if oldest_at is not None else None
-            queues.append(QueueStats(**entry))
+        queues = queue_stats_from_rows(t, counts, due, oldest, counters)
         return Stats(
             now=t, queues=queues,
             workers=[

@@ -27,10 +27,10 @@ from .base import (
     Lease,
     NewJob,
     Page,
-    QueueStats,
     ReapResult,
     Stats,
     WorkerInfo,
+    queue_stats_from_rows,
 )
 from .sql import load_migrations, load_queries
 
@@ -382,31 +382,7 @@ class SqliteBackend(Backend):
         except sqlite3.Error as exc:
             raise _translate(exc, "stats failed") from exc
 
-        per: dict[str, dict[str, Any]] = {}
-
-        def q(name: str) -> dict[str, Any]:
-            return per.setdefault(name, {"queue": name})
-
-        for row in counts:
-            q(row["queue"])[row["state"]] = row["n"]
-        for row in due:
-            entry = q(row["queue"])
-            entry["scheduled"] = entry.get("scheduled", 0) - row["n"]
-            entry["available"] = entry.get("available", 0) + row["n"]
-            entry["_oldest"] = row["oldest"]
-        for row in oldest:
-            entry = q(row["queue"])
-            prev = entry.get("_oldest")
-            entry["_oldest"] = row["oldest"] if prev is None else min(prev, row["oldest"])
-        for row in counters:
-            if row["name"] == "lease_expired":
-                q(row["queue"])["lease_expiries"] = row["value"]
-        queues = []
-        for name in sorted(per):
-            entry = per[name]
-            oldest_at = entry.pop("_oldest", None)
-            entry["oldest_available_age"] = max(0.0, t - oldest_at) if oldest_at is not None else None
-            queues.append(QueueStats(**entry))
+        queues = queue_stats_from_rows(t, counts, due, oldest, counters)
         return Stats(
             now=t,
             queues=queues,
