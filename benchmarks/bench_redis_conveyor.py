@@ -1,0 +1,56 @@
+"""The Conveyor side of ``redis_bench.py``: the no-op and probe tasks, and one worker process.
+
+``python -m bench_redis_conveyor 'redis://127.0.0.1:6379/15?prefix=NAME' [--concurrency 8]``
+(with ``benchmarks/`` on ``PYTHONPATH``) runs ``conveyor.worker.Worker`` on queue ``default``;
+stop it with SIGTERM. ``bench_redis_common`` explains the clock and probe variables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from bench_redis_common import probe_started, tick_end, tick_start
+
+from conveyor import Conveyor
+from conveyor.worker import Worker
+
+NOOP = "bench.noop"
+PROBE = "bench.probe"
+
+
+def make_app(url: str) -> tuple[Conveyor, Any, Any]:
+    """An app on ``url`` with ``bench.noop(i)`` (does nothing) and ``bench.probe(token)``."""
+    app = Conveyor(url)
+
+    @app.task(name=NOOP)
+    def noop(i: int = 0) -> None:
+        tick_start()
+        tick_end()
+
+    @app.task(name=PROBE)
+    def probe(token: str) -> None:
+        probe_started(token)
+
+    return app, noop, probe
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("url")
+    parser.add_argument("--concurrency", type=int, default=8)
+    args = parser.parse_args()
+    # WARNING: the worker logs nothing per job at this level (start/stop lines only at INFO).
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    app, _, _ = make_app(args.url)
+    try:
+        Worker(app, queues="default", concurrency=args.concurrency).run()
+    finally:
+        app.close()
+
+
+if __name__ == "__main__":
+    main()
