@@ -401,11 +401,13 @@ class Worker:
                 self._job_log(logging.ERROR, job, "dead", "job %d %s is dead (%s): %s",
                               job.id, job.task, outcome.error.kind, outcome.error.message)
         except LeaseLost:
-            self.counters.lease_lost += 1
-            self._count(job, "lease_lost")
-            self._job_log(logging.WARNING, job, "lease_lost",
-                          "job %d %s: outcome %r discarded, the lease was lost (the job is re-run or cancelled)",
-                          job.id, job.task, outcome.kind)
+            why = await self._why_lost(job)
+            if why == "lease_lost":
+                self.counters.lease_lost += 1
+            self._count(job, why)
+            self._job_log(logging.WARNING, job, why,
+                          "job %d %s: outcome %r discarded, the lease was lost (%s)", job.id, job.task,
+                          outcome.kind, "the job was cancelled" if why == "cancelled" else "the job is re-run")
 
     async def _record(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
         """Write a job's outcome, retrying a store that is briefly away (a restart, a killed
@@ -437,13 +439,24 @@ class Worker:
             for r in held:
                 if r.job.id in lost and not r.settled:
                     r.lost = True
-                    self.counters.lease_lost += 1
-                    if self.metrics is not None:
-                        self.metrics.leases_lost.labels(r.job.queue).inc()
-                    log.warning("job %d %s: lease lost (expired, cancelled or taken over); stopping it",
-                                r.job.id, r.job.task)
                     if r.task is not None:
                         r.task.cancel()
+                    outcome = await self._why_lost(r.job)
+                    if outcome == "lease_lost":
+                        self.counters.lease_lost += 1
+                        if self.metrics is not None:
+                            self.metrics.leases_lost.labels(r.job.queue).inc()
+                    self._count(r.job, outcome)
+                    self._job_log(logging.WARNING, r.job, outcome, "job %d %s: %s; stopped it", r.job.id, r.job.task,
+                                  "cancelled" if outcome == "cancelled" else "lease lost (expired or taken over)")
+
+    async def _why_lost(self, job: Job) -> str:
+        """``cancelled`` if someone cancelled the job, else ``lease_lost``."""
+        try:
+            current = await self._call(self._beat, self.backend.get, job.id)
+        except Exception:
+            return "lease_lost"
+        return "cancelled" if current is not None and current.state is JobState.CANCELLED else "lease_lost"
 
     async def _maintenance_loop(self) -> None:
         next_prune = time.monotonic() + self._rng.uniform(0, self.prune_interval)

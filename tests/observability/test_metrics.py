@@ -10,8 +10,10 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
@@ -189,3 +191,28 @@ def test_worker_process_serves_metrics_that_promtool_accepts(
     [dead] = [e for e in lines if e.get("outcome") == "dead"]
     assert dead["job_id"] == failing and dead["task"] == "work" and dead["queue"] == "default"
     assert dead["attempt"] == 1 and dead["level"] == "error"
+
+
+def test_cancelling_a_running_job_counts_as_cancelled(make_app: Any) -> None:
+    app = make_app(visibility_timeout=0.3)  # heartbeats every 0.1 s
+    app.enable_metrics(store=False)
+    started = threading.Event()
+
+    @app.task(name="long")
+    async def long() -> None:
+        started.set()
+        await asyncio.sleep(30)
+
+    job = long.enqueue()
+    with running_worker(app, concurrency=1):
+        assert started.wait(10)
+        assert app.backend.cancel(job.id)
+
+        def counted() -> bool:
+            return value(samples(app), "conveyor_job_attempts_total", queue="default", task="long",
+                         outcome="cancelled") == 1
+
+        wait_until(counted, timeout=10, message="the cancelled attempt to be counted")
+    data = samples(app)
+    assert value(data, "conveyor_leases_lost_total", queue="default") == 0
+    assert app.get_job(job.id).state is JobState.CANCELLED

@@ -136,7 +136,7 @@ def test_jobs_cancel_waiting_and_running(rig: Rig) -> None:
     out = rig.cli("jobs", "cancel", str(long.id))
     assert out.returncode == 0, out
     cancelled_row = rig.row(long.id)
-    rig.wait_until(lambda: re.search(rf"job {long.id} record: lease lost", w.stderr()), 10,
+    rig.wait_until(lambda: re.search(rf"job {long.id} record: cancelled; stopped it", w.stderr()), 10,
                    "the worker to notice the cancel")
     rig.wait_marker(marker, lambda recs: len(job_records(recs, long.id, "end")) == 1,
                     "the task's thread to end", timeout=10)
