@@ -375,7 +375,9 @@ def test_cancelling_a_running_job_stops_it(app: Conveyor) -> None:
         assert started.wait(10)
         assert app.backend.cancel(job.id)
         assert stopped.wait(10), "the worker did not stop the cancelled job"
-        wait_until(lambda: wt.worker.counters.lease_lost >= 1, message="lease loss counted")
+        wait_until(lambda: wt.worker.counters.by_task["cancellable:cancelled"] == 1,
+                   message="the attempt counted as cancelled")
+        assert wt.worker.counters.lease_lost == 0  # a cancel is not a lost lease
 
     done = app.get_job(job.id)
     assert done.state is JobState.CANCELLED
