@@ -11,7 +11,7 @@ from .backends import open_backend, redact_url
 from .backends.base import Backend
 from .errors import ConfigurationError, InvalidName, JobNotFound, UnknownTask
 from .job import Job
-from .payload import DEFAULT_MAX_PAYLOAD_BYTES
+from .payload import DEFAULT_MAX_PAYLOAD_BYTES, check_queue_name
 from .retry import RetryPolicy
 from .task import Task
 
@@ -57,6 +57,7 @@ class Conveyor:
         self.max_payload_bytes = max_payload_bytes
         self.result_ttl = result_ttl
         self.tasks: dict[str, Task[Any, Any]] = {}
+        self.max_depths: dict[str, int] = {}
         self.metrics: Metrics | None = None  # set by enable_metrics()
         self._backend: Backend | None = None
         self._lock = threading.Lock()
@@ -100,6 +101,17 @@ class Conveyor:
             return t
 
         return register(fn) if fn is not None else register
+
+    def queue(self, name: str, *, max_depth: int | None) -> None:
+        """Configure a queue. ``max_depth``: at most this many jobs waiting (scheduled or
+        available); an enqueue past it raises QueueFull and writes nothing. None removes it."""
+        check_queue_name(name)
+        if max_depth is None:
+            self.max_depths.pop(name, None)
+            return
+        if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
+            raise ConfigurationError(f"max_depth of queue {name!r} must be an int >= 1, got {max_depth!r}")
+        self.max_depths[name] = max_depth
 
     def enable_metrics(self, *, store: bool = True) -> Metrics:
         """Record Prometheus metrics in this process (enqueues; a worker's attempts, run times,

@@ -44,7 +44,13 @@ class LeaseLost(ConveyorError):
 
 
 class QueueFull(ConveyorError):
-    """Enqueue refused because the queue is at its configured max_depth."""
+    """Enqueue refused because the queue is at its configured max_depth; nothing was written."""
+
+    def __init__(self, message: str, *, queue: str = "", depth: int = 0, limit: int = 0) -> None:
+        super().__init__(message)
+        self.queue = queue
+        self.depth = depth
+        self.limit = limit
 
 
 class ConfigurationError(ConveyorError, ValueError):

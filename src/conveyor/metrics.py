@@ -118,6 +118,10 @@ class Metrics:
         self.enqueued = Counter(
             "conveyor_jobs_enqueued", "Jobs enqueued by this process", ["queue", "task"], registry=r,
         )
+        self.refused = Counter(
+            "conveyor_enqueue_refused", "Enqueues refused because the queue was at its max_depth (QueueFull)",
+            ["queue"], registry=r,
+        )
         self._store: StoreCollector | None = None
 
     def watch_store(self, backend: Backend) -> None:

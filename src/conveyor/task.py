@@ -7,13 +7,14 @@ import datetime as dt
 import inspect
 import json
 import math
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from . import payload, tracing
 from .backends.base import EnqueueResult, NewJob
-from .errors import ConfigurationError, JobNotFound, PayloadError
+from .errors import ConfigurationError, JobNotFound, PayloadError, QueueFull
 from .job import Job, JobState
 from .retry import RetryPolicy
 
@@ -37,6 +38,7 @@ class EnqueueOptions:
     run_at: float | None = None
     unique_key: str | None = None
     connection: Any = field(default=None, compare=False)  # transactional enqueue (PostgreSQL)
+    wait_if_full: float = 0.0  # seconds to keep retrying a full queue before raising QueueFull
 
 
 def _check_transactional(backend: object) -> None:
@@ -73,6 +75,8 @@ def _check_options(opts: EnqueueOptions) -> EnqueueOptions:
         raise ConfigurationError(f"unique_key must be a non-empty str of at most {UNIQUE_KEY_MAX} characters")
     if opts.unique_key is not None:
         payload.encode(opts.unique_key, what="unique_key")
+    if not _finite(opts.wait_if_full) or opts.wait_if_full < 0:
+        raise ConfigurationError(f"wait_if_full must be a non-negative number of seconds, got {opts.wait_if_full!r}")
     return opts
 
 
@@ -111,15 +115,30 @@ class _Enqueuer(Generic[P, R]):
             task=self.task.name, queue=o.queue, args=text, max_attempts=o.max_attempts, timeout=o.timeout,
             priority=o.priority, delay=o.delay, run_at=o.run_at, unique_key=o.unique_key,
             meta=json.dumps({tracing.META_KEY: trace}) if trace else "{}",
+            max_depth=app.max_depths.get(o.queue),
         )
 
     def _jobs(self, new: Sequence[NewJob], connection: Any = None) -> list[Job]:
         backend = self.task.app.backend
-        if connection is None:
-            results = backend.enqueue_many(new)
-        else:
+        if connection is not None:
             _check_transactional(backend)
-            results = backend.enqueue_many(new, connection=connection)  # type: ignore[call-arg]
+        deadline = time.monotonic() + self._opts.wait_if_full
+        pause = 0.01
+        while True:
+            try:
+                if connection is None:
+                    results = backend.enqueue_many(new)
+                else:
+                    results = backend.enqueue_many(new, connection=connection)  # type: ignore[call-arg]
+                break
+            except QueueFull as exc:
+                # In a caller's transaction we must not wait: its locks would block the workers.
+                if connection is not None or time.monotonic() + pause > deadline:
+                    if self.task.app.metrics is not None:
+                        self.task.app.metrics.refused.labels(exc.queue).inc()
+                    raise
+                time.sleep(pause)
+                pause = min(pause * 2, 0.5)
         metrics = self.task.app.metrics
         if metrics is not None:
             for item, res in zip(new, results, strict=True):
@@ -177,7 +196,12 @@ class _Enqueuer(Generic[P, R]):
         if connection is not None and _is_async_connection(connection):
             backend = self.task.app.backend
             _check_transactional(backend)
-            results = await backend.aenqueue_many(new, connection=connection)  # type: ignore[attr-defined]
+            try:
+                results = await backend.aenqueue_many(new, connection=connection)  # type: ignore[attr-defined]
+            except QueueFull as exc:
+                if self.task.app.metrics is not None:
+                    self.task.app.metrics.refused.labels(exc.queue).inc()
+                raise
             if results[0].created:
                 return self._built(new, results, None)[0]
             existing: Job | None = await backend.aget(results[0].id, connection=connection)  # type: ignore[attr-defined]
@@ -248,6 +272,7 @@ class Task(_Enqueuer[P, R]):
         self, *, delay: float | dt.timedelta | None = None, run_at: float | dt.datetime | None = None,
         priority: int | None = None, queue: str | None = None, unique_key: str | None = None,
         max_attempts: int | None = None, timeout: float | None = None, connection: Any = None,
+        wait_if_full: float | None = None,
     ) -> TaskCall[P, R]:
         """Per-call overrides: ``send_email.options(delay=10, priority=1).enqueue(42)``."""
         changes: dict[str, Any] = {}
@@ -257,7 +282,7 @@ class Task(_Enqueuer[P, R]):
             changes["run_at"] = _to_timestamp(run_at)
         for key, value in (("priority", priority), ("queue", queue), ("unique_key", unique_key),
                            ("max_attempts", max_attempts), ("timeout", timeout),
-                           ("connection", connection)):
+                           ("connection", connection), ("wait_if_full", wait_if_full)):
             if value is not None:
                 changes[key] = value
         return TaskCall(self, _check_options(replace(self._opts, **changes)))

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import QueueFull
 from ..job import Job, JobState
 
 
@@ -36,6 +37,7 @@ class NewJob:
     run_at: float | None = None  # absolute unix time; wins over delay
     unique_key: str | None = None
     meta: str = "{}"
+    max_depth: int | None = None  # the queue's limit of waiting jobs; past it, QueueFull
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,13 @@ class QueueStats:
     @property
     def depth(self) -> int:
         return self.available
+
+
+def queue_full(queue: str, depth: int, limit: int) -> QueueFull:
+    return QueueFull(
+        f"queue {queue!r} is full: {depth} job(s) waiting, max_depth is {limit}; nothing was enqueued",
+        queue=queue, depth=depth, limit=limit,
+    )
 
 
 def queue_stats_from_rows(
@@ -170,7 +179,12 @@ class Backend(abc.ABC):
     # -- producer -----------------------------------------------------------------------
     @abc.abstractmethod
     def enqueue_many(self, jobs: Sequence[NewJob], *, now: float | None = None) -> list[EnqueueResult]:
-        """Write all jobs in one atomic operation and return their ids, in order."""
+        """Write all jobs in one atomic operation and return their ids, in order.
+
+        A job with ``max_depth`` may not take its queue's waiting jobs (scheduled and
+        available; running ones don't count) past that limit: then the whole batch is
+        refused with QueueFull and nothing is written.
+        """
 
     # -- worker (fenced) ----------------------------------------------------------------
     @abc.abstractmethod

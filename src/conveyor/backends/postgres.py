@@ -38,6 +38,7 @@ from .base import (
     ReapResult,
     Stats,
     WorkerInfo,
+    queue_full,
     queue_stats_from_rows,
 )
 from .sql import load_migrations, load_queries
@@ -49,6 +50,7 @@ Q = {name: sql.replace(":NOW", NOW) for name, sql in load_queries("postgres").it
 MIGRATIONS = load_migrations("postgres")
 KEEP_ERRORS = 20
 CHANNEL = "conveyor_wake"
+DEPTH_LOCK = "SELECT pg_advisory_xact_lock(hashtext('conveyor_depth:' || current_schema() || ':' || %s))"
 
 # Every network call has a bound: connecting, each statement, a dead peer (tcp_user_timeout).
 CONNECT_DEFAULTS = {
@@ -204,6 +206,11 @@ class PostgresBackend(Backend):
         now: float | None,
     ) -> list[EnqueueResult]:
         results: list[EnqueueResult] = []
+        limits = {j.queue: j.max_depth for j in jobs if j.max_depth is not None}
+        for queue in sorted(limits):
+            # Serialise enqueuers of a limited queue (sorted: no deadlock between batches), so
+            # two of them cannot both see room for the last slot.
+            conn.execute(DEPTH_LOCK, [queue])
         with conn.cursor(row_factory=dict_row) as cur:
             cur.executemany(Q["insert"], params, returning=True)
             rows: list[dict[str, Any] | None] = []
@@ -219,6 +226,12 @@ class PostgresBackend(Backend):
                 if found is None:  # the holder finished between our insert and this read
                     raise StoreError(f"unique key {job.unique_key!r} changed hands during enqueue; retry")
                 results.append(EnqueueResult(found["id"], False, found["at"]))
+            for queue, limit in sorted(limits.items()):
+                added = sum(1 for j, r in zip(jobs, results, strict=True) if r.created and j.queue == queue)
+                row = cur.execute(Q["depth"], {"queue": queue}).fetchone()
+                assert row is not None
+                if row["n"] > limit:
+                    raise queue_full(queue, row["n"] - added, limit)  # rolls the batch back
         self._notify(conn, [j.queue for j, r in zip(jobs, results, strict=True) if r.created])
         return results
 
@@ -233,7 +246,10 @@ class PostgresBackend(Backend):
         try:
             if not connection.autocommit and connection.info.transaction_status == TransactionStatus.IDLE:
                 await connection.execute("BEGIN")
+            limits = {j.queue: j.max_depth for j in jobs if j.max_depth is not None}
             async with connection.transaction(), connection.cursor(row_factory=dict_row) as cur:
+                for queue in sorted(limits):
+                    await cur.execute(DEPTH_LOCK, [queue])
                 await cur.executemany(Q["insert"], params, returning=True)
                 rows: list[dict[str, Any] | None] = []
                 while True:
@@ -249,6 +265,13 @@ class PostgresBackend(Backend):
                     if found is None:
                         raise StoreError(f"unique key {job.unique_key!r} changed hands during enqueue; retry")
                     results.append(EnqueueResult(found["id"], False, found["at"]))
+                for queue, limit in sorted(limits.items()):
+                    added = sum(1 for j, r in zip(jobs, results, strict=True) if r.created and j.queue == queue)
+                    await cur.execute(Q["depth"], {"queue": queue})
+                    row = await cur.fetchone()
+                    assert row is not None
+                    if row["n"] > limit:
+                        raise queue_full(queue, row["n"] - added, limit)
                 queues = sorted({j.queue for j, r in zip(jobs, results, strict=True) if r.created})
                 if queues:
                     await cur.execute(Q["notify"], {"channel": CHANNEL, "queues": queues})

@@ -50,6 +50,7 @@ from .base import (
     ReapResult,
     Stats,
     WorkerInfo,
+    queue_full,
 )
 
 T = TypeVar("T")
@@ -341,9 +342,11 @@ class RedisBackend(Backend):
                 job.queue, job.task, job.args, str(job.priority), repr(float(job.delay)),
                 "" if job.run_at is None else repr(float(job.run_at)), str(job.max_attempts),
                 repr(float(job.timeout)), "0" if job.unique_key is None else "1", job.unique_key or "",
-                job.meta,
+                job.meta, "" if job.max_depth is None else str(int(job.max_depth)),
             ]
         res = self._run("enqueue", [j.queue for j in jobs], args, safe=False)
+        if res and res[0] == "full":
+            raise queue_full(str(res[1]), int(res[2]), int(res[3]))
         at = float(res[0])
         return [EnqueueResult(int(res[i]), bool(int(res[i + 1])), at) for i in range(1, len(res), 2)]
 

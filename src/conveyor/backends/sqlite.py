@@ -30,6 +30,7 @@ from .base import (
     ReapResult,
     Stats,
     WorkerInfo,
+    queue_full,
     queue_stats_from_rows,
 )
 from .sql import load_migrations, load_queries
@@ -207,6 +208,7 @@ class SqliteBackend(Backend):
                     else:
                         existing = conn.execute(Q["find_unique"], params).fetchone()
                         results.append(EnqueueResult(existing[0], False, t))
+            _check_depth(conn, jobs, results)  # inside the transaction: raising rolls it all back
         if any(r.created for r in results):
             self._signal.fire()
         return results
@@ -480,6 +482,15 @@ class SqliteBackend(Backend):
     def remove_worker(self, worker_id: str) -> None:
         with self._write(None) as (conn, _):
             conn.execute(Q["remove_worker"], {"id": worker_id})
+
+
+def _check_depth(conn: sqlite3.Connection, jobs: Sequence[NewJob], results: Sequence[EnqueueResult]) -> None:
+    limits = {j.queue: j.max_depth for j in jobs if j.max_depth is not None}
+    for queue, limit in sorted(limits.items()):
+        added = sum(1 for j, r in zip(jobs, results, strict=True) if r.created and j.queue == queue)
+        depth = conn.execute(Q["depth"], {"queue": queue}).fetchone()[0]
+        if depth > limit:
+            raise queue_full(queue, depth - added, limit)
 
 
 def _insert_params(job: NewJob, t: float) -> dict[str, Any]:

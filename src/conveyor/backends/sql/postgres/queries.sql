@@ -14,6 +14,9 @@ ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('scheduled',
 DO NOTHING
 RETURNING id, extract(epoch FROM created_at)::float8 AS at;
 
+-- name: depth
+SELECT count(*) AS n FROM conveyor_jobs WHERE queue = %(queue)s AND state IN ('scheduled', 'available');
+
 -- name: find_unique
 SELECT id, extract(epoch FROM :NOW)::float8 AS at FROM conveyor_jobs
 WHERE unique_key = %(unique_key)s AND state IN ('scheduled', 'available', 'running');

@@ -19,6 +19,9 @@ ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('scheduled',
 DO NOTHING
 RETURNING id;
 
+-- name: depth
+SELECT count(*) AS n FROM conveyor_jobs WHERE queue = :queue AND state IN ('scheduled', 'available');
+
 -- name: find_unique
 SELECT id FROM conveyor_jobs
 WHERE unique_key = :unique_key AND state IN ('scheduled', 'available', 'running');
