@@ -31,6 +31,7 @@ from .metrics import Metrics
 from .payload import check_queue_name
 
 log = logging.getLogger("conveyor.worker")
+ACK_BATCH = 256  # most acks written in one store transaction
 T = TypeVar("T")
 
 
@@ -150,6 +151,8 @@ class Worker:
         self._forced = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._slot_freed: asyncio.Event | None = None
+        self._ack_ready: asyncio.Event | None = None
+        self._acks: list[tuple[Lease, str | None, asyncio.Future[bool]]] = []
         self._stopped: asyncio.Event | None = None
         self._started = asyncio.Event()  # replaced in run_async
         self._on_started: list[Callable[[], None]] = []
@@ -198,6 +201,7 @@ class Worker:
         self._loop = loop
         self._slot_freed = asyncio.Event()
         self._stopped = asyncio.Event()
+        self._ack_ready = asyncio.Event()
         # Separate threads so a slow claim never delays a heartbeat, and an idle wait blocks neither.
         self._store = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="conveyor-store")
         self._beat = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="conveyor-heartbeat")
@@ -212,6 +216,7 @@ class Worker:
         log.info("worker %s started: queues %s, concurrency %d, lease %gs",
                  self.id, ",".join(f"{q}:{w}" for q, w in self.weights.items()), self.concurrency, self.lease_s)
         helpers = [
+            loop.create_task(self._ack_loop(), name="conveyor-acks"),
             loop.create_task(self._heartbeat_loop(), name="conveyor-heartbeat"),
             loop.create_task(self._maintenance_loop(), name="conveyor-maintenance"),
         ]
@@ -373,7 +378,7 @@ class Worker:
                 self._job_log(logging.DEBUG, job, "succeeded", "job %d %s succeeded in its own transaction",
                               job.id, job.task)
             elif outcome.kind == "succeeded":
-                await self._record(self.backend.ack, lease, outcome.result)
+                await self._ack(lease, outcome.result)
                 self.counters.succeeded += 1
                 self._count(job, "succeeded")
                 self._job_log(logging.DEBUG, job, "succeeded", "job %d %s succeeded", job.id, job.task)
@@ -408,6 +413,35 @@ class Worker:
             self._job_log(logging.WARNING, job, why,
                           "job %d %s: outcome %r discarded, the lease was lost (%s)", job.id, job.task,
                           outcome.kind, "the job was cancelled" if why == "cancelled" else "the job is re-run")
+
+    async def _ack(self, lease: Lease, result: str | None) -> None:
+        """Queue an ack for the next group commit; raises LeaseLost if the store refused it."""
+        assert self._loop is not None and self._ack_ready is not None
+        done: asyncio.Future[bool] = self._loop.create_future()
+        self._acks.append((lease, result, done))
+        self._ack_ready.set()
+        if not await done:
+            raise LeaseLost(lease.job_id, "ack refused")
+
+    async def _ack_loop(self) -> None:
+        """Group commit: acks that arrive while a batch is being written go in the next one,
+        so a busy worker pays one store write for many jobs and an idle one waits for none."""
+        assert self._ack_ready is not None
+        while True:
+            await self._ack_ready.wait()
+            self._ack_ready.clear()
+            while self._acks:
+                batch, self._acks = self._acks[:ACK_BATCH], self._acks[ACK_BATCH:]
+                try:
+                    held = await self._record(self.backend.ack_many, [(lease, r) for lease, r, _ in batch])
+                except Exception as exc:
+                    for *_, done in batch:
+                        if not done.done():
+                            done.set_exception(exc)
+                    continue
+                for (*_, done), ok in zip(batch, held, strict=True):
+                    if not done.done():
+                        done.set_result(ok)
 
     async def _record(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
         """Write a job's outcome, retrying a store that is briefly away (a restart, a killed

@@ -394,3 +394,18 @@ def test_release_skips_finished_jobs(backend: Backend) -> None:
     backend.ack(lease_of(job), json.dumps("done"), now=T0 + 1)
     assert backend.release([lease_of(job)], now=T0 + 2) == []
     assert snapshot(backend, job.id).state is JobState.SUCCEEDED
+
+
+def test_ack_many_acks_the_held_leases_and_refuses_the_stale(backend: Backend) -> None:
+    for _ in range(3):
+        enqueue_one(backend, now=T0)
+    a, b, c = backend.claim("default", 3, worker_id="w", lease_s=30, now=T0)
+    stale = Lease(b.id, "not-the-token")
+    assert backend.ack_many([(Lease(a.id, a.lease_token or ""), '"A"'), (stale, '"B"'),
+                             (Lease(c.id, c.lease_token or ""), None)], now=T0 + 1) == [True, False, True]
+    assert backend.get(a.id).state is JobState.SUCCEEDED and backend.get(a.id).result == "A"
+    assert backend.get(c.id).state is JobState.SUCCEEDED and backend.get(c.id).result is None
+    assert backend.get(b.id).state is JobState.RUNNING  # the refused ack changed nothing
+    assert backend.ack_many([], now=T0 + 1) == []
+    # An expired lease is refused too.
+    assert backend.ack_many([(Lease(b.id, b.lease_token or ""), None)], now=T0 + 31) == [False]

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import QueueFull
+from ..errors import LeaseLost, QueueFull
 from ..job import Job, JobState
 
 
@@ -204,6 +204,18 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def ack(self, lease: Lease, result: str | None, *, now: float | None = None) -> None:
         """Mark the job succeeded with ``result`` (JSON text). Raises LeaseLost."""
+
+    def ack_many(self, acks: Sequence[tuple[Lease, str | None]], *, now: float | None = None) -> list[bool]:
+        """Ack several jobs, in one transaction where the store allows: True for each ack whose
+        lease still held. A refused ack changes nothing and does not stop the others."""
+        done = []
+        for lease, result in acks:
+            try:
+                self.ack(lease, result, now=now)
+                done.append(True)
+            except LeaseLost:
+                done.append(False)
+        return done
 
     @abc.abstractmethod
     def retry(self, lease: Lease, error: ErrorInfo, *, delay: float, now: float | None = None) -> JobState:

@@ -324,6 +324,18 @@ class PostgresBackend(Backend):
             if conn.execute(Q["ack"], params).fetchone() is None:
                 raise LeaseLost(lease.job_id, "ack refused")
 
+    def ack_many(self, acks: Sequence[tuple[Lease, str | None]], *, now: float | None = None) -> list[bool]:
+        if not acks:
+            return []
+        with self._tx() as conn:
+            rows = conn.execute(
+                Q["ack_many"],
+                {"ids": [x.job_id for x, _ in acks], "tokens": [x.token for x, _ in acks],
+                 "results": [r for _, r in acks], "now": now},
+            ).fetchall()
+        held = {r["id"] for r in rows}
+        return [lease.job_id in held for lease, _ in acks]
+
     def retry(self, lease: Lease, error: ErrorInfo, *, delay: float, now: float | None = None) -> JobState:
         with self._tx() as conn:
             row = conn.execute(

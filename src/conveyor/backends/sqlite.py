@@ -248,6 +248,16 @@ class SqliteBackend(Backend):
             if cur.rowcount != 1:
                 raise LeaseLost(lease.job_id, "ack refused")
 
+    def ack_many(self, acks: Sequence[tuple[Lease, str | None]], *, now: float | None = None) -> list[bool]:
+        if not acks:
+            return []
+        with self._write(now) as (conn, t):
+            return [
+                conn.execute(Q["ack"], {"id": lease.job_id, "token": lease.token, "now": t, "result": result}).rowcount
+                == 1
+                for lease, result in acks
+            ]
+
     def retry(self, lease: Lease, error: ErrorInfo, *, delay: float, now: float | None = None) -> JobState:
         with self._write(now) as (conn, t):
             row = conn.execute(

@@ -76,6 +76,14 @@ SET state = 'succeeded', result = %(result)s::jsonb, finished_at = :NOW,
 WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running' AND lease_expires_at >= :NOW
 RETURNING id;
 
+-- name: ack_many
+UPDATE conveyor_jobs AS j
+SET state = 'succeeded', result = l.result::jsonb, finished_at = :NOW,
+    lease_token = NULL, lease_expires_at = NULL
+FROM unnest(%(ids)s::bigint[], %(tokens)s::text[], %(results)s::text[]) AS l(id, token, result)
+WHERE j.id = l.id AND j.lease_token = l.token AND j.state = 'running' AND j.lease_expires_at >= :NOW
+RETURNING j.id;
+
 -- name: retry
 UPDATE conveyor_jobs
 SET state = CASE WHEN attempt >= max_attempts THEN 'dead'
