@@ -408,6 +408,42 @@ class RedisBackend(Backend):
         if res[0] != "ok":
             raise LeaseLost(lease.job_id, "ack refused")
 
+    def ack_many(self, acks: Sequence[tuple[Lease, str | None]], *, now: float | None = None) -> list[bool]:
+        """The ack scripts of a batch in one pipelined round trip. Anything unusual (a queue
+        not guessed, an error reply, a broken connection) falls back to one careful ack each."""
+        if len(acks) < 2:
+            return super().ack_many(acks, now=now)
+        pipe = self._r.pipeline(transaction=False)
+        for lease, result in acks:
+            qs = self._guess([lease.job_id])
+            keys = list(self.keys.header)
+            for q in qs:
+                keys += self.keys.block(q)
+            argv = [len(qs), *qs, self._now_arg(now), lease.job_id, lease.token,
+                    "0" if result is None else "1", result or ""]
+            self._scripts["ack"](keys=keys, args=argv, client=pipe)
+        try:
+            replies = pipe.execute(raise_on_error=False)
+        except (redis.ConnectionError, redis.TimeoutError):
+            replies = [None] * len(acks)  # some may have landed: the fallback checks each
+        held: list[bool] = []
+        for (lease, result), reply in zip(acks, replies, strict=True):
+            if isinstance(reply, list) and reply and reply[0] in ("ok", "lost"):
+                self._forget(lease.job_id)
+                held.append(reply[0] == "ok")
+                continue
+            held.append(self._ack_or_landed(lease, result, now))
+        return held
+
+    def _ack_or_landed(self, lease: Lease, result: str | None, now: float | None) -> bool:
+        try:
+            self.ack(lease, result, now=now)
+            return True
+        except LeaseLost:
+            # A pipelined try may have landed before the connection broke.
+            last = self._call("check", lambda: self._r.hget(self.keys.job(lease.job_id), "last_token"), safe=True)
+            return bool(last == lease.token)
+
     def retry(self, lease: Lease, error: ErrorInfo, *, delay: float, now: float | None = None) -> JobState:
         d = float(delay)
         if math.isnan(d) or math.isinf(d):
