@@ -43,6 +43,7 @@ class Conveyor:
         retry: RetryPolicy | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         result_ttl: float = 86400.0,
+        dead_ttl: float | None = None,
     ) -> None:
         self.url = url or os.environ.get("CONVEYOR_URL") or DEFAULT_URL
         if not visibility_timeout > 0:
@@ -55,7 +56,10 @@ class Conveyor:
         self.default_max_attempts = default_max_attempts
         self.retry_policy = retry or RetryPolicy(base=2.0, factor=2.0, cap=3600.0)
         self.max_payload_bytes = max_payload_bytes
-        self.result_ttl = result_ttl
+        self.result_ttl = result_ttl  # seconds succeeded/cancelled jobs are kept (0: forever)
+        if dead_ttl is not None and not dead_ttl > 0:
+            raise ConfigurationError(f"dead_ttl must be > 0 seconds or None (keep), got {dead_ttl!r}")
+        self.dead_ttl = dead_ttl  # seconds dead jobs are kept; None: until purged
         self.tasks: dict[str, Task[Any, Any]] = {}
         self.max_depths: dict[str, int] = {}
         self.metrics: Metrics | None = None  # set by enable_metrics()

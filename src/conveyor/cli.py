@@ -116,12 +116,15 @@ def main() -> None:
               help="Seconds to finish running jobs after SIGTERM before releasing them.")
 @click.option("--poll-interval", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Longest idle wait between checks, seconds.")
+@click.option("--strict", is_flag=True,
+              help="Strict priority between queues: the heaviest with work first (weights order them).")
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=None,
               help="Serve Prometheus metrics on this port (with --processes N: ports PORT..PORT+N-1).")
 @click.option("--metrics-addr", default="127.0.0.1", show_default=True, help="Address for --metrics-port.")
 @pass_ctx
 def worker(obj: Ctx, queues: str | None, concurrency: int, processes: int, visibility_timeout: float | None,
-           grace_period: float, poll_interval: float, metrics_port: int | None, metrics_addr: str) -> None:
+           grace_period: float, poll_interval: float, strict: bool, metrics_port: int | None,
+           metrics_addr: str) -> None:
     """Run jobs. SIGTERM or Ctrl-C stops gracefully; a second one hurries."""
     app = obj.require_tasks("worker")
     if not queues:
@@ -130,7 +133,7 @@ def worker(obj: Ctx, queues: str | None, concurrency: int, processes: int, visib
 
     # Built here even when children will run it: a bad option fails now, not in a restart loop.
     w = Worker(app, queues=queues, concurrency=concurrency, visibility_timeout=visibility_timeout,
-               grace_period=grace_period, poll_interval=poll_interval)
+               grace_period=grace_period, poll_interval=poll_interval, strict=strict)
     if processes > 1:
         from .supervisor import Supervisor
 
@@ -141,6 +144,8 @@ def worker(obj: Ctx, queues: str | None, concurrency: int, processes: int, visib
                  "worker", "--queues", queues,
                  "--concurrency", str(concurrency), "--grace", str(grace_period),
                  "--poll-interval", str(poll_interval)]
+        if strict:
+            argv.append("--strict")
         if visibility_timeout is not None:
             argv += ["--visibility-timeout", str(visibility_timeout)]
         sys.exit(Supervisor(argv, processes, grace_period=grace_period, metrics_port=metrics_port,

@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import contextvars
 import functools
+import threading
 import traceback
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager
@@ -42,6 +43,17 @@ class JobContext:
         self.job = job
         self._backend = backend
         self.completed = False  # set once transaction() committed the job's success
+        self._stop = threading.Event()
+
+    @property
+    def cancelled(self) -> bool:
+        """True once this attempt should stop: the job was cancelled, this worker lost its
+        lease, or the worker is shutting down past its grace period. Async tasks are cancelled
+        outright; a sync task cannot be, so it should check this in its loops and return."""
+        return self._stop.is_set()
+
+    def cancel(self) -> None:
+        self._stop.set()
 
     @property
     def id(self) -> int:

@@ -62,6 +62,13 @@ def parse_queues(spec: str | Sequence[str] | Mapping[str, int]) -> dict[str, int
     return result
 
 
+def plan_strict(free: int, weights: Mapping[str, int]) -> list[tuple[str, int]]:
+    """Strict priority between queues: every slot to the heaviest queue (ties: listed order);
+    only what it cannot use passes down to the next."""
+    order = sorted(weights, key=lambda n: -weights[n])  # sorted() is stable: ties keep their order
+    return [(name, free if i == 0 else 0) for i, name in enumerate(order)]
+
+
 def plan_claims(free: int, weights: Mapping[str, int], rng: random.Random) -> list[tuple[str, int]]:
     """Split ``free`` slots across queues by weight, in a weighted random order.
 
@@ -119,11 +126,13 @@ class Worker:
         worker_id: str | None = None,
         install_signal_handlers: bool = True,
         metrics: Metrics | None = None,
+        strict: bool = False,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be >= 1, got {concurrency}")
         self.app = app
         self.weights = parse_queues(queues)
+        self.strict = strict  # strict priority between queues instead of weighted sharing
         self.concurrency = concurrency
         self.lease_s = float(app.visibility_timeout if visibility_timeout is None else visibility_timeout)
         if not self.lease_s > 0:
@@ -287,7 +296,8 @@ class Worker:
         claimed: list[Job] = []
         carry = 0
         full: list[str] = []
-        for queue, share in plan_claims(free, self.weights, self._rng):
+        plan = plan_strict(free, self.weights) if self.strict else plan_claims(free, self.weights, self._rng)
+        for queue, share in plan:
             want = share + carry
             if want <= 0 or self._stopping:
                 continue
@@ -473,8 +483,7 @@ class Worker:
             for r in held:
                 if r.job.id in lost and not r.settled:
                     r.lost = True
-                    if r.task is not None:
-                        r.task.cancel()
+                    self._stop_attempt(r)
                     outcome = await self._why_lost(r.job)
                     if outcome == "lease_lost":
                         self.counters.lease_lost += 1
@@ -483,6 +492,14 @@ class Worker:
                     self._count(r.job, outcome)
                     self._job_log(logging.WARNING, r.job, outcome, "job %d %s: %s; stopped it", r.job.id, r.job.task,
                                   "cancelled" if outcome == "cancelled" else "lease lost (expired or taken over)")
+
+    @staticmethod
+    def _stop_attempt(r: _Running) -> None:
+        """Async tasks are cancelled; sync ones see ``current_job().cancelled`` turn True."""
+        if r.execution is not None and r.execution.context is not None:
+            r.execution.context.cancel()
+        if r.task is not None:
+            r.task.cancel()
 
     async def _why_lost(self, job: Job) -> str:
         """``cancelled`` if someone cancelled the job, else ``lease_lost``."""
@@ -506,12 +523,22 @@ class Worker:
                     log.warning("reaped %d expired lease(s): %d back to available, %d dead",
                                 reaped.count, len(reaped.requeued), len(reaped.dead))
                 await self._call(self._beat, self.backend.promote, limit=1000)
-                if time.monotonic() >= next_prune and self.app.result_ttl > 0:
+                if time.monotonic() >= next_prune:
                     next_prune = time.monotonic() + self.prune_interval
-                    await self._call(self._beat, self.backend.prune, older_than=self.app.result_ttl,
-                                     states=(JobState.SUCCEEDED, JobState.CANCELLED), limit=1000)
+                    await self._prune()
             except Exception:
                 log.exception("maintenance failed")
+
+    async def _prune(self) -> None:
+        """Retention: succeeded and cancelled jobs after ``result_ttl``, dead ones after
+        ``dead_ttl`` (kept until purged when None), in bounded batches."""
+        app = self.app
+        if app.result_ttl > 0:
+            await self._call(self._beat, self.backend.prune, older_than=app.result_ttl,
+                             states=(JobState.SUCCEEDED, JobState.CANCELLED), limit=1000)
+        if app.dead_ttl is not None:
+            await self._call(self._beat, self.backend.prune, older_than=app.dead_ttl,
+                             states=(JobState.DEAD,), limit=1000)
 
     async def _drain(self) -> None:
         """After stop: wait for running jobs up to the grace period, then release the rest."""
@@ -532,8 +559,7 @@ class Worker:
             return
         for r in left_over:
             r.lost = True  # tell _run_job the cancel is ours
-            if r.task is not None:
-                r.task.cancel()
+            self._stop_attempt(r)
         try:
             released = await self._call(self._store, self.backend.release, [r.lease for r in left_over])
             self.counters.released += len(released)

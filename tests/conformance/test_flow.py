@@ -1,0 +1,120 @@
+"""Flow control on every backend: no head-of-line blocking (priority inside a queue, strict
+queue order), stopping sync tasks by flag, and retention of dead jobs."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from support import running_worker, wait_for_job, wait_until
+
+from conveyor import Conveyor, JobState, Reject, current_job
+from conveyor.worker import plan_strict
+
+CONCURRENCY = 4
+
+
+def _starts_between(app: Conveyor, task: str, after: float, before: float) -> int:
+    """Jobs of ``task`` that started inside the window, read from the store."""
+    count = 0
+    cursor = None
+    while True:
+        page = app.backend.list_jobs(task=task, cursor=cursor, limit=500)
+        count += sum(1 for j in page.jobs if j.attempted_at is not None and after < j.attempted_at <= before)
+        if page.next_cursor is None:
+            return count
+        cursor = page.next_cursor
+
+
+def test_high_priority_jobs_overtake_a_10000_job_backlog(app: Conveyor) -> None:
+    @app.task(name="slow_low")
+    def slow_low(n: int) -> None:
+        time.sleep(0.02)
+
+    @app.task(name="urgent")
+    def urgent(n: int) -> int:
+        return n
+
+    slow_low.options(priority=10).enqueue_many([(i,) for i in range(10_000)])
+    with running_worker(app, concurrency=CONCURRENCY, grace_period=1):
+        wait_until(lambda: app.backend.stats().queues[0].succeeded >= 20, timeout=30, message="backlog flowing")
+        high = urgent.options(priority=-10).enqueue_many([(i,) for i in range(10)])
+        done = [wait_for_job(app, j.id, timeout=30) for j in high]
+    assert all(j.state is JobState.SUCCEEDED for j in done)
+    enqueued_at = min(j.created_at for j in high)
+    last_high_start = max(j.attempted_at or 0 for j in done)
+    # Only claims already in flight when the urgent jobs arrived may start a backlog job
+    # before the last urgent one: at most one per slot.
+    assert _starts_between(app, "slow_low", enqueued_at, last_high_start) <= CONCURRENCY
+    backlog = {q.queue: q for q in app.backend.stats().queues}["default"]
+    assert backlog.available > 9_000  # the backlog was still there: the urgent jobs jumped it
+
+
+def test_strict_queue_order_serves_high_before_a_low_backlog(app: Conveyor) -> None:
+    @app.task(name="bulk", queue="low")
+    def bulk(n: int) -> None:
+        time.sleep(0.02)
+
+    @app.task(name="vip", queue="high")
+    def vip(n: int) -> int:
+        return n
+
+    bulk.enqueue_many([(i,) for i in range(2_000)])
+    with running_worker(app, queues="high:2,low:1", strict=True, concurrency=CONCURRENCY, grace_period=1):
+        wait_until(lambda: any(q.queue == "low" and q.succeeded >= 20 for q in app.backend.stats().queues),
+                   timeout=30, message="low queue flowing")
+        high = vip.enqueue_many([(i,) for i in range(10)])
+        done = [wait_for_job(app, j.id, timeout=30) for j in high]
+    enqueued_at = min(j.created_at for j in high)
+    last_high_start = max(j.attempted_at or 0 for j in done)
+    assert _starts_between(app, "bulk", enqueued_at, last_high_start) <= CONCURRENCY
+
+
+def test_plan_strict_gives_every_slot_to_the_heaviest_queue() -> None:
+    assert plan_strict(5, {"low": 1, "high": 6, "default": 3}) == [("high", 5), ("default", 0), ("low", 0)]
+    assert plan_strict(2, {"a": 1, "b": 1}) == [("a", 2), ("b", 0)]  # ties keep the listed order
+
+
+def test_a_sync_task_sees_its_cancellation_and_stops(app: Conveyor) -> None:
+    started = threading.Event()
+    returned = threading.Event()
+    checks = []
+
+    @app.task(name="polite", timeout=60)
+    def polite() -> str:
+        ctx = current_job()
+        assert ctx is not None
+        started.set()
+        while not ctx.cancelled:
+            checks.append(1)
+            time.sleep(0.01)
+        returned.set()
+        return "stopped early"
+
+    job = polite.enqueue()
+    with running_worker(app, concurrency=1, visibility_timeout=0.3) as wt:
+        assert started.wait(10)
+        assert app.backend.cancel(job.id)
+        assert returned.wait(10), "the sync task never saw the flag"
+        wait_until(lambda: wt.worker.counters.by_task["polite:cancelled"] == 1, message="counted as cancelled")
+    final = app.get_job(job.id)
+    assert final.state is JobState.CANCELLED and final.result is None  # its late return changed nothing
+    assert checks  # it really ran and polled
+
+
+def test_dead_jobs_are_pruned_after_dead_ttl(make_app: object) -> None:
+    app: Conveyor = make_app(dead_ttl=0.5, result_ttl=3600)  # type: ignore[operator]
+
+    @app.task(name="doomed")
+    def doomed() -> None:
+        raise Reject("no")
+
+    @app.task(name="fine")
+    def fine() -> None: ...
+
+    dead = doomed.enqueue()
+    ok = fine.enqueue()
+    with running_worker(app, concurrency=2, prune_interval=0.1):
+        assert wait_for_job(app, dead.id).state is JobState.DEAD
+        wait_until(lambda: app.backend.get(dead.id) is None, timeout=10, message="dead job pruned after dead_ttl")
+        assert app.get_job(ok.id).state is JobState.SUCCEEDED  # result_ttl not reached: kept
