@@ -144,6 +144,12 @@ class Conveyor:
             raise JobNotFound(f"no job with id {job_id}")
         return job
 
+    def cancel(self, job_id: int) -> bool:
+        """Cancel a waiting job (it never runs) or a running one (its worker stops it: async
+        tasks are cancelled, sync ones see ``current_job().cancelled``). False if the job is
+        unknown or already finished."""
+        return self.backend.cancel(job_id)
+
     def close(self) -> None:
         if self._backend is not None:
             self._backend.close()

@@ -386,7 +386,7 @@ def jobs_list(obj: Ctx, state: str | None, queue: str | None, task: str | None, 
 @pass_ctx
 def jobs_cancel(obj: Ctx, job_id: int) -> None:
     """Cancel a waiting or running job."""
-    if obj.app.backend.cancel(job_id):
+    if obj.app.cancel(job_id):
         click.echo(f"cancelled job {job_id}")
     else:
         raise click.ClickException(f"job {job_id} does not exist or is already finished")

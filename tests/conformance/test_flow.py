@@ -94,11 +94,12 @@ def test_a_sync_task_sees_its_cancellation_and_stops(app: Conveyor) -> None:
     job = polite.enqueue()
     with running_worker(app, concurrency=1, visibility_timeout=0.3) as wt:
         assert started.wait(10)
-        assert app.backend.cancel(job.id)
+        assert app.cancel(job.id)
         assert returned.wait(10), "the sync task never saw the flag"
         wait_until(lambda: wt.worker.counters.by_task["polite:cancelled"] == 1, message="counted as cancelled")
     final = app.get_job(job.id)
     assert final.state is JobState.CANCELLED and final.result is None  # its late return changed nothing
+    assert not app.cancel(job.id)  # already finished
     assert checks  # it really ran and polled
 
 
