@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import pytest
 import redis
 
 HERE = Path(__file__).resolve().parent
@@ -46,7 +47,11 @@ class RedisServer:
     def __init__(self, tmp: Path, *, appendonly: bool = True, save: str = "", extra: tuple[str, ...] = ()) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
-            raise RuntimeError("redis-server is not installed")
+            # Locally this only needs saying; in CI a missing server must not pass for green.
+            reason = "redis-server is not installed: the Redis fault tests start their own"
+            if os.environ.get("CI") == "true":
+                pytest.fail(reason, pytrace=False)
+            pytest.skip(reason)
         self.dir = tmp / "redis-data"
         self.dir.mkdir(exist_ok=True)
         self.port = free_port()
