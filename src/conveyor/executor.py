@@ -193,6 +193,7 @@ class Execution:
             return Outcome("dead", error=error_from(exc, "rejected"))
         except TimeoutError as exc:
             if deadline.expired():
+                context.cancel()  # a sync task that checks current_job().cancelled stops now
                 return Outcome("retry", delay=task.retry_policy.delay(job.attempts), error=ErrorInfo(
                     kind="timeout", type="TimeoutError",
                     message=f"task {job.task} did not finish within its timeout of {job.timeout:g}s"

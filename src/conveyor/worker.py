@@ -90,6 +90,7 @@ class _Running:
     task: asyncio.Task[None] | None = None
     execution: Execution | None = None
     lost: bool = False
+    finishing: bool = False  # the task is done; its outcome is being written
     settled: bool = False  # the outcome was written (or refused): no more heartbeats
 
 
@@ -214,6 +215,7 @@ class Worker:
         # Separate threads so a slow claim never delays a heartbeat, and an idle wait blocks neither.
         self._store = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="conveyor-store")
         self._beat = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="conveyor-heartbeat")
+        self._maint = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="conveyor-maintenance")
         self._waiter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="conveyor-wait")
         self._pool = concurrent.futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix="conveyor-task")
         if self.install_signal_handlers:
@@ -233,8 +235,10 @@ class Worker:
         for cb in self._on_started:
             cb()
         try:
-            await self._claim_loop()
-            await self._drain()
+            try:
+                await self._claim_loop()
+            finally:
+                await self._drain()
         finally:
             for h in helpers:
                 h.cancel()
@@ -246,7 +250,7 @@ class Worker:
                 await self._call(self._store, self.backend.remove_worker, self.id)
             except Exception:
                 log.exception("could not remove worker row")
-            for ex in (self._store, self._beat, self._waiter, self._pool):
+            for ex in (self._store, self._beat, self._maint, self._waiter, self._pool):
                 ex.shutdown(wait=False, cancel_futures=True)
             log.info("worker %s stopped: %d succeeded, %d retried, %d dead, %d released",
                      self.id, self.counters.succeeded, self.counters.retried, self.counters.dead,
@@ -280,7 +284,11 @@ class Worker:
             if self.stopping and jobs:
                 # Claimed while the stop came in: give them straight back, unrun.
                 leases = [Lease(j.id, j.lease_token) for j in jobs if j.lease_token]
-                await self._call(self._store, self.backend.release, leases)
+                try:
+                    await self._call(self._store, self.backend.release, leases)
+                except Exception:
+                    log.exception("could not release %d job(s) claimed at stop; their leases expire in %gs",
+                                  len(leases), self.lease_s)
                 break
             for job in jobs:
                 self._start(job)
@@ -301,9 +309,17 @@ class Worker:
             want = share + carry
             if want <= 0 or self._stopping:
                 continue
-            jobs = await self._call(
-                self._store, self.backend.claim, queue, want, worker_id=self.id, lease_s=self.lease_s
-            )
+            try:
+                jobs = await self._call(
+                    self._store, self.backend.claim, queue, want, worker_id=self.id, lease_s=self.lease_s
+                )
+            except Exception:
+                if not claimed:
+                    raise
+                # Jobs claimed from earlier queues are ours now: run them, don't strand them.
+                log.exception("claim on queue %s failed; running the %d job(s) already claimed",
+                              queue, len(claimed))
+                return claimed
             claimed.extend(jobs)
             carry = want - len(jobs)
             if len(jobs) == want:
@@ -312,9 +328,14 @@ class Worker:
         for queue in full:
             if carry <= 0 or self._stopping:
                 break
-            jobs = await self._call(
-                self._store, self.backend.claim, queue, carry, worker_id=self.id, lease_s=self.lease_s
-            )
+            try:
+                jobs = await self._call(
+                    self._store, self.backend.claim, queue, carry, worker_id=self.id, lease_s=self.lease_s
+                )
+            except Exception:
+                log.exception("claim on queue %s failed; running the %d job(s) already claimed",
+                              queue, len(claimed))
+                return claimed
             claimed.extend(jobs)
             carry -= len(jobs)
         return claimed
@@ -338,9 +359,11 @@ class Worker:
         started = time.perf_counter()
         try:
             outcome = await execution.run()
+            running.finishing = True  # only its outcome is left to write
             if self.metrics is not None:
                 self.metrics.run_seconds.labels(job.queue, job.task).observe(time.perf_counter() - started)
             await self._settle(running, outcome)
+            running.settled = True  # before anything else runs: no heartbeat may count it lost now
         except asyncio.CancelledError:
             if not running.lost and not self._stopping:
                 raise
@@ -504,7 +527,7 @@ class Worker:
     async def _why_lost(self, job: Job) -> str:
         """``cancelled`` if someone cancelled the job, else ``lease_lost``."""
         try:
-            current = await self._call(self._beat, self.backend.get, job.id)
+            current = await self._call(self._maint, self.backend.get, job.id)
         except Exception:
             return "lease_lost"
         return "cancelled" if current is not None and current.state is JobState.CANCELLED else "lease_lost"
@@ -514,7 +537,7 @@ class Worker:
         while True:
             await asyncio.sleep(self.maintenance_interval * self._rng.uniform(0.5, 1.5))
             try:
-                reaped = await self._call(self._beat, self.backend.reap, limit=1000)
+                reaped = await self._call(self._maint, self.backend.reap, limit=1000)
                 if reaped.count:
                     self.counters.reaped += reaped.count
                     if self.metrics is not None:
@@ -522,7 +545,7 @@ class Worker:
                         self.metrics.reaped.labels("dead").inc(len(reaped.dead))
                     log.warning("reaped %d expired lease(s): %d back to available, %d dead",
                                 reaped.count, len(reaped.requeued), len(reaped.dead))
-                await self._call(self._beat, self.backend.promote, limit=1000)
+                await self._call(self._maint, self.backend.promote, limit=1000)
                 if time.monotonic() >= next_prune:
                     next_prune = time.monotonic() + self.prune_interval
                     await self._prune()
@@ -534,10 +557,10 @@ class Worker:
         ``dead_ttl`` (kept until purged when None), in bounded batches."""
         app = self.app
         if app.result_ttl > 0:
-            await self._call(self._beat, self.backend.prune, older_than=app.result_ttl,
+            await self._call(self._maint, self.backend.prune, older_than=app.result_ttl,
                              states=(JobState.SUCCEEDED, JobState.CANCELLED), limit=1000)
         if app.dead_ttl is not None:
-            await self._call(self._beat, self.backend.prune, older_than=app.dead_ttl,
+            await self._call(self._maint, self.backend.prune, older_than=app.dead_ttl,
                              states=(JobState.DEAD,), limit=1000)
 
     async def _drain(self) -> None:
@@ -554,7 +577,12 @@ class Worker:
                 await asyncio.wait([*[t for t in tasks if not t.done()], stopper], timeout=left,
                                    return_when=asyncio.FIRST_COMPLETED)
             stopper.cancel()
-        left_over = [r for r in self._running.values() if not r.settled]
+        # Jobs whose task finished are only writing their outcome: let that land (the ack
+        # loop still runs) rather than release work that is done.
+        finishing = [r.task for r in self._running.values() if r.finishing and not r.settled and r.task]
+        if finishing:
+            await asyncio.wait(finishing, timeout=min(5.0, self.lease_s))
+        left_over = [r for r in self._running.values() if not r.settled and not r.finishing]
         if not left_over:
             return
         for r in left_over:

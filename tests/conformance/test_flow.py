@@ -119,3 +119,51 @@ def test_dead_jobs_are_pruned_after_dead_ttl(make_app: object) -> None:
         assert wait_for_job(app, dead.id).state is JobState.DEAD
         wait_until(lambda: app.backend.get(dead.id) is None, timeout=10, message="dead job pruned after dead_ttl")
         assert app.get_job(ok.id).state is JobState.SUCCEEDED  # result_ttl not reached: kept
+
+
+def test_a_sync_task_past_its_timeout_is_told_to_stop(app: Conveyor) -> None:
+    returned = threading.Event()
+
+    @app.task(name="overrun", timeout=0.3, max_attempts=1)
+    def overrun() -> None:
+        ctx = current_job()
+        assert ctx is not None
+        deadline = time.monotonic() + 30
+        while not ctx.cancelled and time.monotonic() < deadline:
+            time.sleep(0.01)
+        returned.set()
+
+    job = overrun.enqueue()
+    with running_worker(app, concurrency=1):
+        done = wait_for_job(app, job.id)
+        assert returned.wait(10), "the timed-out sync task was never told to stop"
+    assert done.state is JobState.DEAD and done.errors[-1]["kind"] == "timeout"
+
+
+def test_a_failed_claim_on_one_queue_does_not_strand_jobs_claimed_from_another(app: Conveyor) -> None:
+    """Fault injection around the real store: the second queue's claim fails once."""
+    from conveyor import StoreError
+
+    @app.task(name="on_a", queue="a")
+    def on_a() -> str:
+        return "ran"
+
+    job = on_a.enqueue()
+    backend = app.backend
+    real_claim = backend.claim
+    failed = []
+
+    def flaky_claim(queue: str, limit: int, **kw: object) -> list[object]:
+        if queue == "b" and not failed:
+            failed.append(queue)
+            raise StoreError("injected: the store blinked")
+        return real_claim(queue, limit, **kw)  # type: ignore[arg-type]
+
+    backend.claim = flaky_claim  # type: ignore[assignment, method-assign]
+    try:
+        with running_worker(app, queues="a:2,b:1", strict=True, concurrency=4):
+            done = wait_for_job(app, job.id, timeout=10)
+    finally:
+        backend.claim = real_claim  # type: ignore[method-assign]
+    assert failed == ["b"]
+    assert done.state is JobState.SUCCEEDED and done.attempts == 1 and done.errors == []

@@ -207,3 +207,31 @@ def test_transactional_completion_needs_postgres(tmp_path: Path) -> None:
     assert done.state is JobState.DEAD
     assert "PostgreSQL" in done.errors[-1]["message"]
     app.close()
+
+
+def test_tasks_holding_connections_do_not_starve_heartbeats(app: Conveyor, pg_url: str) -> None:
+    """Twelve tasks hold transaction() connections longer than the lease: the worker's
+    heartbeats use a pool of their own, so no lease expires and every job commits once."""
+    import time
+
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute("CREATE TABLE effects (job_id bigint primary key)")
+    lease_app = Conveyor(pg_url, visibility_timeout=1.5)
+
+    @lease_app.task(name="hold", timeout=30)
+    def hold() -> None:
+        ctx = current_job()
+        assert ctx is not None
+        with ctx.transaction() as conn:
+            conn.execute("INSERT INTO effects VALUES (%s)", (ctx.id,))
+            time.sleep(2.5)
+
+    jobs = hold.enqueue_many([() for _ in range(12)])
+    try:
+        with running_worker(lease_app, concurrency=12):
+            done = [wait_for_job(lease_app, j.id, timeout=60) for j in jobs]
+    finally:
+        lease_app.close()
+    assert all(j.state is JobState.SUCCEEDED and j.attempts == 1 and j.errors == [] for j in done)
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT count(*) FROM effects").fetchone() == (12,)

@@ -150,3 +150,11 @@ def test_retry_exception_keeps_its_delay_and_reason() -> None:
     r = Retry(delay=1.5, reason="rate limited")
     assert (r.delay, r.reason, str(r)) == (1.5, "rate limited", "rate limited")
     assert Retry().delay is None
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan"), -1.0])
+def test_retry_refuses_a_delay_that_is_not_a_finite_non_negative_number(bad: float) -> None:
+    from conveyor import Retry
+
+    with pytest.raises(ValueError, match="finite"):
+        Retry(delay=bad)

@@ -97,10 +97,19 @@ class PostgresBackend(Backend):
             # waiting out the pool's exponential backoff long after the server is back.
             reconnect_timeout=5.0, configure=_configure, name="conveyor",
         )
+        # The worker's own transitions (claim, heartbeat, ack...) get a pool of their own, so
+        # tasks holding connections (transaction(), enqueues) can never starve a heartbeat.
+        self._control: ConnectionPool[psycopg.Connection[dict[str, Any]]] = ConnectionPool(
+            conninfo=self._conninfo, kwargs={"autocommit": True, "row_factory": dict_row},
+            min_size=1, max_size=4, open=False, timeout=POOL_TIMEOUT, reconnect_timeout=5.0,
+            configure=_configure, name="conveyor-control",
+        )
         try:
             self._pool.open(wait=True, timeout=POOL_TIMEOUT)
+            self._control.open(wait=True, timeout=POOL_TIMEOUT)
         except PoolTimeout as exc:
             self._pool.close()
+            self._control.close()
             raise StoreError(f"PostgreSQL: cannot connect: {exc}") from None
         self._listener: psycopg.Connection[dict[str, Any]] | None = None
         self._listen_lock = threading.Lock()
@@ -109,13 +118,16 @@ class PostgresBackend(Backend):
 
     # -- plumbing ---------------------------------------------------------------------
     @contextmanager
-    def _live_connection(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+    def _live_connection(
+        self, pool: ConnectionPool[psycopg.Connection[dict[str, Any]]] | None = None,
+    ) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         """A pooled connection that just answered. Dead ones (killed backend, server restart)
         go back to the pool, which discards them, and we take the next: probing here instead
         of the pool's own check avoids its growing sleeps between failed checks."""
+        pool = pool or self._pool
         try:
-            for _ in range(self._pool.max_size + 1):
-                with self._pool.connection() as conn:
+            for _ in range(pool.max_size + 1):
+                with pool.connection() as conn:
                     try:
                         conn.execute("")
                     except psycopg.OperationalError:
@@ -127,9 +139,9 @@ class PostgresBackend(Backend):
         raise StoreError("PostgreSQL: no live connection in the pool (is the server up?)")
 
     @contextmanager
-    def _tx(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+    def _tx(self, *, control: bool = False) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         try:
-            with self._live_connection() as conn, conn.transaction():
+            with self._live_connection(self._control if control else None) as conn, conn.transaction():
                 yield conn
         except psycopg.Error as exc:
             raise _translate(exc) from exc
@@ -174,6 +186,7 @@ class PostgresBackend(Backend):
                 self._listener.close()
                 self._listener = None
         self._pool.close()
+        self._control.close()
 
     def _notify(self, conn: psycopg.Connection[Any], queues: Sequence[str]) -> None:
         # Delivered at commit, so a woken worker always finds the job.
@@ -285,7 +298,7 @@ class PostgresBackend(Backend):
     ) -> list[Job]:
         if limit <= 0:
             return []
-        with self._tx() as conn:
+        with self._tx(control=True) as conn:
             conn.execute(Q["promote_queue"], {"queue": queue, "now": now, "limit": 1000})
             rows = conn.execute(
                 Q["claim"],
@@ -298,7 +311,7 @@ class PostgresBackend(Backend):
     def heartbeat(self, leases: Sequence[Lease], *, lease_s: float, now: float | None = None) -> set[int]:
         if not leases:
             return set()
-        with self._tx() as conn:
+        with self._tx(control=True) as conn:
             rows = conn.execute(
                 Q["heartbeat"],
                 {"ids": [x.job_id for x in leases], "tokens": [x.token for x in leases], "now": now,
@@ -320,14 +333,14 @@ class PostgresBackend(Backend):
             if row is None:
                 raise LeaseLost(lease.job_id, "ack refused")
             return
-        with self._tx() as conn:
+        with self._tx(control=True) as conn:
             if conn.execute(Q["ack"], params).fetchone() is None:
                 raise LeaseLost(lease.job_id, "ack refused")
 
     def ack_many(self, acks: Sequence[tuple[Lease, str | None]], *, now: float | None = None) -> list[bool]:
         if not acks:
             return []
-        with self._tx() as conn:
+        with self._tx(control=True) as conn:
             rows = conn.execute(
                 Q["ack_many"],
                 {"ids": [x.job_id for x, _ in acks], "tokens": [x.token for x, _ in acks],
@@ -337,7 +350,7 @@ class PostgresBackend(Backend):
         return [lease.job_id in held for lease, _ in acks]
 
     def retry(self, lease: Lease, error: ErrorInfo, *, delay: float, now: float | None = None) -> JobState:
-        with self._tx() as conn:
+        with self._tx(control=True) as conn:
             row = conn.execute(
                 Q["retry"],
                 {"id": lease.job_id, "token": lease.token, "now": now, "delay": max(float(delay), 0.0),
@@ -351,7 +364,7 @@ class PostgresBackend(Backend):
         return state
 
     def kill(self, lease: Lease, error: ErrorInfo, *, now: float | None = None) -> None:
-        with self._tx() as conn:
+        with self._tx(control=True) as conn:
             row = conn.execute(
                 Q["kill"],
                 {"id": lease.job_id, "token": lease.token, "now": now, "keep_errors": KEEP_ERRORS,
@@ -363,7 +376,7 @@ class PostgresBackend(Backend):
     def release(self, leases: Sequence[Lease], *, now: float | None = None) -> list[int]:
         if not leases:
             return []
-        with self._tx() as conn:
+        with self._tx(control=True) as conn:
             rows = conn.execute(
                 Q["release"], {"ids": [x.job_id for x in leases], "tokens": [x.token for x in leases]}
             ).fetchall()
@@ -372,7 +385,7 @@ class PostgresBackend(Backend):
 
     # -- maintenance ------------------------------------------------------------------
     def reap(self, *, limit: int = 1000, now: float | None = None) -> ReapResult:
-        with self._tx() as conn:
+        with self._tx(control=True) as conn:
             rows = conn.execute(Q["reap"], {"now": now, "limit": limit, "keep_errors": KEEP_ERRORS}).fetchall()
             if rows:
                 conn.execute(Q["count_up"], {"name": "lease_expired", "queues": [r["queue"] for r in rows]})
@@ -383,7 +396,7 @@ class PostgresBackend(Backend):
         )
 
     def promote(self, *, limit: int = 1000, now: float | None = None) -> int:
-        with self._tx() as conn:
+        with self._tx(control=True) as conn:
             rows = conn.execute(Q["promote"], {"now": now, "limit": limit}).fetchall()
             self._notify(conn, [r["queue"] for r in rows])
         return len(rows)
@@ -393,7 +406,7 @@ class PostgresBackend(Backend):
         limit: int = 1000, now: float | None = None,
     ) -> int:
         deleted = 0
-        with self._tx() as conn:
+        with self._tx(control=True) as conn:
             for state in states:
                 if not JobState(state).is_final:
                     raise ValueError(f"prune only deletes finished jobs, not {state}")
@@ -553,7 +566,7 @@ class PostgresBackend(Backend):
 
     # -- workers ----------------------------------------------------------------------
     def record_worker(self, info: WorkerInfo, *, now: float | None = None) -> None:
-        with self._tx() as conn:
+        with self._tx(control=True) as conn:
             conn.execute(
                 Q["record_worker"],
                 {"id": info.id, "queues": json.dumps(info.queues), "concurrency": info.concurrency,
@@ -563,7 +576,7 @@ class PostgresBackend(Backend):
             conn.execute(Q["forget_workers"], {"now": now})
 
     def remove_worker(self, worker_id: str) -> None:
-        with self._tx() as conn:
+        with self._tx(control=True) as conn:
             conn.execute(Q["remove_worker"], {"id": worker_id})
 
     # -- transactional completion -----------------------------------------------------
