@@ -108,6 +108,20 @@ def queue_full(queue: str, depth: int, limit: int) -> QueueFull:
     )
 
 
+def depth_limits(jobs: Sequence[NewJob]) -> dict[str, int]:
+    """The max_depth of each queue a batch writes to, for queues that have one."""
+    return {j.queue: j.max_depth for j in jobs if j.max_depth is not None}
+
+
+def refuse_overflow(queue: str, limit: int, depth_after: int, jobs: Sequence[NewJob],
+                    results: Sequence[EnqueueResult]) -> None:
+    """Raise QueueFull if the batch, already written in the caller's open transaction, took
+    ``queue`` past ``limit``; the caller's rollback then undoes the whole batch."""
+    if depth_after > limit:
+        added = sum(1 for j, r in zip(jobs, results, strict=True) if r.created and j.queue == queue)
+        raise queue_full(queue, depth_after - added, limit)
+
+
 def queue_stats_from_rows(
     now: float,
     counts: Iterable[Mapping[str, Any]],

@@ -38,8 +38,9 @@ from .base import (
     ReapResult,
     Stats,
     WorkerInfo,
-    queue_full,
+    depth_limits,
     queue_stats_from_rows,
+    refuse_overflow,
 )
 from .sql import load_migrations, load_queries
 
@@ -219,7 +220,7 @@ class PostgresBackend(Backend):
         now: float | None,
     ) -> list[EnqueueResult]:
         results: list[EnqueueResult] = []
-        limits = {j.queue: j.max_depth for j in jobs if j.max_depth is not None}
+        limits = depth_limits(jobs)
         for queue in sorted(limits):
             # Serialise enqueuers of a limited queue (sorted: no deadlock between batches), so
             # two of them cannot both see room for the last slot.
@@ -240,11 +241,9 @@ class PostgresBackend(Backend):
                     raise StoreError(f"unique key {job.unique_key!r} changed hands during enqueue; retry")
                 results.append(EnqueueResult(found["id"], False, found["at"]))
             for queue, limit in sorted(limits.items()):
-                added = sum(1 for j, r in zip(jobs, results, strict=True) if r.created and j.queue == queue)
                 row = cur.execute(Q["depth"], {"queue": queue}).fetchone()
                 assert row is not None
-                if row["n"] > limit:
-                    raise queue_full(queue, row["n"] - added, limit)  # rolls the batch back
+                refuse_overflow(queue, limit, row["n"], jobs, results)
         self._notify(conn, [j.queue for j, r in zip(jobs, results, strict=True) if r.created])
         return results
 
@@ -259,7 +258,7 @@ class PostgresBackend(Backend):
         try:
             if not connection.autocommit and connection.info.transaction_status == TransactionStatus.IDLE:
                 await connection.execute("BEGIN")
-            limits = {j.queue: j.max_depth for j in jobs if j.max_depth is not None}
+            limits = depth_limits(jobs)
             async with connection.transaction(), connection.cursor(row_factory=dict_row) as cur:
                 for queue in sorted(limits):
                     await cur.execute(DEPTH_LOCK, [queue])
@@ -279,12 +278,10 @@ class PostgresBackend(Backend):
                         raise StoreError(f"unique key {job.unique_key!r} changed hands during enqueue; retry")
                     results.append(EnqueueResult(found["id"], False, found["at"]))
                 for queue, limit in sorted(limits.items()):
-                    added = sum(1 for j, r in zip(jobs, results, strict=True) if r.created and j.queue == queue)
                     await cur.execute(Q["depth"], {"queue": queue})
                     row = await cur.fetchone()
                     assert row is not None
-                    if row["n"] > limit:
-                        raise queue_full(queue, row["n"] - added, limit)
+                    refuse_overflow(queue, limit, row["n"], jobs, results)
                 queues = sorted({j.queue for j, r in zip(jobs, results, strict=True) if r.created})
                 if queues:
                     await cur.execute(Q["notify"], {"channel": CHANNEL, "queues": queues})

@@ -30,8 +30,9 @@ from .base import (
     ReapResult,
     Stats,
     WorkerInfo,
-    queue_full,
+    depth_limits,
     queue_stats_from_rows,
+    refuse_overflow,
 )
 from .sql import load_migrations, load_queries
 
@@ -495,12 +496,8 @@ class SqliteBackend(Backend):
 
 
 def _check_depth(conn: sqlite3.Connection, jobs: Sequence[NewJob], results: Sequence[EnqueueResult]) -> None:
-    limits = {j.queue: j.max_depth for j in jobs if j.max_depth is not None}
-    for queue, limit in sorted(limits.items()):
-        added = sum(1 for j, r in zip(jobs, results, strict=True) if r.created and j.queue == queue)
-        depth = conn.execute(Q["depth"], {"queue": queue}).fetchone()[0]
-        if depth > limit:
-            raise queue_full(queue, depth - added, limit)
+    for queue, limit in sorted(depth_limits(jobs).items()):
+        refuse_overflow(queue, limit, conn.execute(Q["depth"], {"queue": queue}).fetchone()[0], jobs, results)
 
 
 def _insert_params(job: NewJob, t: float) -> dict[str, Any]:
