@@ -50,6 +50,9 @@ class Job:
     lease_token: str | None = field(default=None, repr=False)
     lease_expires_at: float | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    fair_key: str | None = None
+    # Exactly-once steps this job has recorded (JobContext.once): step name -> its result.
+    steps: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_final(self) -> bool:

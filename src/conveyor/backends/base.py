@@ -10,6 +10,22 @@ Rules every backend keeps (the conformance suite in tests/conformance checks the
   longer matches the job's current lease, the call changes nothing and raises
   :class:`~conveyor.errors.LeaseLost` (``heartbeat`` reports lost ids instead).
 * ``claim`` never hands out more jobs than asked for (the worker asks for its free slots).
+
+Fair sharing (``fair_key``) is start-time fair queuing, kept in the store so it holds
+across workers. Each queue has a virtual time ``vtime`` (starts at 0) and each (queue,
+fair key) the tag of its last job. At enqueue a job gets a ``fair_tag``:
+
+* with a fair key: ``tag = max(last_tag[queue, key], vtime[queue]) + 1``, and
+  ``last_tag[queue, key] = tag`` (a batch takes consecutive tags, in order);
+* without: ``tag = vtime[queue] + 1`` (a job of its own, in the current round).
+
+Claim order inside a queue is ``(priority, fair_tag, run_at, id)``, and a claim raises
+``vtime[queue]`` to the largest tag it handed out. So a tenant with 10,000 waiting jobs
+holds tags far ahead while a newcomer's jobs start at the current round: they interleave.
+Without fair keys, tags never decrease with enqueue order, so the queue stays FIFO by
+(priority, run_at, id) among jobs enqueued between claims. A job keeps its tag through
+retries, lease expiry and release. ``last_tag`` entries at or below ``vtime`` mean nothing
+and may be dropped by ``prune``.
 """
 
 from __future__ import annotations
@@ -38,6 +54,11 @@ class NewJob:
     unique_key: str | None = None
     meta: str = "{}"
     max_depth: int | None = None  # the queue's limit of waiting jobs; past it, QueueFull
+    # Seconds after the job *succeeds* during which its unique_key still returns it (None: the
+    # key is free as soon as the job finishes). Dead and cancelled jobs free the key at once.
+    unique_for: float | None = None
+    # Tenant for fair sharing inside the queue: claims rotate across keys with waiting jobs.
+    fair_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -205,7 +226,7 @@ class Backend(abc.ABC):
     def claim(
         self, queue: str, limit: int, *, worker_id: str, lease_s: float, now: float | None = None
     ) -> list[Job]:
-        """Lease up to ``limit`` due jobs of ``queue`` (lowest priority, then run_at, then id).
+        """Lease up to ``limit`` due jobs of ``queue`` in (priority, fair_tag, run_at, id) order.
 
         Each claimed job is ``running`` with ``attempts`` + 1, a fresh lease token and
         ``lease_expires_at = now + lease_s``. Scheduled jobs that are due are promoted first.
@@ -317,6 +338,28 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def now(self) -> float:
         """The store's clock, unix seconds."""
+
+    # -- cron and exactly-once steps --------------------------------------------------------
+    def cron_enqueue(self, schedule: str, tick: float, job: NewJob | None, *,
+                     now: float | None = None) -> EnqueueResult | None:
+        """Take ``schedule``'s tick at ``tick`` (unix seconds) and enqueue ``job`` for it, in one
+        atomic operation: if the schedule's last recorded tick is older than ``tick`` (or there
+        is none), record ``tick`` and write the job; otherwise change nothing and return None.
+        So any number of schedulers enqueue each tick once. ``job=None`` only records the tick
+        (a new schedule starts from "now" rather than running a tick from before it existed).
+        QueueFull (max_depth) leaves the tick unrecorded, so it is tried again."""
+        raise NotImplementedError(f"{type(self).__name__} has no cron support")
+
+    def cron_ticks(self) -> dict[str, float]:
+        """The last tick taken per schedule name (unix seconds)."""
+        raise NotImplementedError(f"{type(self).__name__} has no cron support")
+
+    def record_step(self, job_id: int, step: str, result: str | None) -> tuple[bool, str | None]:
+        """Record that ``step`` of job ``job_id`` finished with ``result`` (JSON text), unless a
+        record for it exists already. Returns (created, the stored result): the first record
+        wins. Not fenced by a lease: an attempt that did the step, even one that has since lost
+        its lease, tells the truth by recording it. Raises JobNotFound for an unknown job."""
+        raise NotImplementedError(f"{type(self).__name__} has no step records")
 
     def startup_warnings(self) -> list[str]:
         """Settings of the store that put acknowledged jobs at risk; a worker logs them at start."""
