@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from ..errors import ConfigurationError, LeaseLost, StorageFull, StoreError
+from ..errors import ConfigurationError, InvalidName, JobNotFound, LeaseLost, StorageFull, StoreError
 from ..job import Job, JobState
 from .base import (
     Backend,
@@ -34,6 +34,7 @@ from .base import (
     queue_stats_from_rows,
     refuse_overflow,
 )
+from ..payload import NAME_RE
 from .sql import load_migrations, load_queries
 
 Q = load_queries("sqlite")
@@ -187,32 +188,38 @@ class SqliteBackend(Backend):
     def enqueue_many(self, jobs: Sequence[NewJob], *, now: float | None = None) -> list[EnqueueResult]:
         if not jobs:
             return []
-        results: list[EnqueueResult] = []
         with self._write(now) as (conn, t):
-            rows = [_insert_params(job, t) for job in jobs]
-            if all(job.unique_key is None for job in jobs):
-                conn.executemany(Q["insert"], rows)
-                # One writer holds the lock and ids are AUTOINCREMENT: the batch is consecutive.
-                last = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
-                first = last - len(rows) + 1
-                results = [EnqueueResult(first + i, True, t) for i in range(len(rows))]
-            else:
-                for job, params in zip(jobs, rows, strict=True):
-                    if job.unique_key is None:
-                        cur = conn.execute(Q["insert"], params)
-                        assert cur.lastrowid is not None
-                        results.append(EnqueueResult(cur.lastrowid, True, t))
-                        continue
-                    row = conn.execute(Q["insert_unique"], params).fetchone()
-                    if row is not None:
-                        results.append(EnqueueResult(row[0], True, t))
-                    else:
-                        existing = conn.execute(Q["find_unique"], params).fetchone()
-                        results.append(EnqueueResult(existing[0], False, t))
-            _check_depth(conn, jobs, results)  # inside the transaction: raising rolls it all back
+            results = _enqueue_in(conn, jobs, t)
         if any(r.created for r in results):
             self._signal.fire()
         return results
+
+    def cron_enqueue(self, schedule: str, tick: float, job: NewJob | None, *,
+                     now: float | None = None) -> EnqueueResult | None:
+        with self._write(now) as (conn, t):
+            if conn.execute(Q["cron_take"], {"name": schedule, "tick": tick, "now": t}).rowcount != 1:
+                return None
+            if job is None:
+                return None
+            [result] = _enqueue_in(conn, [job], t)  # QueueFull here rolls the tick back too
+        if result.created:
+            self._signal.fire()
+        return result
+
+    def cron_ticks(self) -> dict[str, float]:
+        return {r["name"]: r["last_tick"] for r in self._read(Q["cron_ticks"])}
+
+    def record_step(self, job_id: int, step: str, result: str | None) -> tuple[bool, str | None]:
+        path = _step_path(step)
+        with self._write(None) as (conn, _):
+            params = {"id": job_id, "path": path, "result": "null" if result is None else result}
+            if conn.execute(Q["record_step"], params).rowcount == 1:
+                return True, result
+            row = conn.execute(Q["read_step"], {"id": job_id, "path": path}).fetchone()
+        if row is None:
+            raise JobNotFound(f"no job with id {job_id}")
+        value = row["value"]
+        return False, None if value in (None, "null") else value
 
     # -- worker -----------------------------------------------------------------------
     def claim(
@@ -226,9 +233,10 @@ class SqliteBackend(Backend):
                 Q["claim"],
                 {"queue": queue, "limit": limit, "now": t, "worker_id": worker_id, "lease_s": lease_s},
             ).fetchall()
-        jobs = [_row_to_job(r) for r in rows]
-        jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))
-        return jobs
+            if rows:
+                conn.execute(Q["raise_vtime"], {"queue": queue, "vtime": max(r["fair_tag"] for r in rows)})
+        rows.sort(key=lambda r: (r["priority"], r["fair_tag"], r["run_at"], r["id"]))
+        return [_row_to_job(r) for r in rows]
 
     def heartbeat(self, leases: Sequence[Lease], *, lease_s: float, now: float | None = None) -> set[int]:
         if not leases:
@@ -345,6 +353,7 @@ class SqliteBackend(Backend):
                 deleted += conn.execute(
                     Q["prune"], {"state": str(state), "before": t - older_than, "limit": left}
                 ).rowcount
+            conn.execute(Q["prune_fair_tags"], {"limit": limit})
         return deleted
 
     # -- inspection and administration ------------------------------------------------
@@ -500,13 +509,92 @@ def _check_depth(conn: sqlite3.Connection, jobs: Sequence[NewJob], results: Sequ
         refuse_overflow(queue, limit, conn.execute(Q["depth"], {"queue": queue}).fetchone()[0], jobs, results)
 
 
-def _insert_params(job: NewJob, t: float) -> dict[str, Any]:
+def _enqueue_in(conn: sqlite3.Connection, jobs: Sequence[NewJob], t: float) -> list[EnqueueResult]:
+    """Write the batch in the caller's open transaction (which rolls it all back on QueueFull)."""
+    results: list[EnqueueResult] = []
+    tags = _FairTags(conn)
+    if all(job.unique_key is None for job in jobs):
+        rows = [_insert_params(job, t, tags.take(job)) for job in jobs]
+        conn.executemany(Q["insert"], rows)
+        # One writer holds the lock and ids are AUTOINCREMENT: the batch is consecutive.
+        last = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
+        first = last - len(rows) + 1
+        results = [EnqueueResult(first + i, True, t) for i in range(len(rows))]
+    else:
+        for job in jobs:
+            if job.unique_key is None:
+                cur = conn.execute(Q["insert"], _insert_params(job, t, tags.take(job)))
+                assert cur.lastrowid is not None
+                results.append(EnqueueResult(cur.lastrowid, True, t))
+                continue
+            done = conn.execute(Q["unique_done"], {"unique_key": job.unique_key, "now": t}).fetchone()
+            if done is not None:
+                results.append(EnqueueResult(done[0], False, t))
+                continue
+            params = _insert_params(job, t, tags.peek(job))
+            row = conn.execute(Q["insert_unique"], params).fetchone()
+            if row is not None:
+                tags.take(job)
+                results.append(EnqueueResult(row[0], True, t))
+            else:
+                existing = conn.execute(Q["find_unique"], params).fetchone()
+                results.append(EnqueueResult(existing[0], False, t))
+    tags.save()
+    _check_depth(conn, jobs, results)
+    return results
+
+
+class _FairTags:
+    """Fair tags for one enqueue transaction (start-time fair queuing, see backends/base.py)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self._vtime: dict[str, int] = {}
+        self._last: dict[tuple[str, str], int] = {}
+        self._dirty: set[tuple[str, str]] = set()
+
+    def _vt(self, queue: str) -> int:
+        if queue not in self._vtime:
+            row = self._conn.execute(Q["vtime"], {"queue": queue}).fetchone()
+            self._vtime[queue] = row[0] if row else 0
+        return self._vtime[queue]
+
+    def peek(self, job: NewJob) -> int:
+        if job.fair_key is None:
+            return self._vt(job.queue) + 1
+        key = (job.queue, job.fair_key)
+        if key not in self._last:
+            row = self._conn.execute(Q["last_tag"], {"queue": job.queue, "fair_key": job.fair_key}).fetchone()
+            self._last[key] = row[0] if row else 0
+        return max(self._last[key], self._vt(job.queue)) + 1
+
+    def take(self, job: NewJob) -> int:
+        tag = self.peek(job)
+        if job.fair_key is not None:
+            self._last[(job.queue, job.fair_key)] = tag
+            self._dirty.add((job.queue, job.fair_key))
+        return tag
+
+    def save(self) -> None:
+        self._conn.executemany(Q["set_last_tag"], [
+            {"queue": q, "fair_key": k, "last_tag": self._last[(q, k)]} for q, k in sorted(self._dirty)
+        ])
+
+
+def _step_path(step: str) -> str:
+    if not isinstance(step, str) or not NAME_RE.fullmatch(step):
+        raise InvalidName(f"step name must match {NAME_RE.pattern}, got {step!r}")
+    return f'$."{step}"'
+
+
+def _insert_params(job: NewJob, t: float, fair_tag: int) -> dict[str, Any]:
     run_at = job.run_at if job.run_at is not None else t + max(job.delay, 0.0)
     return {
         "queue": job.queue, "task": job.task, "args": job.args,
         "state": "scheduled" if run_at > t else "available",
         "priority": job.priority, "run_at": run_at, "max_attempts": job.max_attempts,
         "timeout_s": job.timeout, "unique_key": job.unique_key, "meta": job.meta, "now": t,
+        "fair_key": job.fair_key, "fair_tag": fair_tag, "unique_for": job.unique_for,
     }
 
 
@@ -519,6 +607,7 @@ def _row_to_job(row: sqlite3.Row) -> Job:
         result=json.loads(row["result"]) if row["result"] is not None else None,
         errors=json.loads(row["errors"]), unique_key=row["unique_key"], worker_id=row["worker_id"],
         lease_token=row["lease_token"], lease_expires_at=row["lease_expires_at"], meta=json.loads(row["meta"]),
+        fair_key=row["fair_key"], steps=json.loads(row["steps"]),
     )
 
 

@@ -6,15 +6,15 @@ SELECT (julianday('now') - 2440587.5) * 86400.0;
 
 -- name: insert
 INSERT INTO conveyor_jobs (queue, task, args, state, priority, run_at, max_attempts, timeout_s,
-                           unique_key, meta, created_at)
+                           unique_key, meta, created_at, fair_key, fair_tag, unique_for)
 VALUES (:queue, :task, :args, :state, :priority, :run_at, :max_attempts, :timeout_s,
-        :unique_key, :meta, :now);
+        :unique_key, :meta, :now, :fair_key, :fair_tag, :unique_for);
 
 -- name: insert_unique
 INSERT INTO conveyor_jobs (queue, task, args, state, priority, run_at, max_attempts, timeout_s,
-                           unique_key, meta, created_at)
+                           unique_key, meta, created_at, fair_key, fair_tag, unique_for)
 VALUES (:queue, :task, :args, :state, :priority, :run_at, :max_attempts, :timeout_s,
-        :unique_key, :meta, :now)
+        :unique_key, :meta, :now, :fair_key, :fair_tag, :unique_for)
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('scheduled', 'available', 'running')
 DO NOTHING
 RETURNING id;
@@ -25,6 +25,49 @@ SELECT count(*) AS n FROM conveyor_jobs WHERE queue = :queue AND state IN ('sche
 -- name: find_unique
 SELECT id FROM conveyor_jobs
 WHERE unique_key = :unique_key AND state IN ('scheduled', 'available', 'running');
+
+-- name: unique_done
+-- A succeeded job still answers for its key until finished_at + unique_for.
+SELECT id FROM conveyor_jobs
+WHERE unique_key = :unique_key AND state = 'succeeded' AND finished_at + unique_for > :now
+ORDER BY finished_at DESC LIMIT 1;
+
+-- name: vtime
+SELECT vtime FROM conveyor_queue_clock WHERE queue = :queue;
+
+-- name: last_tag
+SELECT last_tag FROM conveyor_fair_tags WHERE queue = :queue AND fair_key = :fair_key;
+
+-- name: set_last_tag
+INSERT INTO conveyor_fair_tags (queue, fair_key, last_tag) VALUES (:queue, :fair_key, :last_tag)
+ON CONFLICT (queue, fair_key) DO UPDATE SET last_tag = max(last_tag, excluded.last_tag);
+
+-- name: raise_vtime
+INSERT INTO conveyor_queue_clock (queue, vtime) VALUES (:queue, :vtime)
+ON CONFLICT (queue) DO UPDATE SET vtime = max(vtime, excluded.vtime);
+
+-- name: prune_fair_tags
+DELETE FROM conveyor_fair_tags
+WHERE (queue, fair_key) IN (SELECT f.queue, f.fair_key FROM conveyor_fair_tags AS f
+                            JOIN conveyor_queue_clock AS c ON c.queue = f.queue
+                            WHERE f.last_tag <= c.vtime LIMIT :limit);
+
+-- name: cron_take
+-- Compare-and-set of a schedule's last tick: changes a row only for a newer tick.
+INSERT INTO conveyor_cron (name, last_tick, updated_at) VALUES (:name, :tick, :now)
+ON CONFLICT (name) DO UPDATE SET last_tick = excluded.last_tick, updated_at = excluded.updated_at
+WHERE last_tick < excluded.last_tick;
+
+-- name: cron_ticks
+SELECT name, last_tick FROM conveyor_cron ORDER BY name;
+
+-- name: record_step
+UPDATE conveyor_jobs SET steps = json_set(steps, :path, json(:result))
+WHERE id = :id AND json_type(steps, :path) IS NULL;
+
+-- name: read_step
+-- `->` gives the stored JSON text (NULL when the step is absent; 'null' for a null result).
+SELECT 1 AS found, steps -> :path AS value FROM conveyor_jobs WHERE id = :id;
 
 -- name: promote_queue
 UPDATE conveyor_jobs SET state = 'available'
@@ -48,7 +91,7 @@ SET state = 'running',
     lease_expires_at = :now + :lease_s
 WHERE id IN (SELECT id FROM conveyor_jobs
              WHERE state = 'available' AND queue = :queue
-             ORDER BY priority, run_at, id
+             ORDER BY priority, fair_tag, run_at, id
              LIMIT :limit)
 RETURNING *;
 
