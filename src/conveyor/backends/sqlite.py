@@ -18,8 +18,16 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from ..errors import ConfigurationError, InvalidName, JobNotFound, LeaseLost, StorageFull, StoreError
+from ..errors import (
+    ConfigurationError,
+    InvalidName,
+    JobNotFound,
+    LeaseLost,
+    StorageFull,
+    StoreError,
+)
 from ..job import Job, JobState
+from ..payload import NAME_RE
 from .base import (
     Backend,
     EnqueueResult,
@@ -34,7 +42,6 @@ from .base import (
     queue_stats_from_rows,
     refuse_overflow,
 )
-from ..payload import NAME_RE
 from .sql import load_migrations, load_queries
 
 Q = load_queries("sqlite")
