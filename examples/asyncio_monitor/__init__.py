@@ -1,0 +1,1 @@
+"""An asyncio-only service: scheduled TCP probes run as jobs by a worker on the same event loop."""

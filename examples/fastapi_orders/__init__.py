@@ -1,0 +1,1 @@
+"""FastAPI shop: an order and the job that issues its receipt commit in one PostgreSQL transaction."""

@@ -1,0 +1,1 @@
+"""Flask sign-up: a new user and their welcome email job commit in one PostgreSQL transaction."""
