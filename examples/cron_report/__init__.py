@@ -1,0 +1,1 @@
+"""A cron-driven report: an hourly sales summary, queued once per hour however often cron fires."""
