@@ -28,6 +28,13 @@ log = logging.getLogger("conveyor.alerts")
 
 @dataclass
 class Incident:
+    """One alert from the moment it fires until it resolves; what actions receive.
+
+    ``key`` names the incident (rule and queue, e.g. ``dead_jobs:emails``), so a condition
+    that stays true is one incident, not one per evaluation. ``status`` is ``"firing"``,
+    then ``"resolved"`` with ``resolved_at`` set.
+    """
+
     key: str
     rule: str
     summary: str
@@ -40,6 +47,7 @@ class Incident:
     resolved_at: float | None = None
 
     def to_dict(self) -> dict[str, object]:
+        """Every field, for JSON (the webhook's ``alert`` object)."""
         return asdict(self)
 
 
@@ -55,10 +63,20 @@ class Finding:
 
 
 class Rule(Protocol):
+    """What ``Alerting`` needs of a rule: a name, a severity and a ``check``.
+
+    The built-in rules are dataclasses; any object with these members works.
+    """
+
     name: str
     severity: str
 
-    def check(self, stats: Stats, backend: Backend, memory: dict[str, object]) -> list[Finding]: ...
+    def check(self, stats: Stats, backend: Backend, memory: dict[str, object]) -> list[Finding]:
+        """The findings in this snapshot of the store; an empty list when all is well.
+
+        ``memory`` persists between evaluations (for rates); namespace its keys by rule.
+        """
+        ...
 
 
 def _wanted(queue: str, queues: Sequence[str] | None) -> bool:
@@ -75,6 +93,7 @@ class DeadJobs:
     severity: str = "critical"
 
     def check(self, stats: Stats, backend: Backend, memory: dict[str, object]) -> list[Finding]:
+        """Findings for this snapshot (see ``Rule.check``)."""
         return [
             Finding(f"{self.name}:{q.queue}", f"{q.dead} dead job(s) on queue {q.queue}", q.dead,
                     self.threshold, q.queue)
@@ -92,6 +111,7 @@ class QueueDepth:
     severity: str = "warning"
 
     def check(self, stats: Stats, backend: Backend, memory: dict[str, object]) -> list[Finding]:
+        """Findings for this snapshot (see ``Rule.check``)."""
         return [
             Finding(f"{self.name}:{q.queue}", f"queue {q.queue} has {q.depth} waiting jobs (limit {self.max_depth})",
                     q.depth, self.max_depth, q.queue)
@@ -109,6 +129,7 @@ class OldestJobAge:
     severity: str = "warning"
 
     def check(self, stats: Stats, backend: Backend, memory: dict[str, object]) -> list[Finding]:
+        """Findings for this snapshot (see ``Rule.check``)."""
         return [
             Finding(f"{self.name}:{q.queue}",
                     f"oldest job on queue {q.queue} has waited {q.oldest_available_age:.0f}s (limit {self.max_age:g}s)",
@@ -128,6 +149,7 @@ class NoLiveWorkers:
     severity: str = "critical"
 
     def check(self, stats: Stats, backend: Backend, memory: dict[str, object]) -> list[Finding]:
+        """Findings for this snapshot (see ``Rule.check``)."""
         served = {q for w in stats.workers for q in w.queues}
         return [
             Finding(f"{self.name}:{q.queue}", f"queue {q.queue} has {q.depth} waiting job(s) and no live worker",
@@ -147,6 +169,7 @@ class LeaseExpiryRate:
     severity: str = "warning"
 
     def check(self, stats: Stats, backend: Backend, memory: dict[str, object]) -> list[Finding]:
+        """Findings for this snapshot (see ``Rule.check``)."""
         previous = memory.get(self.name)
         current = {q.queue: q.lease_expiries for q in stats.queues}
         memory[self.name] = (stats.now, current)
@@ -175,6 +198,7 @@ class JobsPastTimeout:
     severity: str = "critical"
 
     def check(self, stats: Stats, backend: Backend, memory: dict[str, object]) -> list[Finding]:
+        """Findings for this snapshot (see ``Rule.check``)."""
         stuck: dict[str, list[int]] = {}
         page = backend.list_jobs(state=JobState.RUNNING, limit=self.limit)
         for job in page.jobs:
@@ -191,6 +215,7 @@ Action = Callable[[Incident], None]
 
 
 def log_action(incident: Incident) -> None:
+    """Log the incident on ``conveyor.alerts``: ERROR for critical, WARNING otherwise, INFO when resolved."""
     level = logging.INFO if incident.status == "resolved" else (
         logging.ERROR if incident.severity == "critical" else logging.WARNING)
     log.log(level, "alert %s %s: %s", incident.status, incident.key, incident.summary)
@@ -208,9 +233,11 @@ class Webhook:
     headers: dict[str, str] = field(default_factory=dict)
 
     def __call__(self, incident: Incident) -> None:
+        """Deliver in the background (see ``deliver``) and return at once."""
         threading.Thread(target=self.deliver, args=(incident,), name="conveyor-webhook", daemon=True).start()
 
     def deliver(self, incident: Incident) -> bool:
+        """POST ``{"status": ..., "alert": {...}}`` now, retrying with backoff; True if a try got a 2xx."""
         body = json.dumps({"status": incident.status, "alert": incident.to_dict()}).encode()
         delay = self.backoff
         for attempt in range(1, self.retries + 2):
@@ -283,6 +310,7 @@ class Alerting:
         return changes
 
     def run(self) -> None:
+        """Evaluate every ``interval`` seconds until ``stop()`` (blocks the calling thread)."""
         while not self._stop.is_set():
             try:
                 self.evaluate()
@@ -291,11 +319,13 @@ class Alerting:
             self._stop.wait(self.interval)
 
     def start(self) -> Alerting:
+        """Run ``run()`` on a daemon thread; returns self."""
         self._thread = threading.Thread(target=self.run, name="conveyor-alerts", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        """Stop the loop and wait (up to 5 s) for its thread."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)

@@ -9,15 +9,29 @@ from typing import Any
 
 
 class JobState(StrEnum):
+    """Where a job is in its lifecycle. A ``str``: ``JobState.DEAD == "dead"``.
+
+    ``scheduled`` → ``available`` → ``running`` → one of the final states ``succeeded``,
+    ``dead`` or ``cancelled``; a failed attempt goes back to ``scheduled`` (or ``available``)
+    while attempts remain.
+    """
+
     SCHEDULED = "scheduled"
+    """Waiting for its ``run_at``: a delay, or a retry's backoff."""
     AVAILABLE = "available"
+    """Due; the next free worker slot on its queue takes it."""
     RUNNING = "running"
+    """Leased by one worker until ``lease_expires_at``, extended by heartbeat."""
     SUCCEEDED = "succeeded"
+    """Done; ``result`` holds the task's return value. Kept for the app's ``result_ttl``."""
     DEAD = "dead"
+    """Failed for good (the dead-letter queue): kept with every attempt's error until redriven or purged."""
     CANCELLED = "cancelled"
+    """Cancelled before it finished; it will not run (again)."""
 
     @property
     def is_final(self) -> bool:
+        """True for ``succeeded``, ``dead`` and ``cancelled``: nothing moves the job on by itself."""
         return self in FINAL_STATES
 
 

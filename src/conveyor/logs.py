@@ -15,7 +15,11 @@ JOB_FIELDS = ("job_id", "task", "queue", "attempt", "max_attempts", "outcome", "
 
 
 class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ``time``, ``level``, ``logger``, ``message``, the job fields
+    present on the record, and ``exception`` when there is one."""
+
     def format(self, record: logging.LogRecord) -> str:
+        """The record as one line of JSON."""
         entry: dict[str, object] = {
             "time": dt.datetime.fromtimestamp(record.created, tz=dt.UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
@@ -32,6 +36,11 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
+    """Send every log record to stderr at ``level``, as text lines or (``fmt="json"``) JSON.
+
+    Replaces the root logger's handlers; the CLI calls it. An application embedding a worker
+    can skip it and configure logging its own way (loggers are named ``conveyor.*``).
+    """
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())

@@ -41,6 +41,7 @@ class StoreCollector(Collector):
         self.worker_ttl = worker_ttl
 
     def collect(self) -> Iterator[Metric]:
+        """Read the store once and yield the gauges (``conveyor_store_up`` is 0 if it failed)."""
         started = time.perf_counter()
         up = GaugeMetricFamily("conveyor_store_up", "1 if the store answered the last scrape, else 0")
         try:

@@ -24,6 +24,7 @@ TASK_NAME_RE = re.compile(r"^[A-Za-z0-9_.:<>-]{1,255}$")
 
 
 def check_queue_name(name: object) -> str:
+    """Return ``name`` if it is a valid queue name (1-128 of ``A-Z a-z 0-9 _ . : -``); else raise InvalidName."""
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise InvalidName(
             f"invalid queue name {name!r}: use 1-128 characters from A-Z a-z 0-9 _ . : -"
@@ -32,6 +33,7 @@ def check_queue_name(name: object) -> str:
 
 
 def check_task_name(name: object) -> str:
+    """Return ``name`` if it is a valid task name (1-255 of ``A-Z a-z 0-9 _ . : < > -``); else raise InvalidName."""
     if not isinstance(name, str) or not TASK_NAME_RE.fullmatch(name):
         raise InvalidName(
             f"invalid task name {name!r}: use 1-255 characters from A-Z a-z 0-9 _ . : < > -"
@@ -103,6 +105,7 @@ def encode(value: object, *, what: str = "args", limit: int | None = None) -> st
 
 
 def decode(text: str | bytes | None) -> Any:
+    """The value of a stored JSON text (None stays None)."""
     if text is None:
         return None
     return json.loads(text)

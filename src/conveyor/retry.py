@@ -16,9 +16,13 @@ class RetryPolicy:
     """``delay(n)`` for failed attempt ``n`` (1-based) is uniform in ``[0, min(cap, base * factor**(n-1))]``."""
 
     base: float = 1.0
+    """Seconds: the ceiling of the first retry's delay."""
     factor: float = 2.0
+    """Each further attempt multiplies the ceiling by this (>= 1)."""
     cap: float = 3600.0
+    """Seconds: no delay is longer than this."""
     jitter: bool = True
+    """Draw the delay uniformly below the ceiling (full jitter); False: always the ceiling."""
 
     def __post_init__(self) -> None:
         values = (self.base, self.factor, self.cap)
@@ -43,6 +47,7 @@ class RetryPolicy:
             return self.cap
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait before retrying after failed attempt ``attempt`` (1-based)."""
         top = self.ceiling(attempt)
         if not self.jitter:
             return top

@@ -24,6 +24,9 @@ def _die_with_parent() -> None:
 
 
 class Supervisor:
+    """Runs ``processes`` copies of the worker command ``argv``, restarts any that exit (with
+    backoff), and passes SIGTERM/SIGINT on to them. ``conveyor worker --processes N`` uses it."""
+
     def __init__(
         self, argv: Sequence[str], processes: int, *, grace_period: float = 30.0,
         metrics_port: int | None = None, metrics_addr: str = "127.0.0.1",
@@ -57,6 +60,8 @@ class Supervisor:
                 child.send_signal(signum)
 
     def run(self) -> int:
+        """Start the children and supervise them until a signal, then wait for them (up to
+        the grace period plus 5 s, then SIGKILL) and return the exit code, 0."""
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         for slot in range(self.processes):

@@ -57,6 +57,7 @@ def activate(span: Any) -> None:
 
 
 def finish(span: Any, outcome: Outcome) -> None:
+    """Record the attempt's outcome (and its error, if any) on ``span`` and end it."""
     if not ENABLED or span is None:
         return
     span.set_attribute("conveyor.outcome", outcome.kind)
