@@ -7,8 +7,10 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
+from . import payload
 from .backends import open_backend, redact_url
 from .backends.base import Backend
+from .cron import Schedule
 from .errors import ConfigurationError, InvalidName, JobNotFound, UnknownTask
 from .job import Job
 from .payload import DEFAULT_MAX_PAYLOAD_BYTES, check_queue_name
@@ -62,6 +64,7 @@ class Conveyor:
         self.dead_ttl = dead_ttl  # seconds dead jobs are kept; None: until purged
         self.tasks: dict[str, Task[Any, Any]] = {}
         self.max_depths: dict[str, int] = {}
+        self.schedules: dict[str, Schedule] = {}
         self.metrics: Metrics | None = None  # set by enable_metrics()
         self._backend: Backend | None = None
         self._lock = threading.Lock()
@@ -105,6 +108,47 @@ class Conveyor:
             return t
 
         return register(fn) if fn is not None else register
+
+    def cron(
+        self, expression: str, *, name: str | None = None, timezone: str = "UTC",
+        kwargs: dict[str, Any] | None = None, priority: int = 0, queue: str | None = None,
+        max_attempts: int | None = None, timeout: float | None = None, retry: RetryPolicy | None = None,
+    ) -> Callable[[Callable[P, R]], Task[P, R]]:
+        """Register a function as a task and enqueue it at every tick of a cron expression:
+        ``@app.cron("*/5 * * * *", timezone="Europe/Paris")``. The schedule is named after the
+        task unless ``name`` is given; ``kwargs`` are passed to every run. Workers run the
+        scheduler; see :mod:`conveyor.cron` for the misfire and daylight-saving rules."""
+
+        def register(f: Callable[P, R]) -> Task[P, R]:
+            t = f if isinstance(f, Task) else self.task(
+                queue=queue, max_attempts=max_attempts, timeout=timeout, priority=priority, retry=retry,
+            )(f)
+            self.schedule(t, expression, name=name, timezone=timezone, kwargs=kwargs, priority=priority)
+            return t
+
+        return register
+
+    def schedule(
+        self, task: Task[Any, Any] | str, expression: str, *, name: str | None = None,
+        timezone: str = "UTC", kwargs: dict[str, Any] | None = None, priority: int = 0,
+        queue: str | None = None,
+    ) -> Schedule:
+        """Enqueue an already registered task at every tick of ``expression`` (see ``cron``)."""
+        t = self.get_task(task) if isinstance(task, str) else task
+        call = dict(kwargs or {})
+        payload.bind_arguments(t.fn, (), call, task_name=t.name, sig=t.signature)  # fail now, not at 3 am
+        payload.encode(call, what=f"kwargs of cron schedule for {t.name}", limit=self.max_payload_bytes)
+        sched = Schedule(
+            name=name or t.name, expression=expression, task=t.name, queue=queue or t.queue,
+            timezone=timezone, kwargs=call, priority=priority,
+        )
+        existing = self.schedules.get(sched.name)
+        if existing is not None and existing != sched:
+            raise ConfigurationError(
+                f"a different cron schedule is already named {sched.name!r}; pass name= to tell them apart"
+            )
+        self.schedules[sched.name] = sched
+        return sched
 
     def queue(self, name: str, *, max_depth: int | None) -> None:
         """Configure a queue. ``max_depth``: at most this many jobs waiting (scheduled or

@@ -121,10 +121,12 @@ def main() -> None:
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=None,
               help="Serve Prometheus metrics on this port (with --processes N: ports PORT..PORT+N-1).")
 @click.option("--metrics-addr", default="127.0.0.1", show_default=True, help="Address for --metrics-port.")
+@click.option("--no-scheduler", is_flag=True,
+              help="Don't run the app's cron schedules in this worker (any number of workers may run them).")
 @pass_ctx
 def worker(obj: Ctx, queues: str | None, concurrency: int, processes: int, visibility_timeout: float | None,
            grace_period: float, poll_interval: float, strict: bool, metrics_port: int | None,
-           metrics_addr: str) -> None:
+           metrics_addr: str, no_scheduler: bool) -> None:
     """Run jobs. SIGTERM or Ctrl-C stops gracefully; a second one hurries."""
     app = obj.require_tasks("worker")
     if not queues:
@@ -133,7 +135,8 @@ def worker(obj: Ctx, queues: str | None, concurrency: int, processes: int, visib
 
     # Built here even when children will run it: a bad option fails now, not in a restart loop.
     w = Worker(app, queues=queues, concurrency=concurrency, visibility_timeout=visibility_timeout,
-               grace_period=grace_period, poll_interval=poll_interval, strict=strict)
+               grace_period=grace_period, poll_interval=poll_interval, strict=strict,
+               scheduler=not no_scheduler)
     if processes > 1:
         from .supervisor import Supervisor
 
@@ -146,6 +149,8 @@ def worker(obj: Ctx, queues: str | None, concurrency: int, processes: int, visib
                  "--poll-interval", str(poll_interval)]
         if strict:
             argv.append("--strict")
+        if no_scheduler:
+            argv.append("--no-scheduler")
         if visibility_timeout is not None:
             argv += ["--visibility-timeout", str(visibility_timeout)]
         sys.exit(Supervisor(argv, processes, grace_period=grace_period, metrics_port=metrics_port,
@@ -172,10 +177,11 @@ def worker(obj: Ctx, queues: str | None, concurrency: int, processes: int, visib
 @click.option("--delay", type=float, default=None, help="Seconds from now.")
 @click.option("--priority", type=int, default=None, help="Lower runs first.")
 @click.option("--unique-key", default=None)
+@click.option("--fair-key", default=None, help="Tenant: the queue is shared round-robin between fair keys.")
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
 @pass_ctx
 def enqueue(obj: Ctx, task_name: str, args_json: str, queue: str | None, delay: float | None,
-            priority: int | None, unique_key: str | None, as_json: bool) -> None:
+            priority: int | None, unique_key: str | None, fair_key: str | None, as_json: bool) -> None:
     """Enqueue one job of TASK_NAME."""
     app = obj.require_tasks("enqueue")
     task = app.get_task(task_name)
@@ -183,7 +189,7 @@ def enqueue(obj: Ctx, task_name: str, args_json: str, queue: str | None, delay: 
         parsed = json.loads(args_json)
     except json.JSONDecodeError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint="--args") from None
-    call = task.options(queue=queue, delay=delay, priority=priority, unique_key=unique_key)
+    call = task.options(queue=queue, delay=delay, priority=priority, unique_key=unique_key, fair_key=fair_key)
     if isinstance(parsed, list):
         job = call.enqueue(*parsed)
     elif isinstance(parsed, dict):
@@ -194,6 +200,45 @@ def enqueue(obj: Ctx, task_name: str, args_json: str, queue: str | None, delay: 
         click.echo(json.dumps(job_dict(job)))
     else:
         click.echo(f"enqueued job {job.id} ({job.task} on {job.queue}, {job.state})")
+
+
+# -- cron --------------------------------------------------------------------------------
+@cli.group()
+def cron() -> None:
+    """Cron schedules of the app."""
+
+
+@cron.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
+def cron_list(obj: Ctx, as_json: bool) -> None:
+    """Every schedule with its last tick taken and its next run."""
+    app = obj.require_tasks("cron list")
+    backend = app.backend
+    now = backend.now()
+    taken = backend.cron_ticks()
+    rows = []
+    for name, s in sorted(app.schedules.items()):
+        last = taken.get(name)
+        rows.append({
+            "name": name, "expression": s.expression, "timezone": s.timezone, "task": s.task, "queue": s.queue,
+            "last_tick": s.tick_datetime(last).isoformat() if last is not None else None,
+            "next_run": s.tick_datetime(s.next_tick(now)).isoformat(),
+        })
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    if not rows:
+        click.echo("no cron schedules: add them with @app.cron(\"*/5 * * * *\") or app.schedule(task, ...)")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("schedule", "cron", "timezone", "task", "queue", "last tick", "next run")
+    for r in rows:
+        table.add_row(r["name"], r["expression"], r["timezone"], r["task"], r["queue"],
+                      r["last_tick"] or "-", r["next_run"])
+    Console().print(table)
 
 
 # -- stats -------------------------------------------------------------------------------

@@ -327,7 +327,8 @@ def summarize(conveyor: Conveyor) -> Summary:
 
 
 # -- the demo run -----------------------------------------------------------------------------
-DEMO_TABLES = {"conveyor_jobs", "conveyor_counters", "conveyor_workers", "sqlite_sequence"}
+DEMO_TABLES = {"conveyor_jobs", "conveyor_counters", "conveyor_workers", "conveyor_queue_clock",
+               "conveyor_fair_tags", "conveyor_cron", "sqlite_sequence"}
 
 
 def _not_a_demo_store(path: Path) -> str | None:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import datetime as dt
 import functools
 import threading
 import traceback
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
+from zoneinfo import ZoneInfo
 
 from . import payload, tracing
 from .backends.base import Backend, ErrorInfo, Lease
@@ -20,6 +22,8 @@ from .job import Job
 
 if TYPE_CHECKING:
     from .task import Task
+
+T = TypeVar("T")
 
 MAX_MESSAGE_CHARS = 2_000
 MAX_TRACEBACK_CHARS = 16_000
@@ -44,6 +48,8 @@ class JobContext:
         self._backend = backend
         self.completed = False  # set once transaction() committed the job's success
         self._stop = threading.Event()
+        self._connection: Any = None  # the open transaction() connection, if any
+        self._steps: dict[str, Any] = dict(job.steps)
 
     @property
     def cancelled(self) -> bool:
@@ -62,6 +68,63 @@ class JobContext:
     @property
     def attempt(self) -> int:
         return self.job.attempts
+
+    @property
+    def cron_tick(self) -> dt.datetime | None:
+        """For a job made by a cron schedule: the tick it was meant for, in the schedule's timezone."""
+        info = self.job.meta.get("cron")
+        if not isinstance(info, dict):
+            return None
+        return dt.datetime.fromtimestamp(float(info["tick"]), ZoneInfo(str(info.get("timezone", "UTC"))))
+
+    def once(self, step: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)`` at most once per job *to completion*, and remember its result.
+
+        The first attempt that finishes the step records ``(job id, step) -> result`` in the
+        store; a later attempt of the same job (a retry, or a redelivery after a crash) gets
+        the recorded result back without calling ``fn`` again. The result must be JSON.
+
+        What it guarantees: a step that completed and was recorded never runs again for this
+        job. What it cannot: an attempt that dies after ``fn`` did its effect but before the
+        record was written runs it again; pass the job id and step to the other side as an
+        idempotency key (``f"{ctx.id}:{step}"``) where it accepts one. Inside
+        ``transaction()`` on PostgreSQL, the record commits with the task's own writes, so
+        database effects made through that connection happen exactly once. Cost: one store
+        write per step.
+        """
+        if step in self._steps:
+            return self._steps[step]  # type: ignore[no-any-return]
+        self._check_step(step)
+        result = fn(*args, **kwargs)
+        return self._record(step, result)  # type: ignore[no-any-return]
+
+    async def aonce(self, step: str, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """``once`` for async code: ``await ctx.aonce("charge", charge_card, order_id)``."""
+        if step in self._steps:
+            return self._steps[step]  # type: ignore[no-any-return]
+        self._check_step(step)
+        result = await fn(*args, **kwargs)
+        return await asyncio.to_thread(self._record, step, result)
+
+    def _check_step(self, step: str) -> None:
+        if not isinstance(step, str) or not payload.NAME_RE.fullmatch(step):
+            raise ConfigurationError(f"step name must match {payload.NAME_RE.pattern}, got {step!r}")
+        if self._backend is None:
+            raise ConfigurationError("once() needs the job's store: it runs inside a worker")
+
+    def _record(self, step: str, result: Any) -> Any:
+        encoded = payload.encode(result, what=f"result of step {step!r} of {self.job.task}")
+        backend = self._backend
+        assert backend is not None
+        if self._connection is not None:
+            _, stored = backend.record_step(  # type: ignore[call-arg]
+                self.job.id, step, encoded, connection=self._connection)
+        else:
+            _, stored = backend.record_step(self.job.id, step, encoded)
+        # A concurrent attempt may have recorded first: the first record is the answer.
+        value = payload.decode(stored) if stored is not None else None
+        self._steps[step] = value
+        return value
 
     @contextmanager
     def transaction(self, result: Any = None) -> Iterator[Any]:
@@ -85,10 +148,18 @@ class JobContext:
         assert token is not None
         encoded = payload.encode(result, what=f"result of {self.job.task}")
         with opener() as conn:
-            yield conn
-            backend.ack(Lease(self.job.id, token), encoded, connection=conn)  # type: ignore[call-arg]
-            conn.commit()
-            self.completed = True
+            self._connection = conn
+            before = dict(self._steps)
+            try:
+                yield conn
+                backend.ack(Lease(self.job.id, token), encoded, connection=conn)  # type: ignore[call-arg]
+                conn.commit()
+                self.completed = True
+            except BaseException:
+                self._steps = before  # steps recorded in the rolled-back transaction did not happen
+                raise
+            finally:
+                self._connection = None
 
 
 _current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar("conveyor_job", default=None)

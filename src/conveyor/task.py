@@ -39,6 +39,8 @@ class EnqueueOptions:
     unique_key: str | None = None
     connection: Any = field(default=None, compare=False)  # transactional enqueue (PostgreSQL)
     wait_if_full: float = 0.0  # seconds to keep retrying a full queue before raising QueueFull
+    unique_for: float | None = None  # seconds a succeeded job keeps answering for its unique_key
+    fair_key: str | None = None  # tenant: the queue is shared round-robin between fair keys
 
 
 def _check_transactional(backend: object) -> None:
@@ -75,6 +77,16 @@ def _check_options(opts: EnqueueOptions) -> EnqueueOptions:
         raise ConfigurationError(f"unique_key must be a non-empty str of at most {UNIQUE_KEY_MAX} characters")
     if opts.unique_key is not None:
         payload.encode(opts.unique_key, what="unique_key")
+    if opts.unique_for is not None and (not _finite(opts.unique_for) or opts.unique_for <= 0):
+        raise ConfigurationError(f"unique_for must be a positive number of seconds, got {opts.unique_for!r}")
+    if opts.unique_for is not None and opts.unique_key is None:
+        raise ConfigurationError("unique_for needs a unique_key: it is how long that key stays taken after success")
+    if opts.fair_key is not None and (
+        not isinstance(opts.fair_key, str) or not 0 < len(opts.fair_key) <= UNIQUE_KEY_MAX
+    ):
+        raise ConfigurationError(f"fair_key must be a non-empty str of at most {UNIQUE_KEY_MAX} characters")
+    if opts.fair_key is not None:
+        payload.encode(opts.fair_key, what="fair_key")
     if not _finite(opts.wait_if_full) or opts.wait_if_full < 0:
         raise ConfigurationError(f"wait_if_full must be a non-negative number of seconds, got {opts.wait_if_full!r}")
     return opts
@@ -115,7 +127,7 @@ class _Enqueuer(Generic[P, R]):
             task=self.task.name, queue=o.queue, args=text, max_attempts=o.max_attempts, timeout=o.timeout,
             priority=o.priority, delay=o.delay, run_at=o.run_at, unique_key=o.unique_key,
             meta=json.dumps({tracing.META_KEY: trace}) if trace else "{}",
-            max_depth=app.max_depths.get(o.queue),
+            max_depth=app.max_depths.get(o.queue), unique_for=o.unique_for, fair_key=o.fair_key,
         )
 
     def _jobs(self, new: Sequence[NewJob], connection: Any = None) -> list[Job]:
@@ -167,6 +179,7 @@ class _Enqueuer(Generic[P, R]):
                     state=JobState.SCHEDULED if run_at > res.at else JobState.AVAILABLE, attempts=0,
                     max_attempts=item.max_attempts, priority=item.priority, run_at=run_at,
                     timeout=item.timeout, created_at=res.at, unique_key=item.unique_key,
+                    fair_key=item.fair_key, meta=payload.decode(item.meta),
                 )
             )
         return jobs
@@ -272,17 +285,28 @@ class Task(_Enqueuer[P, R]):
         self, *, delay: float | dt.timedelta | None = None, run_at: float | dt.datetime | None = None,
         priority: int | None = None, queue: str | None = None, unique_key: str | None = None,
         max_attempts: int | None = None, timeout: float | None = None, connection: Any = None,
-        wait_if_full: float | None = None,
+        wait_if_full: float | None = None, unique_for: float | dt.timedelta | None = None,
+        fair_key: str | None = None,
     ) -> TaskCall[P, R]:
-        """Per-call overrides: ``send_email.options(delay=10, priority=1).enqueue(42)``."""
+        """Per-call overrides: ``send_email.options(delay=10, priority=1).enqueue(42)``.
+
+        ``unique_key``: while a job with this key is unfinished, enqueue returns it instead of
+        making another; ``unique_for`` keeps the key taken that long after the job succeeds.
+        ``fair_key`` (a tenant id): claims rotate across the fair keys waiting in the queue, so
+        one tenant's backlog cannot starve another's. ``wait_if_full``: seconds to wait for room
+        in a queue at its max_depth before raising QueueFull.
+        """
         changes: dict[str, Any] = {}
+        if unique_for is not None:
+            changes["unique_for"] = _to_seconds(unique_for)
         if delay is not None:
             changes["delay"] = _to_seconds(delay)
         if run_at is not None:
             changes["run_at"] = _to_timestamp(run_at)
         for key, value in (("priority", priority), ("queue", queue), ("unique_key", unique_key),
                            ("max_attempts", max_attempts), ("timeout", timeout),
-                           ("connection", connection), ("wait_if_full", wait_if_full)):
+                           ("connection", connection), ("wait_if_full", wait_if_full),
+                           ("fair_key", fair_key)):
             if value is not None:
                 changes[key] = value
         return TaskCall(self, _check_options(replace(self._opts, **changes)))

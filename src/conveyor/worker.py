@@ -128,12 +128,14 @@ class Worker:
         install_signal_handlers: bool = True,
         metrics: Metrics | None = None,
         strict: bool = False,
+        scheduler: bool = True,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be >= 1, got {concurrency}")
         self.app = app
         self.weights = parse_queues(queues)
         self.strict = strict  # strict priority between queues instead of weighted sharing
+        self.scheduler = scheduler  # run the app's cron schedules here too (safe in every worker)
         self.concurrency = concurrency
         self.lease_s = float(app.visibility_timeout if visibility_timeout is None else visibility_timeout)
         if not self.lease_s > 0:
@@ -231,6 +233,8 @@ class Worker:
             loop.create_task(self._heartbeat_loop(), name="conveyor-heartbeat"),
             loop.create_task(self._maintenance_loop(), name="conveyor-maintenance"),
         ]
+        if self.scheduler and self.app.schedules:
+            helpers.append(loop.create_task(self._scheduler_loop(), name="conveyor-scheduler"))
         self._started.set()
         for cb in self._on_started:
             cb()
@@ -551,6 +555,19 @@ class Worker:
                     await self._prune()
             except Exception:
                 log.exception("maintenance failed")
+
+    async def _scheduler_loop(self) -> None:
+        from .cron import Scheduler
+
+        scheduler = Scheduler(self.app, self.backend)
+        log.info("scheduler on: %d cron schedule(s)", len(self.app.schedules))
+        while True:
+            try:
+                await self._call(self._maint, scheduler.run_pending)
+            except Exception:
+                log.exception("cron scheduler failed; trying again")
+            # Ticks are whole minutes or coarser: a check every ~0.5 s keeps them on time.
+            await asyncio.sleep(self._rng.uniform(0.25, 0.75))
 
     async def _prune(self) -> None:
         """Retention: succeeded and cancelled jobs after ``result_ttl``, dead ones after
