@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: demo test lint typecheck check bench clean
+.PHONY: demo test lint typecheck check bench docs docs-serve clean
 
 $(BIN)/conveyor: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,17 @@ check: test lint typecheck
 
 bench: $(BIN)/conveyor
 	$(BIN)/python benchmarks/sqlite_bench.py
+
+# The documentation site (mkdocs.yml): built into build/site, failing on any warning.
+$(BIN)/mkdocs: pyproject.toml $(BIN)/conveyor
+	$(BIN)/pip install --quiet -e '.[dev,docs]'
+	touch $@
+
+docs: $(BIN)/mkdocs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: $(BIN)/mkdocs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
