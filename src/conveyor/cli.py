@@ -515,7 +515,12 @@ def migrate(obj: Ctx) -> None:
               help="Stop by itself after this long (default: run until Ctrl-C).")
 @click.option("--live/--no-live", default=None,
               help="Live terminal view, or plain log lines (default: live when stdout is a terminal).")
-def demo(db_path: str, fresh: bool, duration: float | None, live: bool | None) -> None:
+@click.option("--dashboard/--no-dashboard", default=True, show_default=True,
+              help="Serve the web dashboard on 127.0.0.1 while the demo runs.")
+@click.option("--dashboard-port", default=8000, show_default=True, type=click.IntRange(min=0, max=65535),
+              help="The dashboard's port (taken: any free port).")
+def demo(db_path: str, fresh: bool, duration: float | None, live: bool | None, dashboard: bool,
+         dashboard_port: int) -> None:
     """See Conveyor work: a producer and a worker on an embedded SQLite file, live.
 
     Always uses its own SQLite file (--db), never --url or $CONVEYOR_URL. The tasks are in
@@ -523,11 +528,44 @@ def demo(db_path: str, fresh: bool, duration: float | None, live: bool | None) -
     """
     from .demo import run_demo
 
-    code = run_demo(db_path, duration=duration, live=live, fresh=fresh, console=console)
+    code = run_demo(db_path, duration=duration, live=live, fresh=fresh, console=console,
+                    dashboard_port=dashboard_port if dashboard else None)
     sys.stdout.flush()
     sys.stderr.flush()
     # A demo task past its timeout may still be sleeping in its thread; don't wait for it.
     os._exit(code)
+
+
+# -- dashboard ---------------------------------------------------------------------------
+@cli.command("dashboard")
+@click.option("--host", default="127.0.0.1", show_default=True, envvar="CONVEYOR_DASHBOARD_HOST",
+              help="Address to listen on. Anything but loopback needs --token or --basic-auth.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(min=0, max=65535),
+              envvar="CONVEYOR_DASHBOARD_PORT")
+@click.option("--token", envvar="CONVEYOR_DASHBOARD_TOKEN", default=None, metavar="TOKEN",
+              help="Require this token (16+ characters): a login form, or 'Authorization: Bearer'. "
+                   "Prefer $CONVEYOR_DASHBOARD_TOKEN: other users can read command lines.")
+@click.option("--basic-auth", envvar="CONVEYOR_DASHBOARD_BASIC_AUTH", default=None, metavar="USER:PASSWORD",
+              help="Require HTTP basic auth (password 12+ characters; $CONVEYOR_DASHBOARD_BASIC_AUTH).")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
+              help="Also answer to this Host name (repeatable), e.g. behind a reverse proxy.")
+@click.option("--sample-interval", default=5.0, show_default=True, type=click.FloatRange(min=0.5),
+              help="Seconds between the store samples behind the charts and alerts.")
+@pass_ctx
+def dashboard_cmd(obj: Ctx, host: str, port: int, token: str | None, basic_auth: str | None,
+                  allowed_hosts: tuple[str, ...], sample_interval: float) -> None:
+    """Serve the web dashboard: queues, jobs, dead letters, workers, cron (docs/dashboard.md)."""
+    from .dashboard import serve
+
+    def ready(url: str) -> None:
+        auth = "token" if token else "basic auth" if basic_auth else "no auth: loopback only"
+        click.echo(f"conveyor dashboard on {url} ({auth}) for {redact_url(obj.app.url)}; Ctrl-C stops", err=True)
+
+    try:
+        serve(obj.app, host=host, port=port, token=token or None, basic_auth=basic_auth or None,
+              allowed_hosts=allowed_hosts, sample_interval=sample_interval, on_ready=ready)
+    except ConveyorError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 # -- alerts ------------------------------------------------------------------------------

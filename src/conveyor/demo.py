@@ -449,7 +449,8 @@ def _clock(ts: float) -> str:
 
 
 class DemoRun:
-    def __init__(self, db: Path, *, duration: float | None, live: bool, fresh: bool, console: Console) -> None:
+    def __init__(self, db: Path, *, duration: float | None, live: bool, fresh: bool, console: Console,
+                 dashboard_port: int | None = None) -> None:
         self.db = db.resolve() if db.exists() else Path(os.path.abspath(db))
         self.duration = duration
         self.live = live
@@ -470,6 +471,9 @@ class DemoRun:
         is_default = self.db == Path(os.path.abspath(DEFAULT_DB))
         self.export_line = None if is_default and not env_url else f"export CONVEYOR_URL={shlex.quote(sqlite_url(self.db))}"
         self.cmd = f"{cli_prefix()} --app conveyor.demo:app"
+        self.dashboard_port = dashboard_port
+        self.dashboard: Any = None  # a conveyor.dashboard.RunningDashboard once started
+        self.dashboard_note = ""
 
     # -- lifecycle ----------------------------------------------------------------------
     def run(self) -> int:
@@ -479,6 +483,7 @@ class DemoRun:
         app.backend  # noqa: B018 - open and migrate now, so a bad path fails before anything starts
         self.worker = Worker(app, queues=QUEUES, concurrency=CONCURRENCY, install_signal_handlers=False,
                              grace_period=5.0, poll_interval=0.5)
+        self._start_dashboard()
         self.started = time.monotonic()
         self.producer.burst()
         worker_thread = threading.Thread(target=self._run_worker, name="conveyor-demo-worker", daemon=True)
@@ -496,8 +501,28 @@ class DemoRun:
             if record.exc_info:
                 self.console.print(escape(logging.Formatter().formatException(record.exc_info)), style="dim")
         self._print_summary()
+        if self.dashboard is not None:
+            self.dashboard.stop()
         app.close()
         return 1 if self.worker_error is not None else 0
+
+    def _start_dashboard(self) -> None:
+        """The web dashboard on this store, on a thread (port taken: any free port)."""
+        if self.dashboard_port is None:
+            return
+        try:
+            from .dashboard import start_in_thread
+
+            self.dashboard = start_in_thread(app, port=self.dashboard_port, fallback_to_any_port=True,
+                                             sample_interval=2.0, title="Conveyor demo")
+        except Exception as exc:  # the demo works without it: say why, go on
+            self.dashboard_note = f"dashboard not started: {exc}"
+            return
+        if self.live and _has_display():
+            import webbrowser
+
+            with contextlib.suppress(Exception):
+                webbrowser.open(self.dashboard.url)
 
     def _run_worker(self) -> None:
         assert self.worker is not None
@@ -595,6 +620,12 @@ class DemoRun:
             text.append("Ctrl-C to stop", style="bold")
         weights = QUEUES.replace(",", " ")
         text.append(f"\n producer → SQLite store → worker ({CONCURRENCY} slots, weights {weights})", style="dim")
+        if self.dashboard is not None:
+            text.append("\n dashboard ", style="bold")
+            text.append(self.dashboard.url, style="bold cyan underline")
+            text.append("  (open it in a browser)", style="dim")
+        elif self.dashboard_note:
+            text.append(f"\n {self.dashboard_note}", style="yellow")
         return text
 
     def _queue_table(self, stats: Stats) -> Table:
@@ -697,6 +728,10 @@ class DemoRun:
         fresh = " (started fresh: the previous demo store was deleted)" if self.removed_old else ""
         until = f"Stops after {self.duration:g}s." if self.duration is not None else "Ctrl-C to stop."
         say(f"Conveyor demo: store {self.db}{fresh}")
+        if self.dashboard is not None:
+            say(f"Dashboard: {self.dashboard.url}")
+        elif self.dashboard_note:
+            say(self.dashboard_note)
         say(f"A producer enqueues jobs, a worker runs them ({CONCURRENCY} at a time, queues {QUEUES}). {until}")
         if self.export_line:
             say(f"In another terminal: {self.export_line}")
@@ -770,12 +805,18 @@ class DemoRun:
             out(f"  [cyan]{escape(line)}[/cyan]")
 
 
+def _has_display() -> bool:
+    return sys.platform in ("darwin", "win32") or bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
 def run_demo(db: str | os.PathLike[str] = DEFAULT_DB, *, duration: float | None = None, live: bool | None = None,
-             fresh: bool = True, console: Console | None = None) -> int:
-    """Run the demo; returns the process exit code."""
+             fresh: bool = True, console: Console | None = None, dashboard_port: int | None = None) -> int:
+    """Run the demo; returns the process exit code. ``dashboard_port``: serve the web
+    dashboard on 127.0.0.1 at that port (0: any free port; None: no dashboard)."""
     out = console or Console(highlight=False)
     if live is None:
         live = sys.stdout.isatty() and os.environ.get("TERM") != "dumb"
     if duration is not None and not duration > 0:
         raise ConfigurationError(f"--duration must be > 0 seconds, got {duration!r}")
-    return DemoRun(Path(db), duration=duration, live=live, fresh=fresh, console=out).run()
+    return DemoRun(Path(db), duration=duration, live=live, fresh=fresh, console=out,
+                   dashboard_port=dashboard_port).run()

@@ -1,0 +1,73 @@
+"""The cron page's rows, read defensively: ``app.schedules`` (name -> Schedule with
+``name, expression, timezone, task, queue`` and ``next_run(after: datetime) -> datetime``) and
+``backend.cron_ticks()`` (schedule name -> the last tick enqueued, unix seconds). A store or
+app without cron support gives an empty page with a note, never an error."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from ..app import Conveyor
+from ..backends.base import Backend
+
+log = logging.getLogger("conveyor.dashboard")
+
+
+@dataclass
+class CronRow:
+    name: str
+    expression: str
+    timezone: str
+    task: str
+    queue: str
+    last_tick: float | None
+    next_run: float | None
+    late: bool  # a tick after the last one recorded is overdue by more than a minute
+    problem: str = ""
+
+
+def _next_after(schedule: Any, ts: float) -> float | None:
+    next_run = getattr(schedule, "next_run", None)
+    if not callable(next_run):
+        return None
+    when = next_run(dt.datetime.fromtimestamp(ts, tz=dt.UTC))
+    if isinstance(when, dt.datetime):
+        return when.timestamp()
+    return float(when) if isinstance(when, int | float) else None
+
+
+def cron_rows(app: Conveyor, backend: Backend, now: float) -> tuple[list[CronRow], str]:
+    schedules = getattr(app, "schedules", None) or {}
+    note = ""
+    ticks: dict[str, float] = {}
+    reader = getattr(backend, "cron_ticks", None)
+    if callable(reader):
+        try:
+            ticks = dict(reader())
+        except NotImplementedError:
+            note = "This store does not record cron ticks, so last runs are unknown."
+    elif schedules:
+        note = "This store does not record cron ticks, so last runs are unknown."
+    rows = []
+    for name in sorted(schedules):
+        s = schedules[name]
+        last = ticks.get(name)
+        row = CronRow(name=str(getattr(s, "name", name)), expression=str(getattr(s, "expression", "?")),
+                      timezone=str(getattr(s, "timezone", "UTC")), task=str(getattr(s, "task", "?")),
+                      queue=str(getattr(s, "queue", "?")), last_tick=last, next_run=None, late=False)
+        try:
+            row.next_run = _next_after(s, now)
+            if last is not None:
+                expected = _next_after(s, last)
+                row.late = expected is not None and expected < now - 60
+        except Exception as exc:  # one broken schedule must not hide the others
+            log.warning("dashboard: cron schedule %s: %s", name, exc)
+            row.problem = f"{type(exc).__name__}: {exc}"
+        rows.append(row)
+    if not schedules:
+        note = ("No cron schedules are registered on this app. The dashboard shows the schedules of the "
+                "app it runs with (conveyor --app module:app dashboard).")
+    return rows, note

@@ -1,0 +1,121 @@
+"""The dashboard's memory of the recent past: a ring of ``stats()`` samples, and the alerts
+that fire on them.
+
+The store keeps counts, not history, so throughput and failures over time are the
+differences between samples this process took. A background thread samples every
+``interval`` seconds (and every page that reads stats adds its reading), keeping the last
+``history`` samples: an hour at the defaults. A restarted dashboard starts with empty charts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ..alerts import DeadJobs, Finding, JobsPastTimeout, NoLiveWorkers, OldestJobAge, Rule
+from ..backends.base import Backend, QueueStats, Stats
+
+log = logging.getLogger("conveyor.dashboard")
+
+
+def default_rules() -> list[Rule]:
+    return [DeadJobs(), NoLiveWorkers(), JobsPastTimeout(), OldestJobAge(300.0)]
+
+
+@dataclass(frozen=True)
+class Sample:
+    at: float  # the store's clock
+    queues: dict[str, QueueStats]
+    workers: int
+
+
+@dataclass(frozen=True)
+class Firing:
+    rule: str
+    severity: str
+    finding: Finding
+    since: float
+
+
+class Sampler:
+    def __init__(self, backend: Callable[[], Backend], *, interval: float = 5.0, history: int = 720,
+                 rules: Sequence[Rule] | None = None) -> None:
+        self._backend = backend
+        self.interval = interval
+        self.samples: deque[Sample] = deque(maxlen=history)
+        self.rules = list(default_rules() if rules is None else rules)
+        self.firing: dict[str, Firing] = {}
+        self.last_error: str | None = None
+        self._memory: dict[str, object] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def ensure_started(self) -> None:
+        if self._thread is not None:
+            return
+        with self._lock:
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(target=self._run, name="conveyor-dashboard-sampler", daemon=True)
+                self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sample()
+            except Exception as exc:  # the store is away: say so on the page, keep trying
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.warning("dashboard: sampling the store failed: %s", exc)
+            self._stop.wait(self.interval)
+
+    # -- sampling ------------------------------------------------------------------------
+    def sample(self) -> Stats:
+        backend = self._backend()
+        stats = backend.stats()
+        self.offer(stats)
+        self._evaluate(stats, backend)
+        self.last_error = None
+        return stats
+
+    def offer(self, stats: Stats) -> None:
+        """Keep ``stats`` as a sample unless the last one is very recent (pages read stats too)."""
+        with self._lock:
+            if self.samples and stats.now - self.samples[-1].at < self.interval / 2:
+                return
+            if self.samples and stats.now < self.samples[-1].at:
+                return  # a slower reader finishing after a newer sample
+            self.samples.append(Sample(stats.now, {q.queue: q for q in stats.queues}, len(stats.workers)))
+
+    def snapshot(self) -> list[Sample]:
+        with self._lock:
+            return list(self.samples)
+
+    def _evaluate(self, stats: Stats, backend: Backend) -> None:
+        seen: dict[str, tuple[Rule, Finding]] = {}
+        for rule in self.rules:
+            try:
+                for finding in rule.check(stats, backend, self._memory):
+                    seen[finding.key] = (rule, finding)
+            except Exception:
+                log.exception("dashboard: alert rule %s failed", rule.name)
+        with self._lock:
+            previous = self.firing
+            self.firing = {
+                key: Firing(rule.name, rule.severity, finding,
+                            previous[key].since if key in previous else stats.now)
+                for key, (rule, finding) in seen.items()
+            }
+
+    def alerts(self) -> list[Firing]:
+        order = {"critical": 0, "warning": 1}
+        with self._lock:
+            return sorted(self.firing.values(), key=lambda f: (order.get(f.severity, 2), f.since, f.finding.key))

@@ -1,0 +1,110 @@
+"""Serving the dashboard with uvicorn: in the foreground (``conveyor dashboard``) or on a
+background thread (``conveyor demo``)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+
+from ..app import Conveyor
+from ..errors import ConfigurationError
+from .app import DashboardApp, create_app
+from .security import check_bind, make_auth
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigurationError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+def url_of(sock: socket.socket, host: str, root: str = "/") -> str:
+    port = sock.getsockname()[1]
+    shown = host if host.strip("[]") not in ("0.0.0.0", "::") else "127.0.0.1"
+    if ":" in shown and not shown.startswith("["):
+        shown = f"[{shown}]"
+    return f"http://{shown}:{port}{root}"
+
+
+def _server(app: DashboardApp, *, log_level: str) -> uvicorn.Server:
+    config = uvicorn.Config(
+        app, log_level=log_level, proxy_headers=False, server_header=False, lifespan="on",
+        access_log=False, timeout_graceful_shutdown=3,
+    )
+    return uvicorn.Server(config)
+
+
+def prepare(conveyor: Conveyor, *, host: str, port: int, token: str | None, basic_auth: str | None,
+            **options: Any) -> tuple[DashboardApp, socket.socket]:
+    """Check the settings (refusing a non-loopback bind without auth), build the app, bind."""
+    check_bind(host, make_auth(token=token, basic_auth=basic_auth))
+    app = create_app(conveyor, token=token, basic_auth=basic_auth, **options)
+    return app, _listen(host, port)
+
+
+def serve(conveyor: Conveyor, *, host: str = "127.0.0.1", port: int = 8000, token: str | None = None,
+          basic_auth: str | None = None, log_level: str = "warning", on_ready: Any = None,
+          **options: Any) -> None:
+    """Serve in the foreground until SIGINT/SIGTERM."""
+    app, sock = prepare(conveyor, host=host, port=port, token=token, basic_auth=basic_auth, **options)
+    if on_ready is not None:
+        on_ready(url_of(sock, host))
+    server = _server(app, log_level=log_level)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        app.close()
+        sock.close()
+
+
+@dataclass
+class RunningDashboard:
+    url: str
+    app: DashboardApp
+    server: uvicorn.Server
+    thread: threading.Thread
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=timeout)
+        self.app.close()
+
+
+def start_in_thread(conveyor: Conveyor, *, host: str = "127.0.0.1", port: int = 8000,
+                    fallback_to_any_port: bool = False, token: str | None = None,
+                    basic_auth: str | None = None, **options: Any) -> RunningDashboard:
+    """Serve on a daemon thread; returns once it accepts connections. With
+    ``fallback_to_any_port``, a busy ``port`` makes it pick a free one instead of failing."""
+    try:
+        app, sock = prepare(conveyor, host=host, port=port, token=token, basic_auth=basic_auth, **options)
+    except ConfigurationError:
+        if not fallback_to_any_port or port == 0:
+            raise
+        app, sock = prepare(conveyor, host=host, port=0, token=token, basic_auth=basic_auth, **options)
+    server = _server(app, log_level="error")
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="conveyor-dashboard",
+                              daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if not server.started:
+        server.should_exit = True
+        with contextlib.suppress(OSError):
+            sock.close()
+        raise ConfigurationError("the dashboard did not start within 10 s")
+    return RunningDashboard(url_of(sock, host), app, server, thread)
