@@ -45,36 +45,60 @@ class Job:
     """A snapshot of one job as the store holds it. Times are unix seconds from the store's clock."""
 
     id: int
+    """The store's id for the job, unique and never reused."""
     task: str
+    """The registered task name (by default ``module.function``)."""
     queue: str
+    """The queue it waits in."""
     args: dict[str, Any]
+    """The arguments bound to the task's parameters by name, as stored (JSON)."""
     state: JobState
+    """Where it is in its lifecycle."""
     attempts: int
+    """Attempts started so far (a claim counts one; a release at shutdown gives it back)."""
     max_attempts: int
+    """After this many failed attempts the job goes ``dead``."""
     priority: int
+    """Lower runs first within its queue (-32768 to 32767; default 0)."""
     run_at: float
+    """When it is (or was) due."""
     timeout: float
+    """Seconds one attempt may run before it is stopped and counted as failed."""
     created_at: float
+    """When it was enqueued."""
     attempted_at: float | None = None
+    """When its latest attempt started."""
     finished_at: float | None = None
+    """When it reached a final state."""
     result: Any = None
+    """The task's return value (JSON), once ``succeeded``."""
     errors: list[dict[str, Any]] = field(default_factory=list)
+    """One record per failed attempt, oldest first (the last 20): ``attempt``, ``at``, ``kind``,
+    ``type``, ``message``, ``traceback``, ``worker_id``."""
     unique_key: str | None = None
+    """The deduplication key given at enqueue, if any."""
     worker_id: str | None = None
+    """The worker that ran (or runs) its latest attempt."""
     lease_token: str | None = field(default=None, repr=False)
+    """The current lease's fencing token, while ``running`` (internal to workers)."""
     lease_expires_at: float | None = None
+    """When the current lease runs out unless a heartbeat extends it."""
     meta: dict[str, Any] = field(default_factory=dict)
+    """Extra data Conveyor keeps with the job, such as the trace context (``meta["trace"]``)."""
     fair_key: str | None = None
     # Exactly-once steps this job has recorded (JobContext.once): step name -> its result.
     steps: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_final(self) -> bool:
+        """True once the job is ``succeeded``, ``dead`` or ``cancelled``."""
         return self.state.is_final
 
     @property
     def last_error(self) -> dict[str, Any] | None:
+        """The latest failed attempt's error record, or None."""
         return self.errors[-1] if self.errors else None
 
     def run_at_datetime(self) -> dt.datetime:
+        """``run_at`` as an aware UTC datetime."""
         return dt.datetime.fromtimestamp(self.run_at, tz=dt.UTC)
