@@ -32,6 +32,8 @@ from redis.retry import Retry
 
 from ..errors import (
     ConfigurationError,
+    InvalidName,
+    JobNotFound,
     LeaseLost,
     PayloadError,
     StorageFull,
@@ -39,6 +41,7 @@ from ..errors import (
     StoreUnavailable,
 )
 from ..job import Job, JobState
+from ..payload import NAME_RE
 from .base import (
     Backend,
     EnqueueResult,
@@ -57,11 +60,14 @@ T = TypeVar("T")
 
 PREFIX_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 STATES = ("scheduled", "available", "running", "succeeded", "dead", "cancelled")
-QUEUE_KEYS = ("available", "scheduled", "running", "succeeded", "dead", "cancelled", "jobs", "wake")
+QUEUE_KEYS = ("available", "scheduled", "running", "succeeded", "dead", "cancelled", "jobs", "wake", "fair", "due")
 READ_ONLY_SCRIPTS = {"stats", "list_jobs"}
-# Only new work is refused when Redis is at maxmemory. Claiming, finishing and pruning must go
-# on, or a full Redis could never drain: they run with allow-oom.
+# Only new work (enqueue, and cron ticks, which use the enqueue script) is refused when Redis is
+# at maxmemory. Claiming, finishing and pruning must go on, or a full Redis could never drain:
+# they run with allow-oom. So does record_step: its side effect has happened already, and a
+# refused record would let another attempt do it again.
 GROWING_SCRIPTS = {"enqueue"}
+STEP_PREFIX = "step:"  # a step record is the field step:<name> of the job's hash
 
 DEFAULT_SOCKET_TIMEOUT = 5.0
 DEFAULT_CONNECT_TIMEOUT = 2.0
@@ -134,8 +140,10 @@ class _Keys:
         self.header = [
             f"{p}:job:", f"{p}:errors:", f"{p}:jobs", *(f"{p}:state:{s}" for s in STATES),
             f"{p}:unique", f"{p}:expiries", f"{p}:queues", f"{p}:ids", f"{p}:workers", f"{p}:seen",
+            f"{p}:cron",
         ]
         self.queues = f"{p}:queues"
+        self.cron = f"{p}:cron"
 
     def job(self, job_id: int) -> str:
         return f"{self.p}:job:{job_id}"
@@ -170,7 +178,7 @@ def _load_script(name: str) -> str:
 
 SCRIPT_NAMES = (
     "enqueue", "claim", "heartbeat", "ack", "retry", "kill", "release", "reap", "promote", "prune",
-    "cancel", "redrive", "purge", "record_worker", "remove_worker", "stats", "list_jobs",
+    "cancel", "redrive", "purge", "record_worker", "remove_worker", "stats", "list_jobs", "record_step",
 )
 
 
@@ -335,7 +343,13 @@ class RedisBackend(Backend):
     def enqueue_many(self, jobs: Sequence[NewJob], *, now: float | None = None) -> list[EnqueueResult]:
         if not jobs:
             return []
-        args: list[Any] = [self._now_arg(now)]
+        res = self._enqueue(jobs, "", 0.0, now)
+        assert res is not None
+        return res
+
+    def _enqueue(self, jobs: Sequence[NewJob], cron: str, tick: float, now: float | None) -> list[EnqueueResult] | None:
+        """Run the enqueue script; with a cron schedule name, only if it takes that tick (None if not)."""
+        args: list[Any] = [self._now_arg(now), cron, repr(float(tick))]
         for n, job in enumerate(jobs):
             _validate(job, n)
             args += [
@@ -343,12 +357,41 @@ class RedisBackend(Backend):
                 "" if job.run_at is None else repr(float(job.run_at)), str(job.max_attempts),
                 repr(float(job.timeout)), "0" if job.unique_key is None else "1", job.unique_key or "",
                 job.meta, "" if job.max_depth is None else str(int(job.max_depth)),
+                "" if job.unique_for is None else repr(float(job.unique_for)),
+                "0" if job.fair_key is None else "1", job.fair_key or "",
             ]
         res = self._run("enqueue", [j.queue for j in jobs], args, safe=False)
         if res and res[0] == "full":
             raise queue_full(str(res[1]), int(res[2]), int(res[3]))
+        if res and res[0] == "taken":
+            return None
         at = float(res[0])
         return [EnqueueResult(int(res[i]), bool(int(res[i + 1])), at) for i in range(1, len(res), 2)]
+
+    def cron_enqueue(self, schedule: str, tick: float, job: NewJob | None, *,
+                     now: float | None = None) -> EnqueueResult | None:
+        if not isinstance(schedule, str) or not schedule:
+            raise ValueError(f"cron schedule name must be a non-empty str, got {schedule!r}")
+        if isinstance(tick, bool) or not isinstance(tick, int | float) or not math.isfinite(tick):
+            raise ValueError(f"cron tick must be a finite unix time, got {tick!r}")
+        res = self._enqueue([] if job is None else [job], schedule, float(tick), now)
+        return res[0] if res else None
+
+    def cron_ticks(self) -> dict[str, float]:
+        ticks = self._call("read cron ticks", lambda: self._r.hgetall(self.keys.cron), safe=True)
+        return {str(name): float(tick) for name, tick in ticks.items()}
+
+    def record_step(self, job_id: int, step: str, result: str | None) -> tuple[bool, str | None]:
+        if not isinstance(step, str) or not NAME_RE.fullmatch(step):
+            raise InvalidName(f"step name must match {NAME_RE.pattern}, got {step!r}")
+        if result is not None and not isinstance(result, str):
+            raise PayloadError(f"the result of step {step!r} must be JSON text, got {type(result).__name__}")
+        # Safe to resend: HSETNX changes nothing the second time, and the answer is the stored text.
+        res = self._run("record_step", [], [int(job_id), step, "null" if result is None else result], safe=True)
+        if res[0] == "missing":
+            raise JobNotFound(f"no job with id {job_id}")
+        stored = str(res[2])
+        return bool(int(res[1])), None if stored == "null" else stored
 
     # -- worker ---------------------------------------------------------------------------
     def claim(
@@ -757,6 +800,13 @@ def _validate(job: NewJob, n: int) -> None:
         raise bad(f"task name must be 1-255 characters, got {job.task!r}")
     if isinstance(job.priority, bool) or not isinstance(job.priority, int) or abs(job.priority) > 2**53:
         raise bad(f"priority must be an int, got {job.priority!r}")
+    if job.unique_for is not None and (
+        isinstance(job.unique_for, bool) or not isinstance(job.unique_for, int | float)
+        or not math.isfinite(job.unique_for)
+    ):
+        raise bad(f"unique_for must be a finite number of seconds, got {job.unique_for!r}")
+    if job.fair_key is not None and not isinstance(job.fair_key, str):
+        raise bad(f"fair_key must be a str, got {job.fair_key!r}")
     if not (isinstance(job.delay, int | float) and math.isfinite(job.delay)):
         raise bad(f"delay must be a finite number of seconds, got {job.delay!r}")
     if job.run_at is not None and not (isinstance(job.run_at, int | float) and math.isfinite(job.run_at)):
@@ -794,4 +844,6 @@ def _to_job(job_id: int, h: dict[str, str], errors: Sequence[str]) -> Job:
         result=json.loads(h["result"]) if "result" in h else None,
         errors=[json.loads(e) for e in errors], unique_key=h.get("unique_key"), worker_id=h.get("worker_id"),
         lease_token=h.get("lease_token"), lease_expires_at=_opt_float(h.get("lease_expires_at")), meta=meta,
+        fair_key=h.get("fair_key"),
+        steps={k[len(STEP_PREFIX):]: json.loads(v) for k, v in h.items() if k.startswith(STEP_PREFIX)},
     )

@@ -3,24 +3,31 @@
 -- KEYS, the same header for every script (P is the app's prefix "{name}", whose braces are the
 -- Redis Cluster hash tag, so every key below, and every key made by appending a job id to a
 -- prefix key, lands in one slot):
---   KEYS[1]  P:job:        prefix key; P:job:<id> is the job's HASH
+--   KEYS[1]  P:job:        prefix key; P:job:<id> is the job's HASH (step records are its
+--                          fields step:<name>)
 --   KEYS[2]  P:errors:     prefix key; P:errors:<id> is the job's LIST of error JSON objects
 --   KEYS[3]  P:jobs        ZSET of every job id (score = id), for listing newest first
 --   KEYS[4..9]  P:state:scheduled|available|running|succeeded|dead|cancelled
 --                          ZSET of ids per state (score = id), for listing by state
---   KEYS[10] P:unique      HASH unique_key -> id of the unfinished job holding it
+--   KEYS[10] P:unique      HASH unique_key -> id of the job holding it (unfinished, or succeeded
+--                          with a unique_for: enqueue checks finished_at + unique_for > now)
 --   KEYS[11] P:expiries    HASH queue -> number of leases that expired
 --   KEYS[12] P:queues      SET of every queue name ever used (never shrinks)
 --   KEYS[13] P:ids         STRING, INCR counter of job ids
 --   KEYS[14] P:workers     HASH worker id -> JSON info
 --   KEYS[15] P:seen        ZSET worker id -> last_seen
--- then one block of 8 keys per queue named in ARGV, in the same order:
---   P:q:<queue>:available  ZSET, score = priority, member = sortable(run_at) .. id (see member())
+--   KEYS[16] P:cron        HASH cron schedule name -> last tick taken (unix seconds)
+-- then one block of 10 keys per queue named in ARGV, in the same order:
+--   P:q:<queue>:available  ZSET, score = priority, member = tag .. sortable(run_at) .. id
+--                          (see member())
 --   P:q:<queue>:scheduled  ZSET id, score = run_at
 --   P:q:<queue>:running    ZSET id, score = lease_expires_at
 --   P:q:<queue>:succeeded|dead|cancelled  ZSET id, score = finished_at
 --   P:q:<queue>:jobs       ZSET id, score = id (listing by queue)
 --   P:q:<queue>:wake       LIST of wake-up markers that idle workers BLPOP
+--   P:q:<queue>:fair       HASH of fair sharing: 'vtime' -> the queue's virtual time,
+--                          'k:<fair key>' -> that key's last tag, 'scan' -> prune's HSCAN cursor
+--   P:q:<queue>:due        ZSET of the available ids, score = run_at: the oldest waiting job
 -- then any keys of the script's own (xkey(i)).
 --
 -- ARGV: ARGV[1] = number of queue blocks n, ARGV[2..n+1] = their queue names, then the
@@ -34,8 +41,8 @@ local K_STATE = {
   succeeded = KEYS[7], dead = KEYS[8], cancelled = KEYS[9],
 }
 local K_UNIQUE, K_EXPIRIES, K_QUEUES, K_IDS = KEYS[10], KEYS[11], KEYS[12], KEYS[13]
-local K_WORKERS, K_SEEN = KEYS[14], KEYS[15]
-local NHEAD, NQK = 15, 8
+local K_WORKERS, K_SEEN, K_CRON = KEYS[14], KEYS[15], KEYS[16]
+local NHEAD, NQK = 16, 10
 local KEEP_ERRORS = 20
 -- Markers kept per wake list: enough to wake several idle workers for a burst, few enough
 -- that leftovers cause only a handful of spurious wake-ups.
@@ -51,7 +58,7 @@ for i = 1, NQ do
   Q[name] = {
     name = name, available = KEYS[b + 1], scheduled = KEYS[b + 2], running = KEYS[b + 3],
     succeeded = KEYS[b + 4], dead = KEYS[b + 5], cancelled = KEYS[b + 6],
-    jobs = KEYS[b + 7], wake = KEYS[b + 8],
+    jobs = KEYS[b + 7], wake = KEYS[b + 8], fair = KEYS[b + 9], due = KEYS[b + 10],
   }
 end
 local A = 2 + NQ
@@ -74,13 +81,17 @@ local function jnum(x)
   return s
 end
 
--- Claim order inside one priority is run_at, then id. The ZSET score holds the priority
--- (a small integer, exact), and equal scores sort by member bytes, so the member is a
--- fixed-width, byte-sortable image of the exact double run_at followed by the zero-padded
--- id. A composite float score (priority * 1e13 + run_at_ms) would need more than the 53
--- bits a double holds and would also round run_at to a millisecond.
+-- Claim order inside one queue is (priority, fair_tag, run_at, id). The ZSET score holds the
+-- priority (a small integer, exact), and equal scores sort by member bytes, so the member is
+-- the fair tag zero-padded to 16 digits, then a fixed-width, byte-sortable image of the exact
+-- double run_at, then the zero-padded id. A composite float score (priority * 1e13 +
+-- run_at_ms) would need more than the 53 bits a double holds and would also round run_at to a
+-- millisecond. Tags and ids are integers below 2^53 (one per job ever enqueued), so 16 digits
+-- hold them. The id is always the last 16 bytes, so id_of also reads members written before
+-- tags existed (21 + 16 bytes, no tag: tag_of gives 0).
 local TWO53 = 9007199254740992
-local function member(run_at, id)
+local MEMBER_TAIL = 37  -- sortable(run_at) (21) .. id (16)
+local function member(tag, run_at, id)
   local code
   if run_at > 0 then
     local m, e = math.frexp(run_at)
@@ -91,9 +102,21 @@ local function member(run_at, id)
   else
     code = '100000000000000000000'
   end
-  return code .. string.format('%016.0f', tonumber(id))
+  return string.format('%016.0f', tag) .. code .. string.format('%016.0f', tonumber(id))
 end
-local function id_of(m) return tostring(tonumber(string.sub(m, 22))) end
+local function id_of(m) return tostring(tonumber(string.sub(m, -16))) end
+local function tag_of(m)
+  if #m <= MEMBER_TAIL then return 0 end
+  return tonumber(string.sub(m, 1, #m - MEMBER_TAIL))
+end
+
+-- Variadic commands in slices, so a long argument list never overflows Lua's C stack.
+local SLICE = 1000
+local function call_many(cmd, key, args)
+  for s = 1, #args, SLICE do
+    redis.call(cmd, key, unpack(args, s, math.min(s + SLICE - 1, #args)))
+  end
+end
 
 local function is_unfinished(state)
   return state == 'scheduled' or state == 'available' or state == 'running'
@@ -103,6 +126,7 @@ end
 local function leave(q, id, state, m)
   if state == 'available' then
     redis.call('ZREM', q.available, m)
+    redis.call('ZREM', q.due, id)
   else
     redis.call('ZREM', q[state], id)
   end
@@ -115,14 +139,17 @@ local function enter(q, id, key, state, score)
   redis.call('HSET', key, 'state', state)
 end
 
-local function enter_available(q, id, key, run_at, priority)
-  local m = member(run_at, id)
+-- tag: the job's fair_tag (kept through retries, lease expiry, release and redrive).
+local function enter_available(q, id, key, run_at, priority, tag)
+  local m = member(tag, run_at, id)
   redis.call('ZADD', q.available, priority, m)
+  redis.call('ZADD', q.due, run_at, id)
   redis.call('ZADD', K_STATE.available, id, id)
   redis.call('HSET', key, 'state', 'available', 'm', m)
 end
 
--- A finished job gives its unique key back, unless a newer job holds it already.
+-- A finished job gives its unique key back, unless a newer job holds it already. (A job that
+-- succeeds with a unique_for keeps it: ack skips this, and enqueue reads the window.)
 local function free_unique(key, id)
   local uk = redis.call('HGET', key, 'unique_key')
   if uk and redis.call('HGET', K_UNIQUE, uk) == id then
@@ -169,13 +196,16 @@ local function promote_queue(q, now, limit)
     local key = P_JOB .. id
     redis.call('ZREM', q.scheduled, id)
     redis.call('ZREM', K_STATE.scheduled, id)
-    local f = redis.call('HMGET', key, 'run_at', 'priority')
-    enter_available(q, id, key, tonumber(f[1]), tonumber(f[2]))
+    local f = redis.call('HMGET', key, 'run_at', 'priority', 'fair_tag')
+    enter_available(q, id, key, tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or 0))
   end
   return #ids
 end
 
+-- Deletes the job with everything that names it: its hash (which holds its step records),
+-- its errors, its index entries, and a unique key it still holds (a unique_for window).
 local function delete_job(q, id, state)
+  free_unique(P_JOB .. id, id)
   redis.call('DEL', P_JOB .. id, P_ERR .. id)
   redis.call('ZREM', q[state], id)
   redis.call('ZREM', K_STATE[state], id)

@@ -1,31 +1,50 @@
 -- enqueue: write a batch of new jobs; all or nothing (the client validated every field first,
--- so nothing below can fail half-way).
+-- so nothing below can fail half-way). Also the cron tick: with a schedule name, the batch is
+-- written only if it takes that schedule's tick (a compare-and-set of P:cron in the same script).
 -- KEYS: the common header, then one queue block per queue the batch uses.
--- ARGV: n, queue names; now ('' = the store's clock); then 12 values per job:
+-- ARGV: n, queue names; now ('' = the store's clock), cron schedule ('' = none), cron tick
+--   (unix seconds, when a schedule is given); then 15 values per job:
 --   queue, task, args (JSON), priority, delay, run_at ('' = now + delay), max_attempts,
---   timeout_s, has_unique ('1' or '0'), unique_key, meta (JSON), max_depth ('' = no limit)
+--   timeout_s, has_unique ('1' or '0'), unique_key, meta (JSON), max_depth ('' = no limit),
+--   unique_for ('' = none), has_fair ('1' or '0'), fair_key
 -- Returns {now, id1, created1, id2, created2, ...}; created is 0 when the unique key is held
--- by an unfinished job, whose id is returned. Returns {'full', queue, depth, limit} and
--- writes nothing when the batch would take a queue past its max_depth.
+-- (by an unfinished job, or by one that succeeded less than its unique_for ago), whose id is
+-- returned. Returns {'full', queue, depth, limit} and writes nothing (not the tick either) when
+-- the batch would take a queue past its max_depth; {'taken'} and writes nothing when the
+-- schedule's recorded tick is not older than the given one.
 local now = clock(arg(1))
+local cron, tick = arg(2), tonumber(arg(3))
 local t = num(now)
 local out = {t}
 local made = {}
-local W = 12
+local W = 15
+local FIRST = A + 3
+
+if cron ~= '' then
+  local last = redis.call('HGET', K_CRON, cron)
+  if last and tonumber(last) >= tick then return {'taken'} end
+end
+
+-- Does the job `holder` (an id from P:unique, or false) still hold its unique key at now?
+local function holds(holder)
+  if not holder then return false end
+  local f = redis.call('HMGET', P_JOB .. holder, 'state', 'unique_for', 'finished_at')
+  if is_unfinished(f[1]) then return true end
+  return f[1] == 'succeeded' and f[2] ~= false and f[3] ~= false
+    and tonumber(f[3]) + tonumber(f[2]) > now
+end
 
 -- First pass, read only: would the batch overfill a queue? (A script that fails half-way
--- keeps what it wrote, so the check comes before any write.)
+-- keeps what it wrote, so the check comes before any write.) It decides "created" exactly as
+-- the write pass below does.
 local adds, limits, claimed = {}, {}, {}
-local j = A + 1
+local j = FIRST
 while j <= #ARGV do
   local qn, has_u, uk, limit = ARGV[j], ARGV[j + 8], ARGV[j + 9], ARGV[j + 11]
   j = j + W
   local creates = true
   if has_u == '1' then
-    local holder = redis.call('HGET', K_UNIQUE, uk)
-    if claimed[uk] or (holder and is_unfinished(redis.call('HGET', P_JOB .. holder, 'state'))) then
-      creates = false
-    end
+    if claimed[uk] or holds(redis.call('HGET', K_UNIQUE, uk)) then creates = false end
     claimed[uk] = true
   end
   if creates then adds[qn] = (adds[qn] or 0) + 1 end
@@ -39,14 +58,45 @@ for qn, limit in pairs(limits) do
   end
 end
 
-local i = A + 1
+if cron ~= '' then redis.call('HSET', K_CRON, cron, num(tick)) end
+
+-- Fair tags (start-time fair queuing, see backends/base.py): read each queue's vtime and each
+-- fair key's last tag once, hand out tags in batch order, write the last tags back at the end.
+local vtimes, last, dirty = {}, {}, {}
+local function vtime_of(q)
+  local v = vtimes[q.name]
+  if v == nil then
+    v = tonumber(redis.call('HGET', q.fair, 'vtime') or 0)
+    vtimes[q.name] = v
+  end
+  return v
+end
+local function take_tag(q, has_fair, fk)
+  local v = vtime_of(q)
+  if has_fair ~= '1' then return v + 1 end
+  local per = last[q.name]
+  if per == nil then
+    per = {}
+    last[q.name] = per
+    dirty[q.name] = {}
+  end
+  local lt = per[fk]
+  if lt == nil then lt = tonumber(redis.call('HGET', q.fair, 'k:' .. fk) or 0) end
+  local tag = math.max(lt, v) + 1
+  per[fk] = tag
+  dirty[q.name][fk] = true
+  return tag
+end
+
+local i = FIRST
 while i <= #ARGV do
   local qn, task, args, prio, delay, run_at_s, maxa, timeout, has_u, uk, meta = unpack(ARGV, i, i + 10)
+  local ufor, has_fair, fk = ARGV[i + 12], ARGV[i + 13], ARGV[i + 14]
   i = i + W
   local holder = false
   if has_u == '1' then
     holder = redis.call('HGET', K_UNIQUE, uk)
-    if holder and not is_unfinished(redis.call('HGET', P_JOB .. holder, 'state')) then holder = false end
+    if not holds(holder) then holder = false end
   end
   if holder then
     out[#out + 1] = holder
@@ -57,13 +107,16 @@ while i <= #ARGV do
     local q = Q[qn]
     local run_at
     if run_at_s ~= '' then run_at = tonumber(run_at_s) else run_at = now + math.max(tonumber(delay), 0) end
+    local tag = take_tag(q, has_fair, fk)
     redis.call('HSET', key, 'task', task, 'queue', qn, 'args', args, 'priority', prio,
       'run_at', num(run_at), 'attempt', 0, 'max_attempts', maxa, 'timeout_s', timeout,
-      'meta', meta, 'created_at', t)
+      'meta', meta, 'created_at', t, 'fair_tag', string.format('%.0f', tag))
     if has_u == '1' then
       redis.call('HSET', key, 'unique_key', uk)
+      if ufor ~= '' then redis.call('HSET', key, 'unique_for', ufor) end
       redis.call('HSET', K_UNIQUE, uk, id)
     end
+    if has_fair == '1' then redis.call('HSET', key, 'fair_key', fk) end
     redis.call('ZADD', K_ALL, id, id)
     redis.call('ZADD', q.jobs, id, id)
     redis.call('SADD', K_QUEUES, qn)
@@ -71,12 +124,20 @@ while i <= #ARGV do
       enter(q, id, key, 'scheduled', run_at)
       wake_if_first_scheduled(q, id)
     else
-      enter_available(q, id, key, run_at, tonumber(prio))
+      enter_available(q, id, key, run_at, tonumber(prio), tag)
       made[qn] = (made[qn] or 0) + 1
     end
     out[#out + 1] = id
     out[#out + 1] = 1
   end
+end
+for qn, keys in pairs(dirty) do
+  local pairs_ = {}
+  for fk in pairs(keys) do
+    pairs_[#pairs_ + 1] = 'k:' .. fk
+    pairs_[#pairs_ + 1] = string.format('%.0f', last[qn][fk])
+  end
+  call_many('HSET', Q[qn].fair, pairs_)
 end
 for qn, n in pairs(made) do wake(Q[qn], n) end
 return out

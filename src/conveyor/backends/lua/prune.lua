@@ -1,5 +1,9 @@
 -- prune: delete up to limit finished jobs of the given states whose finished_at is more than
--- older_than seconds before now, oldest first within each state.
+-- older_than seconds before now, oldest first within each state. Deleting a job deletes its
+-- hash (with its step records), errors and index entries, and frees a unique key it held.
+-- Then, per queue, one HSCAN step of up to limit fields of P:q:<queue>:fair drops the fair
+-- keys whose last tag is at or below the queue's vtime (they mean nothing any more); the
+-- cursor is kept in the hash's 'scan' field, so successive prunes walk the whole hash.
 -- KEYS: the common header, then the blocks of every queue in P:queues.
 -- ARGV: n, queue names; now ('' = the store's clock), older_than, limit, then states (each one
 --   of succeeded, dead, cancelled: the client refuses the others)
@@ -23,5 +27,22 @@ for s = A + 3, #ARGV do
     deleted = deleted + 1
   end
   left = left - math.min(left, #found)
+end
+local budget = math.max(tonumber(arg(3)), 1)
+for _, qn in ipairs(QNAMES) do
+  local fair = Q[qn].fair
+  local vtime = tonumber(redis.call('HGET', fair, 'vtime') or 0)
+  local cursor = redis.call('HGET', fair, 'scan') or '0'
+  local r = redis.call('HSCAN', fair, cursor, 'MATCH', 'k:*', 'COUNT', budget)
+  local drop = {}
+  for k = 1, #r[2], 2 do
+    if tonumber(r[2][k + 1]) <= vtime then drop[#drop + 1] = r[2][k] end
+  end
+  call_many('HDEL', fair, drop)
+  if r[1] ~= '0' then
+    redis.call('HSET', fair, 'scan', r[1])
+  elseif cursor ~= '0' then
+    redis.call('HDEL', fair, 'scan')
+  end
 end
 return {'ok', deleted}

@@ -18,7 +18,7 @@ local requeued, dead, woken = {}, {}, {}
 for k = 1, math.min(limit, #found) do
   local id, q = found[k][1], found[k][3]
   local key = P_JOB .. id
-  local f = redis.call('HMGET', key, 'attempt', 'max_attempts', 'worker_id', 'run_at', 'priority')
+  local f = redis.call('HMGET', key, 'attempt', 'max_attempts', 'worker_id', 'run_at', 'priority', 'fair_tag')
   local who = f[3] or '?'
   add_error(id, f[1], now, f[3], '"kind":"lease_expired","type":"LeaseExpired","message":'
     .. cjson.encode('lease expired: worker ' .. who .. ' stopped heartbeating (crashed, killed or stalled)')
@@ -31,7 +31,7 @@ for k = 1, math.min(limit, #found) do
     free_unique(key, id)
     dead[#dead + 1] = id
   else
-    enter_available(q, id, key, tonumber(f[4]), tonumber(f[5]))
+    enter_available(q, id, key, tonumber(f[4]), tonumber(f[5]), tonumber(f[6] or 0))
     woken[q.name] = (woken[q.name] or 0) + 1
     requeued[#requeued + 1] = id
   end

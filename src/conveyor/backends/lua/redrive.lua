@@ -1,6 +1,7 @@
--- redrive: dead jobs back to available with attempts reset (errors are kept). A dead job whose
--- unique key an unfinished job holds stays dead: reviving it would break uniqueness. Of several
--- dead jobs sharing a key, the first one redriven (the newest, for mode 'all') takes it.
+-- redrive: dead jobs back to available with attempts reset (errors are kept, and so is the
+-- fair tag, as on the SQL stores). A dead job whose unique key an unfinished job holds stays
+-- dead: reviving it would break uniqueness. Of several dead jobs sharing a key, the first one
+-- redriven (the newest, for mode 'all') takes it.
 -- KEYS: the common header, then the blocks of every queue in P:queues.
 -- ARGV: n, queue names; now ('' = the store's clock), mode, then
 --   mode 'ids': the job ids;
@@ -15,7 +16,7 @@ local woken = {}
 
 local function redrive(id)
   local key = P_JOB .. id
-  local f = redis.call('HMGET', key, 'state', 'queue', 'unique_key', 'priority')
+  local f = redis.call('HMGET', key, 'state', 'queue', 'unique_key', 'priority', 'fair_tag')
   if f[1] ~= 'dead' then return end
   local q = Q[f[2]]
   if f[3] then
@@ -27,7 +28,7 @@ local function redrive(id)
   redis.call('HSET', key, 'attempt', 0, 'run_at', num(now))
   redis.call('HDEL', key, 'finished_at', 'worker_id')
   redis.call('HINCRBY', key, 'redriven', 1)
-  enter_available(q, id, key, now, tonumber(f[4]))
+  enter_available(q, id, key, now, tonumber(f[4]), tonumber(f[5] or 0))
   woken[q.name] = (woken[q.name] or 0) + 1
   count = count + 1
 end

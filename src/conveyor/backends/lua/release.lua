@@ -21,8 +21,8 @@ for _, r in ipairs(mine) do
   leave(q, id, 'running')
   redis.call('HINCRBY', key, 'attempt', -1)
   redis.call('HDEL', key, 'lease_token', 'lease_expires_at', 'worker_id')
-  local f = redis.call('HMGET', key, 'run_at', 'priority')
-  enter_available(q, id, key, tonumber(f[1]), tonumber(f[2]))
+  local f = redis.call('HMGET', key, 'run_at', 'priority', 'fair_tag')
+  enter_available(q, id, key, tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or 0))
   woken[q.name] = (woken[q.name] or 0) + 1
   out[#out + 1] = id
 end

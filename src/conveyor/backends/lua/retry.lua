@@ -12,7 +12,7 @@ local qn = fenced(key, token, now)
 if not qn then return {'lost'} end
 local q = Q[qn]
 if not q then return {'need', qn} end
-local f = redis.call('HMGET', key, 'attempt', 'max_attempts', 'worker_id', 'priority')
+local f = redis.call('HMGET', key, 'attempt', 'max_attempts', 'worker_id', 'priority', 'fair_tag')
 add_error(id, f[1], now, f[3], arg(5))
 leave(q, id, 'running')
 redis.call('HDEL', key, 'lease_token', 'lease_expires_at')
@@ -31,7 +31,7 @@ else
     wake_if_first_scheduled(q, id)
   else
     state = 'available'
-    enter_available(q, id, key, run_at, tonumber(f[4]))
+    enter_available(q, id, key, run_at, tonumber(f[4]), tonumber(f[5] or 0))
     wake(q, 1)
   end
 end

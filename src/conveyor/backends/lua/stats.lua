@@ -15,13 +15,12 @@ for _, qn in ipairs(QNAMES) do
   if due > 0 then
     oldest = tonumber(redis.call('ZRANGEBYSCORE', q.scheduled, '-inf', num(now), 'WITHSCORES', 'LIMIT', 0, 1)[2])
   end
-  -- The oldest available job is the head of one of the priority levels: visit each level's
-  -- head (few levels in practice) instead of scanning the queue.
-  local head = redis.call('ZRANGE', q.available, 0, 0, 'WITHSCORES')
-  while head[1] do
-    local r = tonumber(redis.call('HGET', P_JOB .. id_of(head[1]), 'run_at'))
+  -- The oldest available job heads P:q:<queue>:due (available ids by run_at). The claim order
+  -- puts fair tags before run_at, so the head of `available` need not be the oldest job.
+  local head = redis.call('ZRANGE', q.due, 0, 0, 'WITHSCORES')
+  if head[1] then
+    local r = tonumber(head[2])
     if oldest == nil or r < oldest then oldest = r end
-    head = redis.call('ZRANGEBYSCORE', q.available, '(' .. head[2], '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
   end
   local oldest_s = ''
   if oldest ~= nil then oldest_s = num(oldest) end
