@@ -1,8 +1,12 @@
-"""``python -m cron_report``: queue the report of the last full hour (run it from cron)."""
+"""``python -m cron_report 2026-03-01T10``: queue the report of that hour (UTC) by hand."""
 
 import datetime as dt
+import sys
 
-from .jobs import queue_report
+from .jobs import backfill
 
-job = queue_report(dt.datetime.now(dt.UTC))
+if len(sys.argv) != 2:
+    sys.exit("usage: python -m cron_report YYYY-MM-DDTHH   (an hour, UTC)")
+hour = dt.datetime.strptime(sys.argv[1], "%Y-%m-%dT%H").replace(tzinfo=dt.UTC)
+job = backfill(hour)
 print(f"queued job {job.id}: {job.task} {job.args}")
