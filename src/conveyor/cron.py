@@ -67,6 +67,7 @@ class Schedule:
 
     @property
     def tz(self) -> ZoneInfo:
+        """The schedule's time zone."""
         return ZoneInfo(self.timezone)
 
     @property
@@ -103,6 +104,7 @@ class Schedule:
         return dt.datetime.fromtimestamp(self.next_tick(after.timestamp()), self.tz)
 
     def tick_datetime(self, ts: float) -> dt.datetime:
+        """A tick (unix seconds) as an aware datetime in the schedule's time zone."""
         return dt.datetime.fromtimestamp(ts, self.tz)
 
     def job_for(self, app: Conveyor, tick: float) -> NewJob:

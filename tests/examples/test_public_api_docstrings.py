@@ -12,7 +12,7 @@ from types import ModuleType
 from typing import Any
 
 import conveyor
-from conveyor import alerts, errors, job, logs, metrics, retry, worker
+from conveyor import alerts, cron, errors, job, logs, metrics, retry, worker
 
 KNOWN_GAPS = {
     "conveyor.Conveyor.get_task",
@@ -57,7 +57,7 @@ def _public_api() -> Iterator[tuple[str, Any]]:
     for name in conveyor.__all__:
         yield f"conveyor.{name}", getattr(conveyor, name)
     yield "conveyor.task.TaskCall", conveyor.task.TaskCall
-    for module in (alerts, errors, job, logs, metrics, retry):
+    for module in (alerts, cron, errors, job, logs, metrics, retry):
         yield from _defined_in(module)
 
 
