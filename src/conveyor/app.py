@@ -85,14 +85,22 @@ class Conveyor:
     def task(
         self, *, name: str | None = None, queue: str | None = None, max_attempts: int | None = None,
         timeout: float | None = None, priority: int = 0, retry: RetryPolicy | None = None,
+        concurrency_limit: int | None = None, rate_limit: str | tuple[int, float] | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
         self, fn: Callable[..., Any] | None = None, *, name: str | None = None, queue: str | None = None,
         max_attempts: int | None = None, timeout: float | None = None, priority: int = 0,
-        retry: RetryPolicy | None = None,
+        retry: RetryPolicy | None = None, concurrency_limit: int | None = None,
+        rate_limit: str | tuple[int, float] | None = None,
     ) -> Any:
-        """Register a function as a task: ``@app.task`` or ``@app.task(queue="emails", max_attempts=5)``."""
+        """Register a function as a task: ``@app.task`` or ``@app.task(queue="emails", max_attempts=5)``.
+
+        ``concurrency_limit=N``: at most N of its jobs run at once across all workers;
+        ``rate_limit="100/m"``: at most 100 start per minute. Both are kept by the store and
+        keyed by the task's name; per call, ``options(concurrency_key=..., rate_key=...)``
+        limits by another key (a customer, an API) instead.
+        """
 
         def register(f: Callable[..., Any]) -> Task[Any, Any]:
             task_name = name if name is not None else f"{f.__module__}.{f.__qualname__}"
@@ -103,6 +111,7 @@ class Conveyor:
                 max_attempts=max_attempts if max_attempts is not None else self.default_max_attempts,
                 timeout=timeout if timeout is not None else self.default_timeout,
                 priority=priority, retry=retry or self.retry_policy,
+                concurrency_limit=concurrency_limit, rate_limit=rate_limit,
             )
             self.tasks[task_name] = t
             return t

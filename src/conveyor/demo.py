@@ -328,7 +328,7 @@ def summarize(conveyor: Conveyor) -> Summary:
 
 # -- the demo run -----------------------------------------------------------------------------
 DEMO_TABLES = {"conveyor_jobs", "conveyor_counters", "conveyor_workers", "conveyor_queue_clock",
-               "conveyor_fair_tags", "conveyor_cron", "sqlite_sequence"}
+               "conveyor_fair_tags", "conveyor_cron", "conveyor_rate_claims", "sqlite_sequence"}
 
 
 def _not_a_demo_store(path: Path) -> str | None:

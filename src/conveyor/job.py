@@ -86,6 +86,11 @@ class Job:
     meta: dict[str, Any] = field(default_factory=dict)
     """Extra data Conveyor keeps with the job, such as the trace context (``meta["trace"]``)."""
     fair_key: str | None = None
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    rate_key: str | None = None
+    rate_limit: int | None = None
+    rate_period: float | None = None
     # Exactly-once steps this job has recorded (JobContext.once): step name -> its result.
     steps: dict[str, Any] = field(default_factory=dict)
 

@@ -7,6 +7,7 @@ import datetime as dt
 import inspect
 import json
 import math
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -41,6 +42,11 @@ class EnqueueOptions:
     wait_if_full: float = 0.0  # seconds to keep retrying a full queue before raising QueueFull
     unique_for: float | None = None  # seconds a succeeded job keeps answering for its unique_key
     fair_key: str | None = None  # tenant: the queue is shared round-robin between fair keys
+    concurrency_key: str | None = None  # at most concurrency_limit running jobs with this key
+    concurrency_limit: int | None = None
+    rate_key: str | None = None  # at most rate_limit claims per rate_period seconds with this key
+    rate_limit: int | None = None
+    rate_period: float | None = None
 
 
 def _check_transactional(backend: object) -> None:
@@ -81,15 +87,46 @@ def _check_options(opts: EnqueueOptions) -> EnqueueOptions:
         raise ConfigurationError(f"unique_for must be a positive number of seconds, got {opts.unique_for!r}")
     if opts.unique_for is not None and opts.unique_key is None:
         raise ConfigurationError("unique_for needs a unique_key: it is how long that key stays taken after success")
-    if opts.fair_key is not None and (
-        not isinstance(opts.fair_key, str) or not 0 < len(opts.fair_key) <= UNIQUE_KEY_MAX
+    for what in ("fair_key", "concurrency_key", "rate_key"):
+        _check_key(what, getattr(opts, what))
+    if (opts.concurrency_key is None) != (opts.concurrency_limit is None):
+        raise ConfigurationError("concurrency_key and concurrency_limit go together (a task's default key is its name)")
+    if opts.concurrency_limit is not None and (
+        not isinstance(opts.concurrency_limit, int) or isinstance(opts.concurrency_limit, bool)
+        or opts.concurrency_limit < 1
     ):
-        raise ConfigurationError(f"fair_key must be a non-empty str of at most {UNIQUE_KEY_MAX} characters")
-    if opts.fair_key is not None:
-        payload.encode(opts.fair_key, what="fair_key")
+        raise ConfigurationError(f"concurrency_limit must be an int >= 1, got {opts.concurrency_limit!r}")
+    if not (opts.rate_key is None) == (opts.rate_limit is None) == (opts.rate_period is None):
+        raise ConfigurationError("rate_key and rate_limit go together (a task's default key is its name)")
     if not _finite(opts.wait_if_full) or opts.wait_if_full < 0:
         raise ConfigurationError(f"wait_if_full must be a non-negative number of seconds, got {opts.wait_if_full!r}")
     return opts
+
+
+def _check_key(what: str, key: object) -> None:
+    if key is None:
+        return
+    if not isinstance(key, str) or not 0 < len(key) <= UNIQUE_KEY_MAX:
+        raise ConfigurationError(f"{what} must be a non-empty str of at most {UNIQUE_KEY_MAX} characters")
+    payload.encode(key, what=what)
+
+
+_RATE_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d+)?)?\s*(s|sec|second|m|min|minute|h|hour|d|day)s?\s*$")
+_UNIT_SECONDS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600,
+                 "d": 86400, "day": 86400}
+
+
+def parse_rate(rate: str | tuple[int, float | dt.timedelta]) -> tuple[int, float]:
+    """``"100/m"``, ``"5/10s"``, ``"1000/hour"`` or ``(100, 60.0)`` -> (claims, period in seconds)."""
+    if isinstance(rate, tuple) and len(rate) == 2:
+        n, period = rate[0], _to_seconds(rate[1])
+    elif isinstance(rate, str) and (m := _RATE_RE.match(rate)):
+        n, period = int(m.group(1)), float(m.group(2) or 1) * _UNIT_SECONDS[m.group(3)]
+    else:
+        raise ConfigurationError(f"rate_limit must look like '100/m', '5/10s' or (100, 60.0), got {rate!r}")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1 or not _finite(period) or period <= 0:
+        raise ConfigurationError(f"rate_limit needs a count >= 1 and a period > 0 seconds, got {rate!r}")
+    return n, float(period)
 
 
 def _finite(x: object) -> bool:
@@ -128,6 +165,8 @@ class _Enqueuer(Generic[P, R]):
             priority=o.priority, delay=o.delay, run_at=o.run_at, unique_key=o.unique_key,
             meta=json.dumps({tracing.META_KEY: trace}) if trace else "{}",
             max_depth=app.max_depths.get(o.queue), unique_for=o.unique_for, fair_key=o.fair_key,
+            concurrency_key=o.concurrency_key, concurrency_limit=o.concurrency_limit,
+            rate_key=o.rate_key, rate_limit=o.rate_limit, rate_period=o.rate_period,
         )
 
     def _jobs(self, new: Sequence[NewJob], connection: Any = None) -> list[Job]:
@@ -180,6 +219,8 @@ class _Enqueuer(Generic[P, R]):
                     max_attempts=item.max_attempts, priority=item.priority, run_at=run_at,
                     timeout=item.timeout, created_at=res.at, unique_key=item.unique_key,
                     fair_key=item.fair_key, meta=payload.decode(item.meta),
+                    concurrency_key=item.concurrency_key, concurrency_limit=item.concurrency_limit,
+                    rate_key=item.rate_key, rate_limit=item.rate_limit, rate_period=item.rate_period,
                 )
             )
         return jobs
@@ -250,7 +291,8 @@ class Task(_Enqueuer[P, R]):
 
     def __init__(
         self, app: Conveyor, fn: Callable[P, R], *, name: str, queue: str, max_attempts: int,
-        timeout: float, priority: int, retry: RetryPolicy,
+        timeout: float, priority: int, retry: RetryPolicy, concurrency_limit: int | None = None,
+        rate_limit: str | tuple[int, float] | None = None,
     ) -> None:
         self.app = app
         self.fn = fn
@@ -259,9 +301,14 @@ class Task(_Enqueuer[P, R]):
         self.is_async = inspect.iscoroutinefunction(fn)
         self.signature = inspect.signature(fn)
         self.task = self
-        self._opts = _check_options(
-            EnqueueOptions(queue=queue, max_attempts=max_attempts, timeout=timeout, priority=priority)
-        )
+        rate = parse_rate(rate_limit) if rate_limit is not None else None
+        self._opts = _check_options(EnqueueOptions(
+            queue=queue, max_attempts=max_attempts, timeout=timeout, priority=priority,
+            concurrency_key=self.name if concurrency_limit is not None else None,
+            concurrency_limit=concurrency_limit,
+            rate_key=self.name if rate else None, rate_limit=rate[0] if rate else None,
+            rate_period=rate[1] if rate else None,
+        ))
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", name)
         self.__wrapped__ = fn
@@ -286,7 +333,8 @@ class Task(_Enqueuer[P, R]):
         priority: int | None = None, queue: str | None = None, unique_key: str | None = None,
         max_attempts: int | None = None, timeout: float | None = None, connection: Any = None,
         wait_if_full: float | None = None, unique_for: float | dt.timedelta | None = None,
-        fair_key: str | None = None,
+        fair_key: str | None = None, concurrency_key: str | None = None, concurrency_limit: int | None = None,
+        rate_key: str | None = None, rate_limit: str | tuple[int, float] | None = None,
     ) -> TaskCall[P, R]:
         """Per-call overrides: ``send_email.options(delay=10, priority=1).enqueue(42)``.
 
@@ -295,8 +343,22 @@ class Task(_Enqueuer[P, R]):
         ``fair_key`` (a tenant id): claims rotate across the fair keys waiting in the queue, so
         one tenant's backlog cannot starve another's. ``wait_if_full``: seconds to wait for room
         in a queue at its max_depth before raising QueueFull.
+        ``concurrency_key``/``concurrency_limit``: at most that many running jobs with the key,
+        across all workers (the task's own limit, if any, is keyed by its name).
+        ``rate_key``/``rate_limit`` (``"100/m"``): at most that many starts per period with the key.
+        Jobs over a limit wait, without using attempts.
         """
         changes: dict[str, Any] = {}
+        if concurrency_limit is not None:
+            changes["concurrency_limit"] = concurrency_limit
+            changes["concurrency_key"] = concurrency_key or self._opts.concurrency_key or self.name
+        elif concurrency_key is not None:
+            changes["concurrency_key"] = concurrency_key
+        if rate_limit is not None:
+            changes["rate_limit"], changes["rate_period"] = parse_rate(rate_limit)
+            changes["rate_key"] = rate_key or self._opts.rate_key or self.name
+        elif rate_key is not None:
+            changes["rate_key"] = rate_key
         if unique_for is not None:
             changes["unique_for"] = _to_seconds(unique_for)
         if delay is not None:

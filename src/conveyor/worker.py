@@ -273,6 +273,7 @@ class Worker:
     async def _claim_loop(self) -> None:
         assert self._slot_freed is not None
         queues = list(self.weights)
+        woken, idle_claims = False, 0
         while not self._stopping:
             free = self.concurrency - self._busy
             if free <= 0:
@@ -297,9 +298,15 @@ class Worker:
             for job in jobs:
                 self._start(job)
             if jobs:
+                idle_claims = 0
                 continue
+            if woken:
+                # Told there was work, yet the claim got none: concurrency or rate limits hold
+                # the waiting jobs back. Back off instead of spinning on claims.
+                idle_claims += 1
+                await asyncio.sleep(min(0.005 * 2 ** min(idle_claims, 10), 0.25, self.poll_interval))
             try:
-                await self._call(self._waiter, self.backend.wait_for_jobs, queues, self.poll_interval)
+                woken = await self._call(self._waiter, self.backend.wait_for_jobs, queues, self.poll_interval)
             except Exception:
                 log.exception("waiting for jobs failed")
                 await asyncio.sleep(self.poll_interval)

@@ -26,6 +26,16 @@ Without fair keys, tags never decrease with enqueue order, so the queue stays FI
 (priority, run_at, id) among jobs enqueued between claims. A job keeps its tag through
 retries, lease expiry and release. ``last_tag`` entries at or below ``vtime`` mean nothing
 and may be dropped by ``prune``.
+
+Concurrency and rate limits are enforced by ``claim``, in the store, so they hold across
+workers and machines. A job with a ``concurrency_key`` is claimed only while fewer than its
+``concurrency_limit`` jobs with that key are ``running`` (counting the ones this claim hands
+out). A job with a ``rate_key`` is claimed only while fewer than its ``rate_limit`` jobs with
+that key were claimed in the last ``rate_period`` seconds (a sliding window; each attempt's
+claim counts). A job over a limit stays ``available`` with its attempts untouched; the claim
+passes over it to the jobs behind, looking at no more than ``CLAIM_SCAN`` waiting jobs in
+all, so its cost stays bounded (a queue whose first ``CLAIM_SCAN`` jobs are all held back
+claims nothing until one frees: give heavily limited work its own queue or a fair key).
 """
 
 from __future__ import annotations
@@ -37,6 +47,8 @@ from typing import Any
 
 from ..errors import LeaseLost, QueueFull
 from ..job import Job, JobState
+
+CLAIM_SCAN = 1000  # waiting jobs a claim may look at when limits hold some back
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,13 @@ class NewJob:
     unique_for: float | None = None
     # Tenant for fair sharing inside the queue: claims rotate across keys with waiting jobs.
     fair_key: str | None = None
+    # At most concurrency_limit running jobs with this key, across every queue and worker.
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    # At most rate_limit claims of jobs with this key in any window of rate_period seconds.
+    rate_key: str | None = None
+    rate_limit: int | None = None
+    rate_period: float | None = None
 
 
 @dataclass(frozen=True)

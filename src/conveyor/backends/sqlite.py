@@ -29,6 +29,7 @@ from ..errors import (
 from ..job import Job, JobState
 from ..payload import NAME_RE
 from .base import (
+    CLAIM_SCAN,
     Backend,
     EnqueueResult,
     ErrorInfo,
@@ -236,10 +237,15 @@ class SqliteBackend(Backend):
             return []
         with self._write(now) as (conn, t):
             conn.execute(Q["promote_queue"], {"queue": queue, "now": t, "limit": 1000})
-            rows = conn.execute(
-                Q["claim"],
-                {"queue": queue, "limit": limit, "now": t, "worker_id": worker_id, "lease_s": lease_s},
-            ).fetchall()
+            params = {"queue": queue, "limit": limit, "now": t, "worker_id": worker_id, "lease_s": lease_s}
+            # Fast path: claim the head of the queue; if limits apply to any of it, undo that
+            # and pick job by job.
+            conn.execute("SAVEPOINT claim")
+            rows = conn.execute(Q["claim"], params).fetchall()
+            if any(r["concurrency_key"] is not None or r["rate_key"] is not None for r in rows):
+                conn.execute("ROLLBACK TO claim")
+                rows = _claim_limited(conn, params)
+            conn.execute("RELEASE claim")
             if rows:
                 conn.execute(Q["raise_vtime"], {"queue": queue, "vtime": max(r["fair_tag"] for r in rows)})
         rows.sort(key=lambda r: (r["priority"], r["fair_tag"], r["run_at"], r["id"]))
@@ -361,6 +367,7 @@ class SqliteBackend(Backend):
                     Q["prune"], {"state": str(state), "before": t - older_than, "limit": left}
                 ).rowcount
             conn.execute(Q["prune_fair_tags"], {"limit": limit})
+            conn.execute(Q["prune_rate_claims"], {"now": t, "limit": limit})
         return deleted
 
     # -- inspection and administration ------------------------------------------------
@@ -551,6 +558,54 @@ def _enqueue_in(conn: sqlite3.Connection, jobs: Sequence[NewJob], t: float) -> l
     return results
 
 
+def _claim_limited(conn: sqlite3.Connection, params: dict[str, Any]) -> list[sqlite3.Row]:
+    """Claim in queue order, passing over jobs whose concurrency or rate limit is reached."""
+    limit, t = params["limit"], params["now"]
+    running: dict[str, int] = {}
+    recent: dict[tuple[str, float], int] = {}
+    chosen: list[sqlite3.Row] = []
+    seen, page = 0, limit
+    while len(chosen) < limit and seen < CLAIM_SCAN:
+        batch = conn.execute(Q["claim_candidates"], {
+            "queue": params["queue"], "limit": min(page, CLAIM_SCAN - seen), "offset": seen,
+        }).fetchall()
+        seen += len(batch)
+        for row in batch:
+            if len(chosen) >= limit:
+                break
+            ckey, rkey = row["concurrency_key"], row["rate_key"]
+            if ckey is not None:
+                if ckey not in running:
+                    running[ckey] = conn.execute(Q["running_with_key"], {"key": ckey}).fetchone()[0]
+                if running[ckey] >= row["concurrency_limit"]:
+                    continue
+            if rkey is not None:
+                window = (rkey, row["rate_period"])
+                if window not in recent:
+                    recent[window] = conn.execute(
+                        Q["rate_claims"], {"key": rkey, "since": t - row["rate_period"]}).fetchone()[0]
+                    recent[window] += sum(1 for c in chosen if c["rate_key"] == rkey)
+                if recent[window] >= row["rate_limit"]:
+                    continue
+                for w in recent:
+                    if w[0] == rkey:
+                        recent[w] += 1
+            if ckey is not None:
+                running[ckey] += 1
+            chosen.append(row)
+        if len(batch) < page:
+            break
+        page = max(page, 200)  # past the head, look further in bigger steps
+    if not chosen:
+        return []
+    rows = conn.execute(Q["claim_ids"], {**params, "ids": json.dumps([r["id"] for r in chosen])}).fetchall()
+    conn.executemany(Q["add_rate_claim"], [
+        {"key": r["rate_key"], "now": t, "expires_at": t + r["rate_period"], "id": r["id"]}
+        for r in rows if r["rate_key"] is not None
+    ])
+    return rows
+
+
 class _FairTags:
     """Fair tags for one enqueue transaction (start-time fair queuing, see backends/base.py)."""
 
@@ -602,6 +657,8 @@ def _insert_params(job: NewJob, t: float, fair_tag: int) -> dict[str, Any]:
         "priority": job.priority, "run_at": run_at, "max_attempts": job.max_attempts,
         "timeout_s": job.timeout, "unique_key": job.unique_key, "meta": job.meta, "now": t,
         "fair_key": job.fair_key, "fair_tag": fair_tag, "unique_for": job.unique_for,
+        "concurrency_key": job.concurrency_key, "concurrency_limit": job.concurrency_limit,
+        "rate_key": job.rate_key, "rate_limit": job.rate_limit, "rate_period": job.rate_period,
     }
 
 
@@ -615,6 +672,8 @@ def _row_to_job(row: sqlite3.Row) -> Job:
         errors=json.loads(row["errors"]), unique_key=row["unique_key"], worker_id=row["worker_id"],
         lease_token=row["lease_token"], lease_expires_at=row["lease_expires_at"], meta=json.loads(row["meta"]),
         fair_key=row["fair_key"], steps=json.loads(row["steps"]),
+        concurrency_key=row["concurrency_key"], concurrency_limit=row["concurrency_limit"],
+        rate_key=row["rate_key"], rate_limit=row["rate_limit"], rate_period=row["rate_period"],
     )
 
 

@@ -6,15 +6,19 @@ SELECT (julianday('now') - 2440587.5) * 86400.0;
 
 -- name: insert
 INSERT INTO conveyor_jobs (queue, task, args, state, priority, run_at, max_attempts, timeout_s,
-                           unique_key, meta, created_at, fair_key, fair_tag, unique_for)
+                           unique_key, meta, created_at, fair_key, fair_tag, unique_for,
+                           concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period)
 VALUES (:queue, :task, :args, :state, :priority, :run_at, :max_attempts, :timeout_s,
-        :unique_key, :meta, :now, :fair_key, :fair_tag, :unique_for);
+        :unique_key, :meta, :now, :fair_key, :fair_tag, :unique_for,
+        :concurrency_key, :concurrency_limit, :rate_key, :rate_limit, :rate_period);
 
 -- name: insert_unique
 INSERT INTO conveyor_jobs (queue, task, args, state, priority, run_at, max_attempts, timeout_s,
-                           unique_key, meta, created_at, fair_key, fair_tag, unique_for)
+                           unique_key, meta, created_at, fair_key, fair_tag, unique_for,
+                           concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period)
 VALUES (:queue, :task, :args, :state, :priority, :run_at, :max_attempts, :timeout_s,
-        :unique_key, :meta, :now, :fair_key, :fair_tag, :unique_for)
+        :unique_key, :meta, :now, :fair_key, :fair_tag, :unique_for,
+        :concurrency_key, :concurrency_limit, :rate_key, :rate_limit, :rate_period)
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('scheduled', 'available', 'running')
 DO NOTHING
 RETURNING id;
@@ -94,6 +98,38 @@ WHERE id IN (SELECT id FROM conveyor_jobs
              ORDER BY priority, fair_tag, run_at, id
              LIMIT :limit)
 RETURNING *;
+
+-- name: claim_candidates
+-- The waiting jobs a claim looks at when limits may hold some back, in claim order.
+SELECT id, concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period
+FROM conveyor_jobs
+WHERE state = 'available' AND queue = :queue
+ORDER BY priority, fair_tag, run_at, id
+LIMIT :limit OFFSET :offset;
+
+-- name: claim_ids
+UPDATE conveyor_jobs
+SET state = 'running',
+    attempt = attempt + 1,
+    attempted_at = :now,
+    worker_id = :worker_id,
+    lease_token = lower(hex(randomblob(16))),
+    lease_expires_at = :now + :lease_s
+WHERE id IN (SELECT value FROM json_each(:ids)) AND state = 'available'
+RETURNING *;
+
+-- name: running_with_key
+SELECT count(*) FROM conveyor_jobs WHERE state = 'running' AND concurrency_key = :key;
+
+-- name: rate_claims
+SELECT count(*) FROM conveyor_rate_claims WHERE rate_key = :key AND at > :since;
+
+-- name: add_rate_claim
+INSERT INTO conveyor_rate_claims (rate_key, at, expires_at, job_id) VALUES (:key, :now, :expires_at, :id);
+
+-- name: prune_rate_claims
+DELETE FROM conveyor_rate_claims
+WHERE rowid IN (SELECT rowid FROM conveyor_rate_claims WHERE expires_at < :now LIMIT :limit);
 
 -- name: heartbeat
 UPDATE conveyor_jobs SET lease_expires_at = :now + :lease_s
