@@ -3,6 +3,7 @@ workers and queues, with held-back jobs waiting without burning attempts."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from dataclasses import replace
@@ -204,7 +205,7 @@ def test_a_per_key_limit_from_options(app: Conveyor) -> None:
         done = [wait_for_job(app, j.id, timeout=30) for j in jobs]
     for key in ("a", "b"):
         spans = sorted((j.attempted_at or 0, j.finished_at or 0) for j in done if j.args["customer"] == key)
-        assert all(f <= s2 for (_, f), (s2, _) in zip(spans, spans[1:], strict=False)), spans
+        assert all(f <= s2 for (_, f), (s2, _) in itertools.pairwise(spans)), spans
 
 
 def test_a_rate_limited_task_starts_at_most_n_per_period(app: Conveyor) -> None:
