@@ -36,7 +36,7 @@ def _race(n: int, fn: Callable[[int], object]) -> list[object]:
         barrier.wait()
         try:
             out[i] = fn(i)
-        except Exception as exc:  # noqa: BLE001 - reported to the test
+        except Exception as exc:
             out[i] = exc
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
@@ -235,3 +235,26 @@ def test_a_retried_job_keeps_its_place_in_the_rotation(backend: Backend) -> None
     assert _claim_one(backend).id == job.id
     stored = backend.get(job.id)
     assert stored is not None and stored.fair_key == "a"
+
+
+def test_an_urgent_job_of_a_busy_tenant_does_not_move_the_others_round(backend: Backend) -> None:
+    backend.enqueue_many([replace(new_job(), fair_key="A")] * 100, now=T0)
+    urgent = enqueue_one(backend, fair_key="A", priority=-1)
+    assert _claim_one(backend).id == urgent
+    backend.enqueue_many([replace(new_job(), fair_key="B")] * 5, now=T0)
+    tenants = [j.fair_key for j in _claim_order(backend, 10, batch=2)]
+    assert tenants.count("B") == 5, tenants
+
+
+def test_a_redriven_job_joins_the_current_round(backend: Backend) -> None:
+    from conveyor.backends.base import ErrorInfo
+
+    dead_id = enqueue_one(backend, fair_key="A")
+    job = _claim_one(backend)
+    backend.kill(_lease(job), ErrorInfo("rejected", "x"), now=T0)
+    backend.enqueue_many([new_job()] * 20, now=T0)
+    _claim_order(backend, 10, batch=5)
+    assert backend.redrive([dead_id], now=T0) == 1
+    assert _claim_one(backend).id != dead_id  # it does not jump the jobs already waiting
+    order = [j.id for j in _claim_order(backend, 20, batch=5)]
+    assert dead_id in order

@@ -12,20 +12,23 @@ Rules every backend keeps (the conformance suite in tests/conformance checks the
 * ``claim`` never hands out more jobs than asked for (the worker asks for its free slots).
 
 Fair sharing (``fair_key``) is start-time fair queuing, kept in the store so it holds
-across workers. Each queue has a virtual time ``vtime`` (starts at 0) and each (queue,
-fair key) the tag of its last job. At enqueue a job gets a ``fair_tag``:
+across workers. Each (queue, priority) is a round of its own, with a virtual time ``vtime``
+(starts at 0); each (queue, priority, fair key) has the tag of its last job. At enqueue a
+job gets a ``fair_tag``:
 
-* with a fair key: ``tag = max(last_tag[queue, key], vtime[queue]) + 1``, and
-  ``last_tag[queue, key] = tag`` (a batch takes consecutive tags, in order);
-* without: ``tag = vtime[queue] + 1`` (a job of its own, in the current round).
+* with a fair key: ``tag = max(last_tag[queue, priority, key], vtime[queue, priority]) + 1``,
+  and ``last_tag[queue, priority, key] = tag`` (a batch takes consecutive tags, in order);
+* without: ``tag = vtime[queue, priority] + 1`` (a job of its own, in the current round).
 
-Claim order inside a queue is ``(priority, fair_tag, run_at, id)``, and a claim raises
-``vtime[queue]`` to the largest tag it handed out. So a tenant with 10,000 waiting jobs
-holds tags far ahead while a newcomer's jobs start at the current round: they interleave.
-Without fair keys, tags never decrease with enqueue order, so the queue stays FIFO by
-(priority, run_at, id) among jobs enqueued between claims. A job keeps its tag through
-retries, lease expiry and release. ``last_tag`` entries at or below ``vtime`` mean nothing
-and may be dropped by ``prune``.
+Claim order inside a queue is ``(priority, fair_tag, run_at, id)``, and a claim raises each
+``vtime[queue, priority]`` to the largest tag it handed out at that priority. So a tenant
+with 10,000 waiting jobs holds tags far ahead while a newcomer's jobs start at the current
+round: they interleave. Without fair keys, tags never decrease with enqueue order, so the
+queue stays FIFO by (priority, run_at, id) among jobs enqueued between claims. A job keeps
+its tag through retries, lease expiry and release; ``redrive`` gives it a fresh tag as an
+enqueue would (a bulk redrive of one tenant's dead jobs joins the back of that tenant's
+line, not the front of everyone's). ``last_tag`` entries at or below their ``vtime`` mean
+nothing and may be dropped by ``prune``.
 
 Concurrency and rate limits are enforced by ``claim``, in the store, so they hold across
 workers and machines. A job with a ``concurrency_key`` is claimed only while fewer than its

@@ -246,8 +246,7 @@ class SqliteBackend(Backend):
                 conn.execute("ROLLBACK TO claim")
                 rows = _claim_limited(conn, params)
             conn.execute("RELEASE claim")
-            if rows:
-                conn.execute(Q["raise_vtime"], {"queue": queue, "vtime": max(r["fair_tag"] for r in rows)})
+            _raise_vtime(conn, queue, rows)
         rows.sort(key=lambda r: (r["priority"], r["fair_tag"], r["run_at"], r["id"]))
         return [_row_to_job(r) for r in rows]
 
@@ -435,15 +434,18 @@ class SqliteBackend(Backend):
                 now: float | None = None) -> int:
         with self._write(now) as (conn, t):
             if job_ids is None:
-                n = conn.execute(Q["redrive_all"], {"now": t, "queue": queue}).rowcount
+                back = conn.execute(Q["redrive_all"], {"now": t, "queue": queue}).fetchall()
                 # Newest first, one by one: of several dead jobs sharing a key, one comes back.
                 keyed = conn.execute(Q["dead_with_unique_key"], {"queue": queue}).fetchall()
-                n += sum(conn.execute(Q["redrive"], {"now": t, "id": r[0]}).rowcount for r in keyed)
+                ids = [r[0] for r in keyed]
             else:
-                n = sum(conn.execute(Q["redrive"], {"now": t, "id": i}).rowcount for i in job_ids)
-        if n:
+                back, ids = [], list(job_ids)
+            for i in ids:
+                back += conn.execute(Q["redrive"], {"now": t, "id": i}).fetchall()
+            _FairTags(conn).retag(back)
+        if back:
             self._signal.fire()
-        return n
+        return len(back)
 
     def purge(self, *, state: JobState = JobState.DEAD, queue: str | None = None,
               job_ids: Sequence[int] | None = None) -> int:
@@ -528,7 +530,7 @@ def _enqueue_in(conn: sqlite3.Connection, jobs: Sequence[NewJob], t: float) -> l
     results: list[EnqueueResult] = []
     tags = _FairTags(conn)
     if all(job.unique_key is None for job in jobs):
-        rows = [_insert_params(job, t, tags.take(job)) for job in jobs]
+        rows = [_insert_params(job, t, tags.take(job.queue, job.priority, job.fair_key)) for job in jobs]
         conn.executemany(Q["insert"], rows)
         # One writer holds the lock and ids are AUTOINCREMENT: the batch is consecutive.
         last = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
@@ -537,7 +539,7 @@ def _enqueue_in(conn: sqlite3.Connection, jobs: Sequence[NewJob], t: float) -> l
     else:
         for job in jobs:
             if job.unique_key is None:
-                cur = conn.execute(Q["insert"], _insert_params(job, t, tags.take(job)))
+                cur = conn.execute(Q["insert"], _insert_params(job, t, tags.take(job.queue, job.priority, job.fair_key)))
                 assert cur.lastrowid is not None
                 results.append(EnqueueResult(cur.lastrowid, True, t))
                 continue
@@ -545,10 +547,10 @@ def _enqueue_in(conn: sqlite3.Connection, jobs: Sequence[NewJob], t: float) -> l
             if done is not None:
                 results.append(EnqueueResult(done[0], False, t))
                 continue
-            params = _insert_params(job, t, tags.peek(job))
+            params = _insert_params(job, t, tags.peek(job.queue, job.priority, job.fair_key))
             row = conn.execute(Q["insert_unique"], params).fetchone()
             if row is not None:
-                tags.take(job)
+                tags.take(job.queue, job.priority, job.fair_key)
                 results.append(EnqueueResult(row[0], True, t))
             else:
                 existing = conn.execute(Q["find_unique"], params).fetchone()
@@ -606,41 +608,58 @@ def _claim_limited(conn: sqlite3.Connection, params: dict[str, Any]) -> list[sql
     return rows
 
 
+def _raise_vtime(conn: sqlite3.Connection, queue: str, rows: Sequence[sqlite3.Row]) -> None:
+    top: dict[int, int] = {}
+    for r in rows:
+        top[r["priority"]] = max(top.get(r["priority"], 0), r["fair_tag"])
+    conn.executemany(Q["raise_vtime"], [{"queue": queue, "priority": p, "vtime": v} for p, v in top.items()])
+
+
 class _FairTags:
-    """Fair tags for one enqueue transaction (start-time fair queuing, see backends/base.py)."""
+    """Fair tags for one transaction (start-time fair queuing per (queue, priority), see
+    backends/base.py): for new jobs at enqueue and for dead jobs coming back by redrive."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
-        self._vtime: dict[str, int] = {}
-        self._last: dict[tuple[str, str], int] = {}
-        self._dirty: set[tuple[str, str]] = set()
+        self._vtime: dict[tuple[str, int], int] = {}
+        self._last: dict[tuple[str, int, str], int] = {}
+        self._dirty: set[tuple[str, int, str]] = set()
 
-    def _vt(self, queue: str) -> int:
-        if queue not in self._vtime:
-            row = self._conn.execute(Q["vtime"], {"queue": queue}).fetchone()
-            self._vtime[queue] = row[0] if row else 0
-        return self._vtime[queue]
+    def _vt(self, queue: str, priority: int) -> int:
+        if (queue, priority) not in self._vtime:
+            row = self._conn.execute(Q["vtime"], {"queue": queue, "priority": priority}).fetchone()
+            self._vtime[(queue, priority)] = row[0] if row else 0
+        return self._vtime[(queue, priority)]
 
-    def peek(self, job: NewJob) -> int:
-        if job.fair_key is None:
-            return self._vt(job.queue) + 1
-        key = (job.queue, job.fair_key)
+    def peek(self, queue: str, priority: int, fair_key: str | None) -> int:
+        if fair_key is None:
+            return self._vt(queue, priority) + 1
+        key = (queue, priority, fair_key)
         if key not in self._last:
-            row = self._conn.execute(Q["last_tag"], {"queue": job.queue, "fair_key": job.fair_key}).fetchone()
+            row = self._conn.execute(
+                Q["last_tag"], {"queue": queue, "priority": priority, "fair_key": fair_key}).fetchone()
             self._last[key] = row[0] if row else 0
-        return max(self._last[key], self._vt(job.queue)) + 1
+        return max(self._last[key], self._vt(queue, priority)) + 1
 
-    def take(self, job: NewJob) -> int:
-        tag = self.peek(job)
-        if job.fair_key is not None:
-            self._last[(job.queue, job.fair_key)] = tag
-            self._dirty.add((job.queue, job.fair_key))
+    def take(self, queue: str, priority: int, fair_key: str | None) -> int:
+        tag = self.peek(queue, priority, fair_key)
+        if fair_key is not None:
+            self._last[(queue, priority, fair_key)] = tag
+            self._dirty.add((queue, priority, fair_key))
         return tag
 
     def save(self) -> None:
         self._conn.executemany(Q["set_last_tag"], [
-            {"queue": q, "fair_key": k, "last_tag": self._last[(q, k)]} for q, k in sorted(self._dirty)
+            {"queue": q, "priority": p, "fair_key": k, "last_tag": self._last[(q, p, k)]}
+            for q, p, k in sorted(self._dirty)
         ])
+
+    def retag(self, rows: Sequence[sqlite3.Row]) -> None:
+        """Jobs back from the dead-letter queue join the current round, as new jobs do."""
+        self._conn.executemany(Q["set_fair_tag"], [
+            {"id": r["id"], "fair_tag": self.take(r["queue"], r["priority"], r["fair_key"])} for r in rows
+        ])
+        self.save()
 
 
 def _step_path(step: str) -> str:

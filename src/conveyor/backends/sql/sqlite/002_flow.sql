@@ -13,18 +13,22 @@ CREATE INDEX conveyor_jobs_claim ON conveyor_jobs (queue, priority, fair_tag, ru
 CREATE INDEX conveyor_jobs_unique_done ON conveyor_jobs (unique_key, finished_at)
     WHERE unique_key IS NOT NULL AND state = 'succeeded';
 
--- Each queue's virtual time: the largest fair tag handed out by a claim.
+-- Virtual time of each (queue, priority): the largest fair tag a claim handed out there.
+-- Each priority is its own round, so an urgent job cannot move the clock of the others.
 CREATE TABLE conveyor_queue_clock (
-    queue TEXT PRIMARY KEY,
-    vtime INTEGER NOT NULL DEFAULT 0
+    queue    TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    vtime    INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (queue, priority)
 ) WITHOUT ROWID;
 
--- The tag of each fair key's last job, per queue; rows at or below vtime mean nothing.
+-- The tag of each fair key's last job per (queue, priority); rows at or below vtime mean nothing.
 CREATE TABLE conveyor_fair_tags (
     queue    TEXT NOT NULL,
+    priority INTEGER NOT NULL,
     fair_key TEXT NOT NULL,
     last_tag INTEGER NOT NULL,
-    PRIMARY KEY (queue, fair_key)
+    PRIMARY KEY (queue, priority, fair_key)
 ) WITHOUT ROWID;
 
 -- The last tick taken per cron schedule: the compare-and-set that makes a tick enqueue once.

@@ -37,24 +37,26 @@ WHERE unique_key = :unique_key AND state = 'succeeded' AND finished_at + unique_
 ORDER BY finished_at DESC LIMIT 1;
 
 -- name: vtime
-SELECT vtime FROM conveyor_queue_clock WHERE queue = :queue;
+SELECT vtime FROM conveyor_queue_clock WHERE queue = :queue AND priority = :priority;
 
 -- name: last_tag
-SELECT last_tag FROM conveyor_fair_tags WHERE queue = :queue AND fair_key = :fair_key;
+SELECT last_tag FROM conveyor_fair_tags WHERE queue = :queue AND priority = :priority AND fair_key = :fair_key;
 
 -- name: set_last_tag
-INSERT INTO conveyor_fair_tags (queue, fair_key, last_tag) VALUES (:queue, :fair_key, :last_tag)
-ON CONFLICT (queue, fair_key) DO UPDATE SET last_tag = max(last_tag, excluded.last_tag);
+INSERT INTO conveyor_fair_tags (queue, priority, fair_key, last_tag)
+VALUES (:queue, :priority, :fair_key, :last_tag)
+ON CONFLICT (queue, priority, fair_key) DO UPDATE SET last_tag = max(last_tag, excluded.last_tag);
 
 -- name: raise_vtime
-INSERT INTO conveyor_queue_clock (queue, vtime) VALUES (:queue, :vtime)
-ON CONFLICT (queue) DO UPDATE SET vtime = max(vtime, excluded.vtime);
+INSERT INTO conveyor_queue_clock (queue, priority, vtime) VALUES (:queue, :priority, :vtime)
+ON CONFLICT (queue, priority) DO UPDATE SET vtime = max(vtime, excluded.vtime);
 
 -- name: prune_fair_tags
 DELETE FROM conveyor_fair_tags
-WHERE (queue, fair_key) IN (SELECT f.queue, f.fair_key FROM conveyor_fair_tags AS f
-                            JOIN conveyor_queue_clock AS c ON c.queue = f.queue
-                            WHERE f.last_tag <= c.vtime LIMIT :limit);
+WHERE (queue, priority, fair_key) IN (
+    SELECT f.queue, f.priority, f.fair_key FROM conveyor_fair_tags AS f
+    JOIN conveyor_queue_clock AS c ON c.queue = f.queue AND c.priority = f.priority
+    WHERE f.last_tag <= c.vtime LIMIT :limit);
 
 -- name: cron_take
 -- Compare-and-set of a schedule's last tick: changes a row only for a newer tick.
@@ -203,13 +205,18 @@ SET state = 'available', attempt = 0, run_at = :now, finished_at = NULL, worker_
 WHERE id = :id AND state = 'dead'
   AND (unique_key IS NULL OR NOT EXISTS (
         SELECT 1 FROM conveyor_jobs AS o
-        WHERE o.unique_key = conveyor_jobs.unique_key AND o.state IN ('scheduled', 'available', 'running')));
+        WHERE o.unique_key = conveyor_jobs.unique_key AND o.state IN ('scheduled', 'available', 'running')))
+RETURNING id, queue, priority, fair_key;
 
 -- name: redrive_all
 UPDATE conveyor_jobs
 SET state = 'available', attempt = 0, run_at = :now, finished_at = NULL, worker_id = NULL,
     meta = json_set(meta, '$.redriven', coalesce(json_extract(meta, '$.redriven'), 0) + 1)
-WHERE state = 'dead' AND (:queue IS NULL OR queue = :queue) AND unique_key IS NULL;
+WHERE state = 'dead' AND (:queue IS NULL OR queue = :queue) AND unique_key IS NULL
+RETURNING id, queue, priority, fair_key;
+
+-- name: set_fair_tag
+UPDATE conveyor_jobs SET fair_tag = :fair_tag WHERE id = :id;
 
 -- name: dead_with_unique_key
 SELECT id FROM conveyor_jobs
