@@ -24,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import Receive, Scope, Send
@@ -156,9 +156,11 @@ class Dashboard:
 class DashboardApp:
     """The ASGI app ``create_app`` returns; ``.dashboard`` is its state (sampler and settings)."""
 
-    def __init__(self, dashboard: Dashboard, asgi: Callable[[Scope, Receive, Send], Any]) -> None:
+    def __init__(self, dashboard: Dashboard, asgi: Callable[[Scope, Receive, Send], Any],
+                 routes: Sequence[BaseRoute]) -> None:
         self.dashboard = dashboard
         self._asgi = asgi
+        self.routes = list(routes)  # for introspection (the security tests walk every route)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._asgi(scope, receive, send)
@@ -206,7 +208,7 @@ def create_app(
         lifespan=lifespan,
         exception_handlers={HTTPException: pages.http_error},
     )
-    return DashboardApp(dash, SecurityMiddleware(star, auth))
+    return DashboardApp(dash, SecurityMiddleware(star, auth), star.routes)
 
 
 # -- parameter parsing -----------------------------------------------------------------------------
@@ -511,7 +513,8 @@ class Pages:
 
     # -- pages -------------------------------------------------------------------------------
     def overview(self, request: Request, _: dict[str, list[str]]) -> Response:
-        stats = self._stats()
+        stats = self.d.backend.stats()
+        self.d.sampler.observe(stats)
         samples = self.d.sampler.snapshot()
         serving = workers_by_queue(stats.workers)
         rows = [QueueRow(q, recent_rate(samples, lambda s: float(s.succeeded), q.queue),
@@ -598,7 +601,7 @@ class Pages:
                      "purge": ("Purge", f"Delete dead job #{job_id} and its history from the store. "
                                         "This cannot be undone.", "danger")}
             verb, text, css = verbs[action]
-            return self.render(request, "confirm.html", now=0.0, verb=verb, text=text, css=css, jobs=[job],
+            return self.render(request, "confirm.html", now=0.0, verb=verb, text=text, css=css, jobs=[job], more=0,
                                action_url=self.url(request, "job_action", job_id=job_id, action=action),
                                fields=[], back=back)
         if action == "retry":

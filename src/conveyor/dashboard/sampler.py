@@ -51,6 +51,7 @@ class Sampler:
         self.last_error: str | None = None
         self._memory: dict[str, object] = {}
         self._lock = threading.Lock()
+        self._eval_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -81,10 +82,15 @@ class Sampler:
     def sample(self) -> Stats:
         backend = self._backend()
         stats = backend.stats()
-        self.offer(stats)
-        self._evaluate(stats, backend)
+        self.observe(stats)
         self.last_error = None
         return stats
+
+    def observe(self, stats: Stats) -> None:
+        """Record a fresh reading and evaluate the alert rules on it (the overview calls this
+        with the stats it read, so the alerts it shows are as fresh as its numbers)."""
+        self.offer(stats)
+        self._evaluate(stats, self._backend())
 
     def offer(self, stats: Stats) -> None:
         """Keep ``stats`` as a sample unless the last one is very recent (pages read stats too)."""
@@ -101,12 +107,13 @@ class Sampler:
 
     def _evaluate(self, stats: Stats, backend: Backend) -> None:
         seen: dict[str, tuple[Rule, Finding]] = {}
-        for rule in self.rules:
-            try:
-                for finding in rule.check(stats, backend, self._memory):
-                    seen[finding.key] = (rule, finding)
-            except Exception:
-                log.exception("dashboard: alert rule %s failed", rule.name)
+        with self._eval_lock:  # rules keep memory between calls (rates): one evaluation at a time
+            for rule in self.rules:
+                try:
+                    for finding in rule.check(stats, backend, self._memory):
+                        seen[finding.key] = (rule, finding)
+                except Exception:
+                    log.exception("dashboard: alert rule %s failed", rule.name)
         with self._lock:
             previous = self.firing
             self.firing = {
