@@ -129,6 +129,7 @@ def test_with_a_token_every_route_needs_it(token_dash: DashboardApp) -> None:
 def test_token_login_sets_a_signed_httponly_session(token_dash: DashboardApp) -> None:
     with make_client(token_dash, client=("203.0.113.7", 40000)) as c:
         login = c.get("/login?next=/dead")
+        assert 'class="store"' not in login.text and 'class="mainnav"' not in login.text  # nothing for strangers
         token = re.search(r'name="csrf_token" value="(\w+)"', login.text)
         assert token
         bad = c.post("/login", data={"csrf_token": token.group(1), "token": "nope", "next": "/dead"},

@@ -459,6 +459,8 @@ class Pages:
             "store": redact_url(self.d.conveyor.url),
             "csrf_token": state.get("csrf_token", ""),
             "auth_enabled": state.get("auth_enabled", False),
+            "logged_in": state.get("logged_in", False),
+            "authenticated": state.get("authenticated", False),
             "flash": state.get("flash"),
             "nav_dead": dead_total,
             "url": lambda name, query=None, **p: self.url(request, name, query, **p),
@@ -596,7 +598,7 @@ class Pages:
         if not confirmed:
             verbs = {"retry": ("Retry", f"Send dead job #{job_id} back to queue {job.queue} with its attempts "
                                         "reset. Its errors are kept.", "primary"),
-                     "cancel": ("Cancel", f"Cancel job #{job_id}. A waiting job never runs; a running job's "
+                     "cancel": ("Cancel job", f"Cancel job #{job_id}. A waiting job never runs; a running job's "
                                           "worker is told to stop it.", "danger"),
                      "purge": ("Purge", f"Delete dead job #{job_id} and its history from the store. "
                                         "This cannot be undone.", "danger")}

@@ -19,7 +19,7 @@ WIDTH, HEIGHT = 440.0, 180.0
 LEFT, RIGHT, TOP, BOTTOM = 40.0, 10.0, 10.0, 24.0
 Y_INTERVALS = 4
 PALETTE = ("s1", "s2", "s3", "s4", "s5", "s6")  # CSS classes; colours live in dashboard.css
-TIME_STEPS = (5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600)
+TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600)
 
 Point = tuple[float, float | None]
 

@@ -237,7 +237,8 @@ class SecurityMiddleware:
             return
 
         public = path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
-        if self.auth.enabled and not public and not self._authenticated(headers, cookies):
+        authenticated = not self.auth.enabled or self._authenticated(headers, cookies)
+        if not public and not authenticated:
             await self._challenge(scope, send, method, root, path)
             return
 
@@ -249,6 +250,10 @@ class SecurityMiddleware:
         state = scope.setdefault("state", {})
         state["csrf_token"] = csrf_token_for(self.auth.secret, csrf_cookie)
         state["auth_enabled"] = self.auth.enabled
+        state["authenticated"] = authenticated  # the login page shows strangers no store details
+        session = cookies.get(SESSION_COOKIE)
+        state["logged_in"] = bool(self.auth.token is not None and session
+                                  and session_valid(self.auth.secret, session))
         state["cookie_path"] = cookie_path
         state["secure_cookies"] = secure
         flash = cookies.get(FLASH_COOKIE)

@@ -4,7 +4,9 @@ background thread (``conveyor demo``)."""
 from __future__ import annotations
 
 import contextlib
+import signal
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -64,9 +66,16 @@ def serve(conveyor: Conveyor, *, host: str = "127.0.0.1", port: int = 8000, toke
     if on_ready is not None:
         on_ready(url_of(sock, host))
     server = _server(app, log_level=log_level)
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises it to the handler that was there
+    # before: make that one a clean exit, so a supervisor sees 0 as for the worker.
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     try:
         server.run(sockets=[sock])
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         app.close()
         sock.close()
 

@@ -1,0 +1,99 @@
+"""`conveyor dashboard` and `conveyor demo` as a user runs them: real processes, real sockets."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.process
+
+TOKEN = "cli-test-token-0123456789abcdef"
+
+
+def env(**extra: str) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
+    e["PYTHONUNBUFFERED"] = "1"
+    e.update(extra)
+    return e
+
+
+def conveyor(*args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "conveyor", *args], capture_output=True, text=True, timeout=60,
+                          **kwargs)  # type: ignore[call-overload,no-any-return]
+
+
+def read_url(stream: object, pattern: str, deadline: float) -> str:
+    seen = []
+    while time.monotonic() < deadline:
+        line = stream.readline()  # type: ignore[attr-defined]
+        if not line:
+            break
+        seen.append(line)
+        m = re.search(pattern, line)
+        if m:
+            return m.group(1)
+    raise AssertionError(f"no URL printed; output so far: {''.join(seen)}")
+
+
+def test_refuses_a_public_bind_without_auth(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/c.db"
+    r = conveyor("--url", url, "dashboard", "--host", "0.0.0.0", "--port", "0", env=env())
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "refusing to serve the dashboard on '0.0.0.0' without authentication" in r.stderr
+    r = conveyor("--url", url, "dashboard", "--token", "short", env=env())
+    assert r.returncode == 2 and "at least 16 characters" in r.stderr
+
+
+def test_public_bind_with_a_token_refuses_strangers(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "conveyor", "--url", f"sqlite:///{tmp_path}/c.db", "dashboard", "--host", "0.0.0.0",
+         "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env(CONVEYOR_DASHBOARD_TOKEN=TOKEN))
+    try:
+        base = read_url(proc.stderr, r"dashboard on (http://\S+?)/? \(token\)", time.monotonic() + 30)
+        assert httpx.get(base + "/", follow_redirects=False).status_code == 303
+        assert httpx.get(base + "/jobs", headers={"Authorization": "Bearer not-the-token-at-all"},
+                         follow_redirects=False).status_code == 303
+        assert httpx.post(base + "/dead/purge", data={"all": "yes", "confirmed": "yes"}).status_code == 401
+        ok = httpx.get(base + "/", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert ok.status_code == 200 and "Overview" in ok.text
+        assert TOKEN not in ok.text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def test_demo_serves_the_dashboard_with_live_jobs(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "conveyor", "demo", "--duration", "8", "--no-live", "--db", str(tmp_path / "d.db"),
+         "--dashboard-port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env())
+    try:
+        base = read_url(proc.stdout, r"^Dashboard: (http://\S+?)/?$", time.monotonic() + 30)
+        deadline = time.monotonic() + 20
+        while True:  # jobs flow: some have succeeded, and the page shows the demo's queues
+            page = httpx.get(base + "/").text
+            done = [int(n) for n in re.findall(r'data-col="succeeded">(\d+)<', page)]
+            if {'data-queue="high"', 'data-queue="default"'} <= set(re.findall(r'data-queue="\w+"', page)) \
+                    and sum(done) > 0:
+                break
+            assert time.monotonic() < deadline, "the dashboard never showed the demo's jobs"
+            time.sleep(0.5)
+        assert httpx.get(base + "/workers").text.count('class="card worker"') == 1
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out + err
+        assert "Demo finished" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
