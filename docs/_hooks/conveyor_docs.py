@@ -4,8 +4,8 @@ Markers in a page's Markdown are replaced at build time:
 
 ``<!-- conveyor:params module:Qualified.name -->``
     A table of that callable's keyword parameters: name, type and default from its signature;
-    the description from its docstring (an ``Args:`` section) or, failing that, from
-    ``DESCRIPTIONS`` below. A parameter described nowhere still appears, marked as such.
+    the description from its docstring (an ``Args:`` section, or for a dataclass the
+    docstrings of its fields) or, failing that, from ``DESCRIPTIONS`` below. A parameter described nowhere still appears, marked as such.
 ``<!-- conveyor:cli -->``
     Every command of the ``conveyor`` CLI, walked from the click group: usage, help text, and
     each option as ``--help`` prints it, with its environment variable.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import itertools
 import re
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,43 @@ DESCRIPTIONS: dict[str, str] = {
     "it exists only if that transaction commits.",
     "Task.options.wait_if_full": "Seconds to keep retrying while the queue is at its `max_depth` before "
     "raising `QueueFull` (not with `connection`).",
+    "Task.options.unique_for": "Seconds (or a `timedelta`) a *succeeded* job keeps answering for its "
+    "`unique_key`; needs `unique_key`.",
+    "Task.options.fair_key": "A tenant: the queue is shared round-robin between the fair keys with "
+    "waiting jobs (at most 255 characters).",
+    "Task.options.concurrency_key": "At most `concurrency_limit` running jobs with this key, across all "
+    "workers (default key: the task's name).",
+    "Task.options.concurrency_limit": "The limit for `concurrency_key`; jobs over it wait without using "
+    "attempts.",
+    "Task.options.rate_key": "At most `rate_limit` starts per period with this key (default key: the "
+    "task's name).",
+    "Task.options.rate_limit": "`\"100/m\"`, `\"5/10s\"`, `\"1000/hour\"` or `(count, seconds)`: starts "
+    "per sliding window for `rate_key`.",
+    "Conveyor.task.concurrency_limit": "At most this many of its jobs run at once across all workers "
+    "(keyed by the task's name).",
+    "Conveyor.task.rate_limit": "At most this many of its jobs start per period, e.g. `\"100/m\"` "
+    "(keyed by the task's name).",
+    # @app.cron(...) and app.schedule(...)
+    "Conveyor.cron.expression": "A cron expression (croniter syntax): `\"5 * * * *\"`, "
+    "`\"0 9 * * mon-fri\"`, `\"@daily\"`.",
+    "Conveyor.cron.name": "The schedule's name (default: the task's name); one job per (name, tick).",
+    "Conveyor.cron.timezone": "The time zone ticks are computed in (an IANA name).",
+    "Conveyor.cron.kwargs": "Keyword arguments passed to every run; checked against the function now.",
+    "Conveyor.cron.priority": "Priority of the tick jobs.",
+    "Conveyor.cron.queue": "Queue of the task (default: the app's `default_queue`).",
+    "Conveyor.cron.max_attempts": "Attempts of each tick job (default: the app's).",
+    "Conveyor.cron.timeout": "Seconds one attempt may run (default: the app's).",
+    "Conveyor.cron.retry": "The task's `RetryPolicy` (default: the app's).",
+    "Conveyor.schedule.task": "A registered task, or its name.",
+    "Conveyor.schedule.expression": "A cron expression (croniter syntax).",
+    "Conveyor.schedule.name": "The schedule's name (default: the task's name); give one to schedule a "
+    "task twice.",
+    "Conveyor.schedule.timezone": "The time zone ticks are computed in (an IANA name).",
+    "Conveyor.schedule.kwargs": "Keyword arguments passed to every run; checked against the function now.",
+    "Conveyor.schedule.priority": "Priority of the tick jobs.",
+    "Conveyor.schedule.queue": "Queue of the tick jobs (default: the task's).",
+    "Worker.__init__.scheduler": "Run the app's cron schedules in this worker too (safe in any number "
+    "of workers).",
     # app.queue(...)
     "Conveyor.queue.name": "The queue.",
     "Conveyor.queue.max_depth": "Most jobs that may wait (scheduled or available) in the queue; past "
@@ -133,6 +171,27 @@ def _docstring_args(fn: Any) -> dict[str, str]:
     return found
 
 
+def _attribute_docs(cls: Any) -> dict[str, str]:
+    """Docstrings of a class's annotated attributes (the string right after ``name: type``)."""
+    import ast
+    import textwrap
+
+    if not inspect.isclass(cls):
+        return {}
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    found: dict[str, str] = {}
+    for node, after in itertools.pairwise(body):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)):
+            found[node.target.id] = inspect.cleandoc(after.value.value).replace("``", "`")
+    return found
+
+
 def _cell(text: str) -> str:
     """Text for one table cell: one line, pipes escaped outside code spans (inside them a
     pipe does not split the cell, and an escape would show)."""
@@ -155,7 +214,7 @@ def params_table(target: str) -> str:
         sig = inspect.signature(fn)
     except (TypeError, ValueError) as exc:
         raise PluginError(f"conveyor:params {target}: no signature ({exc})") from exc
-    from_doc = _docstring_args(fn)
+    from_doc = _attribute_docs(fn) | _docstring_args(fn)
     rows = ["| parameter | type | default | description |", "|---|---|---|---|"]
     for name, param in sig.parameters.items():
         if name in ("self", "cls", "fn") or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
