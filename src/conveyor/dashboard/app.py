@@ -56,7 +56,7 @@ log = logging.getLogger("conveyor.dashboard")
 HERE = Path(__file__).parent
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
-SEARCH_WINDOW = 5000  # jobs a text search looks at per request, newest first
+SEARCH_WINDOW = 2000  # jobs a text search looks at per request, newest first (~0.2 s)
 SEARCH_BATCH = 500
 SEARCH_CALLS = 40  # list_jobs calls per search request, at most (Redis pages can come back short)
 MAX_QUERY = 256
@@ -508,9 +508,12 @@ class Pages:
                 max_age=60)))
         return response
 
-    def _stats(self) -> Stats:
-        stats = self.d.backend.stats()
-        self.d.sampler.offer(stats)
+    def _stats(self, *, finished: bool = True) -> Stats:
+        """Fresh stats. ``finished=False`` skips counting succeeded/cancelled jobs (half the cost
+        on a big SQL store); such a reading is not a chart sample, its succeeded count is 0."""
+        stats = self.d.backend.stats(finished=finished)
+        if finished:
+            self.d.sampler.offer(stats)
         return stats
 
     # -- pages -------------------------------------------------------------------------------
@@ -628,7 +631,7 @@ class Pages:
                           limit=parse_limit(_one(params, "limit")))
         page = self.d.backend.list_jobs(state=JobState.DEAD, queue=query.queue, task=query.task,
                                         cursor=query.cursor, limit=query.limit)
-        stats = self._stats()
+        stats = self._stats(finished=False)
         by_queue = [(q.queue, q.dead) for q in stats.queues if q.dead]
         total = sum(n for _, n in by_queue)
         in_scope = dict(by_queue).get(query.queue, 0) if query.queue else total
@@ -650,7 +653,7 @@ class Pages:
         if not confirmed:
             fields = [("queue", queue or ""), ("next", back)]
             if every:
-                stats = self._stats()
+                stats = self._stats(finished=False)
                 n = sum(q.dead for q in stats.queues if queue is None or q.queue == queue)
                 where = f" on queue {queue}" if queue else ""
                 text = (f"{verb} every dead job{where}: {n} job(s) now."
@@ -678,7 +681,7 @@ class Pages:
         return self.redirect(request, back, f"Purged {n} dead job(s){skipped}.")
 
     def workers(self, request: Request, _: dict[str, list[str]]) -> Response:
-        stats = self._stats()
+        stats = self._stats(finished=False)
         running = self.d.backend.list_jobs(state=JobState.RUNNING, limit=500)
         by_worker: dict[str, list[Job]] = {}
         for job in running.jobs:
