@@ -3,8 +3,12 @@
 Claims are one ``FOR UPDATE SKIP LOCKED`` statement, batched to the worker's free slots;
 idle workers sleep on ``LISTEN`` and are woken by ``pg_notify`` from the transaction that
 made a job available, with polling as the fallback. Jobs can be enqueued inside the
-caller's own transaction, and a task can complete its job in the transaction that holds
-its own writes.
+caller's own transaction, and a task can complete its job (and record its exactly-once
+steps) in the transaction that holds its own writes.
+
+Fair sharing keeps its state in two small tables: ``conveyor_queue_clock`` (each queue's
+virtual time, raised by the claim statement itself) and ``conveyor_fair_tags`` (each fair
+key's last tag, reserved at enqueue by an upsert whose row lock orders concurrent enqueues).
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg import errors as pgerrors
@@ -25,8 +31,16 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from ..errors import ConfigurationError, LeaseLost, StorageFull, StoreError
+from ..errors import (
+    ConfigurationError,
+    InvalidName,
+    JobNotFound,
+    LeaseLost,
+    StorageFull,
+    StoreError,
+)
 from ..job import Job, JobState
+from ..payload import NAME_RE
 from . import redact_url
 from .base import (
     Backend,
@@ -52,6 +66,7 @@ MIGRATIONS = load_migrations("postgres")
 KEEP_ERRORS = 20
 CHANNEL = "conveyor_wake"
 DEPTH_LOCK = "SELECT pg_advisory_xact_lock(hashtext('conveyor_depth:' || current_schema() || ':' || %s))"
+UNIQUE_RACE_TRIES = 3  # a unique key that changes hands between insert and lookup is tried again
 
 # Every network call has a bound: connecting, each statement, a dead peer (tcp_user_timeout).
 CONNECT_DEFAULTS = {
@@ -204,48 +219,16 @@ class PostgresBackend(Backend):
         inside it): rolled back, there are no jobs; committed, there is exactly one each."""
         if not jobs:
             return []
-        params = [_insert_params(job, now) for job in jobs]
         if connection is not None:
             try:
                 _join_transaction(connection)
-                with connection.transaction():  # a savepoint: the batch is all or nothing
-                    return self._enqueue_on(connection, jobs, params, now)
+                # A savepoint: the batch is all or nothing.
+                with connection.transaction(), connection.cursor(row_factory=dict_row) as cur:
+                    return _run(cur, _enqueue_plan(jobs, now))
             except psycopg.Error as exc:
                 raise _translate(exc) from exc
-        with self._tx() as conn:
-            return self._enqueue_on(conn, jobs, params, now)
-
-    def _enqueue_on(
-        self, conn: psycopg.Connection[Any], jobs: Sequence[NewJob], params: list[dict[str, Any]],
-        now: float | None,
-    ) -> list[EnqueueResult]:
-        results: list[EnqueueResult] = []
-        limits = depth_limits(jobs)
-        for queue in sorted(limits):
-            # Serialise enqueuers of a limited queue (sorted: no deadlock between batches), so
-            # two of them cannot both see room for the last slot.
-            conn.execute(DEPTH_LOCK, [queue])
-        with conn.cursor(row_factory=dict_row) as cur:
-            cur.executemany(Q["insert"], params, returning=True)
-            rows: list[dict[str, Any] | None] = []
-            while True:
-                rows.append(cur.fetchone())
-                if not cur.nextset():
-                    break
-            for job, row in zip(jobs, rows, strict=True):
-                if row is not None:
-                    results.append(EnqueueResult(row["id"], True, row["at"]))
-                    continue
-                found = cur.execute(Q["find_unique"], {"unique_key": job.unique_key, "now": now}).fetchone()
-                if found is None:  # the holder finished between our insert and this read
-                    raise StoreError(f"unique key {job.unique_key!r} changed hands during enqueue; retry")
-                results.append(EnqueueResult(found["id"], False, found["at"]))
-            for queue, limit in sorted(limits.items()):
-                row = cur.execute(Q["depth"], {"queue": queue}).fetchone()
-                assert row is not None
-                refuse_overflow(queue, limit, row["n"], jobs, results)
-        self._notify(conn, [j.queue for j, r in zip(jobs, results, strict=True) if r.created])
-        return results
+        with self._tx() as conn, conn.cursor() as cur:
+            return _run(cur, _enqueue_plan(jobs, now))
 
     async def aenqueue_many(
         self, jobs: Sequence[NewJob], *, connection: psycopg.AsyncConnection[Any], now: float | None = None,
@@ -253,41 +236,43 @@ class PostgresBackend(Backend):
         """``enqueue_many`` inside the caller's transaction on an async connection."""
         if not jobs:
             return []
-        params = [_insert_params(job, now) for job in jobs]
-        results: list[EnqueueResult] = []
         try:
             if not connection.autocommit and connection.info.transaction_status == TransactionStatus.IDLE:
                 await connection.execute("BEGIN")
-            limits = depth_limits(jobs)
             async with connection.transaction(), connection.cursor(row_factory=dict_row) as cur:
-                for queue in sorted(limits):
-                    await cur.execute(DEPTH_LOCK, [queue])
-                await cur.executemany(Q["insert"], params, returning=True)
-                rows: list[dict[str, Any] | None] = []
-                while True:
-                    rows.append(await cur.fetchone())
-                    if not cur.nextset():
-                        break
-                for job, row in zip(jobs, rows, strict=True):
-                    if row is not None:
-                        results.append(EnqueueResult(row["id"], True, row["at"]))
-                        continue
-                    await cur.execute(Q["find_unique"], {"unique_key": job.unique_key, "now": now})
-                    found = await cur.fetchone()
-                    if found is None:
-                        raise StoreError(f"unique key {job.unique_key!r} changed hands during enqueue; retry")
-                    results.append(EnqueueResult(found["id"], False, found["at"]))
-                for queue, limit in sorted(limits.items()):
-                    await cur.execute(Q["depth"], {"queue": queue})
-                    row = await cur.fetchone()
-                    assert row is not None
-                    refuse_overflow(queue, limit, row["n"], jobs, results)
-                queues = sorted({j.queue for j, r in zip(jobs, results, strict=True) if r.created})
-                if queues:
-                    await cur.execute(Q["notify"], {"channel": CHANNEL, "queues": queues})
+                return await _arun(cur, _enqueue_plan(jobs, now))
         except psycopg.Error as exc:
             raise _translate(exc) from exc
-        return results
+
+    def cron_enqueue(self, schedule: str, tick: float, job: NewJob | None, *,
+                     now: float | None = None) -> EnqueueResult | None:
+        with self._tx() as conn:
+            if conn.execute(Q["cron_take"], {"name": schedule, "tick": tick, "now": now}).fetchone() is None:
+                return None  # this tick or a later one was taken already
+            if job is None:
+                return None
+            with conn.cursor() as cur:
+                # QueueFull raised here rolls the whole transaction back: the tick is not taken.
+                [result] = _run(cur, _enqueue_plan([job], now))
+        return result
+
+    def cron_ticks(self) -> dict[str, float]:
+        with self._tx() as conn:
+            return {r["name"]: float(r["last_tick"]) for r in conn.execute(Q["cron_ticks"])}
+
+    def record_step(self, job_id: int, step: str, result: str | None, *,
+                    connection: psycopg.Connection[Any] | None = None) -> tuple[bool, str | None]:
+        """With ``connection``, the record joins that connection's open transaction (the caller
+        commits): with the task's own writes, it happens exactly once."""
+        _check_step_name(step)
+        if connection is not None:
+            try:
+                with connection.cursor(row_factory=dict_row) as cur:
+                    return _record_step(cur, job_id, step, result)
+            except psycopg.Error as exc:
+                raise _translate(exc) from exc
+        with self._tx() as conn, conn.cursor() as cur:
+            return _record_step(cur, job_id, step, result)
 
     # -- worker -----------------------------------------------------------------------
     def claim(
@@ -301,9 +286,8 @@ class PostgresBackend(Backend):
                 Q["claim"],
                 {"queue": queue, "limit": limit, "now": now, "worker_id": worker_id, "lease_s": lease_s},
             ).fetchall()
-        jobs = [_row_to_job(r) for r in rows]
-        jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))
-        return jobs
+        rows.sort(key=lambda r: (r["priority"], r["fair_tag"], r["run_at"], r["id"]))  # claim order
+        return [_row_to_job(r) for r in rows]
 
     def heartbeat(self, leases: Sequence[Lease], *, lease_s: float, now: float | None = None) -> set[int]:
         if not leases:
@@ -413,6 +397,7 @@ class PostgresBackend(Backend):
                 deleted += conn.execute(
                     Q["prune"], {"state": str(state), "older_than": older_than, "limit": left, "now": now}
                 ).rowcount
+            conn.execute(Q["prune_fair_tags"], {"limit": limit})
         return deleted
 
     # -- inspection and administration ------------------------------------------------
@@ -452,7 +437,7 @@ class PostgresBackend(Backend):
         if cursor is not None:
             where.append("id < %(cursor)s")
             params["cursor"] = cursor
-        sql = "SELECT * FROM conveyor_jobs"
+        sql = Q["job_rows"]
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY id DESC LIMIT %(limit)s"
@@ -488,9 +473,9 @@ class PostgresBackend(Backend):
     def redrive(self, job_ids: Sequence[int] | None = None, *, queue: str | None = None,
                 now: float | None = None) -> int:
         with self._tx() as conn:
-            queues: list[str] = []
+            back: list[dict[str, Any]] = []
             if job_ids is None:
-                queues += [r["queue"] for r in conn.execute(Q["redrive_all"], {"now": now, "queue": queue})]
+                back += conn.execute(Q["redrive_all"], {"now": now, "queue": queue}).fetchall()
                 keyed = conn.execute(Q["dead_with_unique_key"], {"queue": queue}).fetchall()
                 ids = [r["id"] for r in keyed]
             else:
@@ -498,9 +483,14 @@ class PostgresBackend(Backend):
             for i in ids:
                 row = conn.execute(Q["redrive"], {"now": now, "id": i}).fetchone()
                 if row:
-                    queues.append(row["queue"])
-            self._notify(conn, queues)
-        return len(queues)
+                    back.append(row)
+            if back:
+                # Back in the queue as new jobs: fresh fair tags, in id order.
+                back.sort(key=lambda r: r["id"])
+                with conn.cursor() as cur:
+                    _run(cur, _retag_plan(back))
+            self._notify(conn, [r["queue"] for r in back])
+        return len(back)
 
     def purge(self, *, state: JobState = JobState.DEAD, queue: str | None = None,
               job_ids: Sequence[int] | None = None) -> int:
@@ -612,16 +602,198 @@ def _row_to_job(row: dict[str, Any]) -> Job:
         created_at=row["created_at"].timestamp(), attempted_at=_ts(row["attempted_at"]),
         finished_at=_ts(row["finished_at"]), result=row["result"], errors=row["errors"],
         unique_key=row["unique_key"], worker_id=row["worker_id"], lease_token=row["lease_token"],
-        lease_expires_at=_ts(row["lease_expires_at"]), meta=row["meta"],
+        lease_expires_at=_ts(row["lease_expires_at"]), meta=row["meta"], fair_key=row["fair_key"],
+        steps=row["steps"],
     )
 
 
-def _insert_params(job: NewJob, now: float | None) -> dict[str, Any]:
+def _insert_params(job: NewJob, now: float | None, fair_tag: int | None) -> dict[str, Any]:
     return {
         "queue": job.queue, "task": job.task, "args": job.args, "priority": job.priority,
         "run_at": job.run_at, "delay": max(job.delay, 0.0), "max_attempts": job.max_attempts,
         "timeout_s": job.timeout, "unique_key": job.unique_key, "meta": job.meta, "now": now,
+        "fair_key": job.fair_key, "fair_tag": fair_tag, "unique_for": job.unique_for,
     }
+
+
+# -- one enqueue, run by the sync and the async driver ---------------------------------------
+# The enqueue is written once, as a generator of statements (a plan): it yields each statement
+# and receives its rows. ``_run`` executes a plan on a sync cursor, ``_arun`` on an async one.
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class _Stmt:
+    """One statement of a plan. ``fetch``: "none", "one" (a row or None), "all" (the rows) or
+    "many" (executemany of ``params``, a list: one RETURNING row or None per parameter set)."""
+
+    fetch: str
+    sql: str
+    params: Any
+
+
+Plan = Generator[_Stmt, Any, T]
+
+
+def _run(cur: psycopg.Cursor[dict[str, Any]], plan: Plan[T]) -> T:
+    reply: Any = None
+    try:
+        while True:
+            stmt = plan.send(reply)
+            if stmt.fetch == "many":
+                cur.executemany(stmt.sql, stmt.params, returning=True)
+                rows: list[dict[str, Any] | None] = []
+                while True:
+                    rows.append(cur.fetchone())
+                    if not cur.nextset():
+                        break
+                reply = rows
+                continue
+            cur.execute(stmt.sql, stmt.params)
+            reply = cur.fetchone() if stmt.fetch == "one" else cur.fetchall() if stmt.fetch == "all" else None
+    except StopIteration as done:
+        return cast(T, done.value)
+
+
+async def _arun(cur: psycopg.AsyncCursor[dict[str, Any]], plan: Plan[T]) -> T:
+    reply: Any = None
+    try:
+        while True:
+            stmt = plan.send(reply)
+            if stmt.fetch == "many":
+                await cur.executemany(stmt.sql, stmt.params, returning=True)
+                rows: list[dict[str, Any] | None] = []
+                while True:
+                    rows.append(await cur.fetchone())
+                    if not cur.nextset():
+                        break
+                reply = rows
+                continue
+            await cur.execute(stmt.sql, stmt.params)
+            if stmt.fetch == "one":
+                reply = await cur.fetchone()
+            elif stmt.fetch == "all":
+                reply = await cur.fetchall()
+            else:
+                reply = None
+    except StopIteration as done:
+        return cast(T, done.value)
+
+
+def _enqueue_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[EnqueueResult]]:
+    """Write a batch in the open transaction; raising (QueueFull) lets the caller roll it back."""
+    limits = depth_limits(jobs)
+    for queue in sorted(limits):
+        # Serialise enqueuers of a limited queue (sorted: no deadlock between batches), so
+        # two of them cannot both see room for the last slot.
+        yield _Stmt("none", DEPTH_LOCK, [queue])
+    tags = yield from _fair_tags_plan(jobs, now)
+    params = [_insert_params(job, now, tag) for job, tag in zip(jobs, tags, strict=True)]
+    rows: list[dict[str, Any] | None] = yield _Stmt("many", Q["insert"], params)
+    results: list[EnqueueResult] = []
+    for job, param, row in zip(jobs, params, rows, strict=True):
+        for _ in range(UNIQUE_RACE_TRIES):
+            if row is not None:
+                results.append(EnqueueResult(row["id"], True, row["at"]))
+                break
+            found = yield _Stmt("one", Q["find_unique"], {"unique_key": job.unique_key, "now": now})
+            if found is not None:
+                results.append(EnqueueResult(found["id"], False, found["at"]))
+                break
+            # The holder finished (or its window closed) between the insert and this read.
+            row = yield _Stmt("one", Q["insert"], param)
+        else:
+            raise StoreError(f"unique key {job.unique_key!r} keeps changing hands during enqueue; retry")
+    for queue, limit in sorted(limits.items()):
+        depth = yield _Stmt("one", Q["depth"], {"queue": queue})
+        refuse_overflow(queue, limit, depth["n"], jobs, results)
+    queues = sorted({j.queue for j, r in zip(jobs, results, strict=True) if r.created})
+    if queues:
+        # Delivered at commit, so a woken worker always finds the job.
+        yield _Stmt("none", Q["notify"], {"channel": CHANNEL, "queues": queues})
+    return results
+
+
+def _fair_tags_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[int | None]]:
+    """The fair tag of each job with a fair key that will be new. None for the others: the
+    insert gives a job without a fair key its round's ``vtime + 1``. A job whose unique key is
+    held returns the holder and takes no tag (should the key change hands meanwhile, the
+    insert still gives it one: its round's ``vtime + 1``)."""
+    tags: list[int | None] = [None] * len(jobs)
+    if all(job.fair_key is None for job in jobs):
+        return tags
+    keys = sorted({j.unique_key for j in jobs if j.fair_key is not None and j.unique_key is not None})
+    taken: set[str] = set()
+    if keys:
+        held = yield _Stmt("all", Q["unique_held"], {"keys": keys, "now": now})
+        taken = {r["unique_key"] for r in held}
+    new: list[tuple[int, tuple[str, int, str]]] = []
+    for i, job in enumerate(jobs):
+        if job.unique_key is not None:
+            if job.unique_key in taken:  # held, or taken by an earlier job of this batch
+                continue
+            taken.add(job.unique_key)
+        if job.fair_key is not None:
+            new.append((i, (job.queue, job.priority, job.fair_key)))
+    reserved = yield from _take_tags_plan([slot for _, slot in new])
+    for (i, _), tag in zip(new, reserved, strict=True):
+        tags[i] = tag
+    return tags
+
+
+def _take_tags_plan(slots: Sequence[tuple[str, int, str]]) -> Plan[list[int]]:
+    """Tags for new jobs at these (queue, priority, fair key) slots, in order: each slot's jobs
+    take consecutive tags from ``max(last_tag, vtime) + 1`` (backends/base.py)."""
+    counts = Counter(slots)
+    if not counts:
+        return []
+    order = sorted(counts)
+    rows = yield _Stmt("all", Q["take_fair_tags"], {
+        "queues": [q for q, _, _ in order], "priorities": [p for _, p, _ in order],
+        "keys": [k for _, _, k in order], "counts": [counts[x] for x in order]})
+    next_tag: dict[tuple[str, int, str], int] = {}
+    for r in rows:
+        slot = (r["queue"], r["priority"], r["fair_key"])
+        next_tag[slot] = r["last_tag"] - counts[slot] + 1
+    tags: list[int] = []
+    for slot in slots:
+        tags.append(next_tag[slot])
+        next_tag[slot] += 1
+    return tags
+
+
+def _retag_plan(rows: Sequence[dict[str, Any]]) -> Plan[None]:
+    """Fresh fair tags for redriven jobs (rows of id, queue, priority, fair_key), in order."""
+    fair = [r for r in rows if r["fair_key"] is not None]
+    tags = yield from _take_tags_plan([(r["queue"], r["priority"], r["fair_key"]) for r in fair])
+    tag_of = {r["id"]: tag for r, tag in zip(fair, tags, strict=True)}
+    yield _Stmt("none", Q["retag"], {"ids": [r["id"] for r in rows], "tags": [tag_of.get(r["id"]) for r in rows]})
+
+
+# -- exactly-once steps -----------------------------------------------------------------------
+
+def _check_step_name(step: str) -> None:
+    if not isinstance(step, str) or not NAME_RE.fullmatch(step):
+        raise InvalidName(f"step name must match {NAME_RE.pattern}, got {step!r}")
+
+
+def _record_step(cur: psycopg.Cursor[dict[str, Any]], job_id: int, step: str,
+                 result: str | None) -> tuple[bool, str | None]:
+    params = {"id": job_id, "step": step, "result": result}
+    try:
+        if cur.execute(Q["record_step"], params).fetchone() is not None:
+            return True, result
+    except pgerrors.ForeignKeyViolation:
+        raise JobNotFound(f"no job with id {job_id}") from None  # deleted while we recorded
+    row = cur.execute(Q["read_step"], params).fetchone()
+    assert row is not None
+    if not row["found"]:
+        if not row["job_found"]:
+            raise JobNotFound(f"no job with id {job_id}")
+        raise StoreError(f"step {step!r} of job {job_id}: record neither written nor found; retry")
+    value = row["result"]  # decoded jsonb; SQL NULL (a step that returned None) is None too
+    return False, None if value is None else json.dumps(value)
 
 
 def _error_json(error: ErrorInfo) -> str:

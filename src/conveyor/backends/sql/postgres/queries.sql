@@ -2,24 +2,70 @@
 -- transaction's now(): every time comes from the database's clock.
 
 -- name: insert
+-- fair_tag: the caller's reserved tag for a job with a fair key; else vtime + 1 of its
+-- (queue, priority): the current round. A succeeded job inside its unique_for window still holds the key: then nothing is
+-- inserted, no row comes back, and find_unique answers.
 INSERT INTO conveyor_jobs (queue, task, args, state, priority, run_at, max_attempts, timeout_s,
-                           unique_key, meta, created_at)
+                           unique_key, meta, created_at, fair_key, fair_tag, unique_for)
 SELECT %(queue)s, %(task)s, %(args)s::jsonb,
        CASE WHEN r.run_at > t.now THEN 'scheduled' ELSE 'available' END,
-       %(priority)s, r.run_at, %(max_attempts)s, %(timeout_s)s, %(unique_key)s, %(meta)s::jsonb, t.now
+       %(priority)s, r.run_at, %(max_attempts)s, %(timeout_s)s, %(unique_key)s, %(meta)s::jsonb, t.now,
+       %(fair_key)s,
+       coalesce(%(fair_tag)s::bigint,
+                (SELECT c.vtime + 1 FROM conveyor_queue_clock AS c
+                 WHERE c.queue = %(queue)s AND c.priority = %(priority)s), 1),
+       %(unique_for)s::float8
 FROM (SELECT :NOW AS now) AS t,
      LATERAL (SELECT coalesce(to_timestamp(%(run_at)s::float8),
                               t.now + make_interval(secs => %(delay)s::float8)) AS run_at) AS r
+WHERE %(unique_key)s::text IS NULL OR NOT EXISTS (
+    SELECT 1 FROM conveyor_jobs AS d
+    WHERE d.unique_key = %(unique_key)s AND d.state = 'succeeded'
+      AND d.finished_at + make_interval(secs => d.unique_for) > t.now)
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('scheduled', 'available', 'running')
 DO NOTHING
 RETURNING id, extract(epoch FROM created_at)::float8 AS at;
+
+-- name: unique_held
+-- Which of these keys a job holds now: an unfinished one, or a succeeded one in its window.
+SELECT DISTINCT unique_key FROM conveyor_jobs
+WHERE unique_key = ANY(%(keys)s::text[])
+  AND (state IN ('scheduled', 'available', 'running')
+       OR (state = 'succeeded' AND finished_at + make_interval(secs => unique_for) > :NOW));
+
+-- name: take_fair_tags
+-- Reserves n consecutive tags per (queue, priority, fair key): max(last_tag, vtime) + 1 .. + n.
+-- Rows are upserted in key order, so concurrent batches lock them in one order (no deadlock),
+-- and the row lock serialises concurrent enqueues of one key: the later one starts after the
+-- earlier one's last tag.
+WITH b AS (
+    SELECT * FROM unnest(%(queues)s::text[], %(priorities)s::smallint[], %(keys)s::text[], %(counts)s::bigint[])
+        AS b(queue, priority, fair_key, n)
+)
+INSERT INTO conveyor_fair_tags AS f (queue, priority, fair_key, last_tag)
+SELECT b.queue, b.priority, b.fair_key, coalesce(c.vtime, 0) + b.n
+FROM b LEFT JOIN conveyor_queue_clock AS c ON c.queue = b.queue AND c.priority = b.priority
+ORDER BY b.queue, b.priority, b.fair_key
+ON CONFLICT (queue, priority, fair_key) DO UPDATE
+SET last_tag = greatest(f.last_tag + (SELECT b.n FROM b WHERE b.queue = excluded.queue
+                                                          AND b.priority = excluded.priority
+                                                          AND b.fair_key = excluded.fair_key),
+                        excluded.last_tag)
+RETURNING queue, priority, fair_key, last_tag;
 
 -- name: depth
 SELECT count(*) AS n FROM conveyor_jobs WHERE queue = %(queue)s AND state IN ('scheduled', 'available');
 
 -- name: find_unique
-SELECT id, extract(epoch FROM :NOW)::float8 AS at FROM conveyor_jobs
-WHERE unique_key = %(unique_key)s AND state IN ('scheduled', 'available', 'running');
+-- The job holding the key: the unfinished one, else the latest succeeded one in its window.
+(SELECT id, extract(epoch FROM :NOW)::float8 AS at FROM conveyor_jobs
+ WHERE unique_key = %(unique_key)s AND state IN ('scheduled', 'available', 'running'))
+UNION ALL
+(SELECT id, extract(epoch FROM :NOW)::float8 AS at FROM conveyor_jobs
+ WHERE unique_key = %(unique_key)s AND state = 'succeeded'
+   AND finished_at + make_interval(secs => unique_for) > :NOW
+ ORDER BY finished_at DESC LIMIT 1)
+LIMIT 1;
 
 -- name: notify
 SELECT pg_notify(%(channel)s, q) FROM unnest(%(queues)s::text[]) AS q;
@@ -43,24 +89,44 @@ FROM due WHERE j.id = due.id
 RETURNING j.queue;
 
 -- name: claim
--- MATERIALIZED fences the planner so it cannot update more rows than LIMIT.
+-- One statement: pick, lease, and raise the vtime of each (queue, priority) it claimed at to
+-- the largest tag it handed out there. MATERIALIZED fences the planner so it cannot update
+-- more rows than LIMIT. A clock row is only touched when this claim moves it forward as the
+-- statement's snapshot sees it (the usual claim, within the current round, takes no lock on
+-- it); then the upsert locks it (in priority order: no deadlock between claims), re-checks
+-- against the latest committed vtime, and inserts the row on a first claim. Rows come back
+-- unordered: the caller sorts them into claim order.
 WITH picked AS MATERIALIZED (
     SELECT id FROM conveyor_jobs
     WHERE state = 'available' AND queue = %(queue)s
-    ORDER BY priority, run_at, id
+    ORDER BY priority, fair_tag, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE conveyor_jobs AS j
+    SET state = 'running',
+        attempt = j.attempt + 1,
+        attempted_at = :NOW,
+        worker_id = %(worker_id)s,
+        lease_token = replace(gen_random_uuid()::text, '-', ''),
+        lease_expires_at = :NOW + make_interval(secs => %(lease_s)s::float8)
+    FROM picked
+    WHERE j.id = picked.id
+    RETURNING j.*
+), tops AS MATERIALIZED (
+    SELECT priority, max(fair_tag) AS tag FROM claimed GROUP BY priority
+), raised AS (
+    INSERT INTO conveyor_queue_clock AS c (queue, priority, vtime)
+    SELECT %(queue)s, t.priority, t.tag FROM tops AS t
+    WHERE NOT EXISTS (SELECT 1 FROM conveyor_queue_clock AS o
+                      WHERE o.queue = %(queue)s AND o.priority = t.priority AND o.vtime >= t.tag)
+    ORDER BY t.priority
+    ON CONFLICT (queue, priority) DO UPDATE SET vtime = excluded.vtime WHERE c.vtime < excluded.vtime
 )
-UPDATE conveyor_jobs AS j
-SET state = 'running',
-    attempt = j.attempt + 1,
-    attempted_at = :NOW,
-    worker_id = %(worker_id)s,
-    lease_token = replace(gen_random_uuid()::text, '-', ''),
-    lease_expires_at = :NOW + make_interval(secs => %(lease_s)s::float8)
-FROM picked
-WHERE j.id = picked.id
-RETURNING j.*;
+SELECT claimed.*,
+       (SELECT coalesce(jsonb_object_agg(s.step, s.result), '{}'::jsonb)
+        FROM conveyor_steps AS s WHERE s.job_id = claimed.id) AS steps
+FROM claimed;
 
 -- name: heartbeat
 UPDATE conveyor_jobs AS j
@@ -142,8 +208,18 @@ INSERT INTO conveyor_counters (queue, name, value)
 SELECT q, %(name)s, count(*) FROM unnest(%(queues)s::text[]) AS q GROUP BY q
 ON CONFLICT (queue, name) DO UPDATE SET value = conveyor_counters.value + excluded.value;
 
+-- name: job_rows
+-- Jobs with their step records; list_jobs adds its WHERE and ORDER BY.
+SELECT j.*,
+       (SELECT coalesce(jsonb_object_agg(s.step, s.result), '{}'::jsonb)
+        FROM conveyor_steps AS s WHERE s.job_id = j.id) AS steps
+FROM conveyor_jobs AS j;
+
 -- name: get
-SELECT * FROM conveyor_jobs WHERE id = %(id)s;
+SELECT j.*,
+       (SELECT coalesce(jsonb_object_agg(s.step, s.result), '{}'::jsonb)
+        FROM conveyor_steps AS s WHERE s.job_id = j.id) AS steps
+FROM conveyor_jobs AS j WHERE j.id = %(id)s;
 
 -- name: redrive
 -- A dead job whose unique_key a newer unfinished job holds stays dead: reviving it
@@ -155,14 +231,23 @@ WHERE j.id = %(id)s AND j.state = 'dead'
   AND (j.unique_key IS NULL OR NOT EXISTS (
         SELECT 1 FROM conveyor_jobs AS o
         WHERE o.unique_key = j.unique_key AND o.state IN ('scheduled', 'available', 'running')))
-RETURNING j.queue;
+RETURNING j.id, j.queue, j.priority, j.fair_key;
 
 -- name: redrive_all
 UPDATE conveyor_jobs AS j
 SET state = 'available', attempt = 0, run_at = :NOW, finished_at = NULL, worker_id = NULL,
     meta = jsonb_set(j.meta, '{redriven}', to_jsonb(coalesce((j.meta ->> 'redriven')::int, 0) + 1))
 WHERE j.state = 'dead' AND (%(queue)s::text IS NULL OR j.queue = %(queue)s) AND j.unique_key IS NULL
-RETURNING j.queue;
+RETURNING j.id, j.queue, j.priority, j.fair_key;
+
+-- name: retag
+-- Redriven jobs join the current round as new jobs do: the reserved tag of a job with a fair
+-- key, else vtime + 1 of its (queue, priority).
+UPDATE conveyor_jobs AS j
+SET fair_tag = coalesce(v.tag, (SELECT c.vtime + 1 FROM conveyor_queue_clock AS c
+                                WHERE c.queue = j.queue AND c.priority = j.priority), 1)
+FROM unnest(%(ids)s::bigint[], %(tags)s::bigint[]) AS v(id, tag)
+WHERE j.id = v.id;
 
 -- name: dead_with_unique_key
 SELECT id FROM conveyor_jobs
@@ -181,6 +266,42 @@ WHERE id IN (SELECT id FROM conveyor_jobs
              WHERE state = %(state)s AND finished_at < :NOW - make_interval(secs => %(older_than)s::float8)
              ORDER BY finished_at LIMIT %(limit)s
              FOR UPDATE SKIP LOCKED);
+
+-- name: prune_fair_tags
+-- A fair key whose last tag is at or below its round's vtime starts from vtime anyway: its
+-- row means nothing. SKIP LOCKED: a row an enqueue is using right now is left for next time.
+DELETE FROM conveyor_fair_tags AS f
+USING (SELECT t.queue, t.priority, t.fair_key FROM conveyor_fair_tags AS t
+       JOIN conveyor_queue_clock AS c ON c.queue = t.queue AND c.priority = t.priority
+       WHERE t.last_tag <= c.vtime
+       LIMIT %(limit)s
+       FOR UPDATE OF t SKIP LOCKED) AS old
+WHERE f.queue = old.queue AND f.priority = old.priority AND f.fair_key = old.fair_key;
+
+-- name: cron_take
+-- Compare-and-set of a schedule's last tick: a row changes (and comes back) only for a newer
+-- tick. Racing schedulers queue on the row lock; the losers then see the winner's tick.
+INSERT INTO conveyor_cron AS c (name, last_tick, updated_at) VALUES (%(name)s, %(tick)s, :NOW)
+ON CONFLICT (name) DO UPDATE SET last_tick = excluded.last_tick, updated_at = excluded.updated_at
+WHERE c.last_tick < excluded.last_tick
+RETURNING c.name;
+
+-- name: cron_ticks
+SELECT name, last_tick FROM conveyor_cron ORDER BY name;
+
+-- name: record_step
+-- First record wins: racing inserts of one (job, step) wait for the first and then do nothing.
+INSERT INTO conveyor_steps (job_id, step, result)
+SELECT %(id)s, %(step)s, %(result)s::jsonb
+WHERE EXISTS (SELECT 1 FROM conveyor_jobs WHERE id = %(id)s)
+ON CONFLICT (job_id, step) DO NOTHING
+RETURNING job_id;
+
+-- name: read_step
+SELECT EXISTS (SELECT 1 FROM conveyor_jobs WHERE id = %(id)s) AS job_found,
+       s.job_id IS NOT NULL AS found, s.result
+FROM (SELECT 1) AS one
+LEFT JOIN conveyor_steps AS s ON s.job_id = %(id)s AND s.step = %(step)s;
 
 -- name: purge
 DELETE FROM conveyor_jobs
