@@ -29,8 +29,8 @@ DEFAULT_URL = "sqlite:///conveyor.db"
 class Conveyor:
     """One app: where jobs are stored and which tasks exist.
 
-    ``url`` is ``sqlite:///file.db`` (more stores to come); without it, ``$CONVEYOR_URL``,
-    then ``sqlite:///conveyor.db``. ``visibility_timeout`` is the lease length in seconds:
+    ``url`` is ``sqlite:///file.db``, ``postgresql://...`` or ``redis://...``; without it,
+    ``$CONVEYOR_URL``, then ``sqlite:///conveyor.db``. ``visibility_timeout`` is the lease length in seconds:
     a worker that stops heartbeating for that long loses its jobs to other workers.
     """
 
@@ -182,6 +182,7 @@ class Conveyor:
         return self.metrics
 
     def get_task(self, name: str) -> Task[Any, Any]:
+        """The registered task called ``name``. Raises UnknownTask (listing the known ones)."""
         try:
             return self.tasks[name]
         except KeyError:
@@ -204,6 +205,7 @@ class Conveyor:
         return self.backend.cancel(job_id)
 
     def close(self) -> None:
+        """Close the store's connections. The app opens them again if used afterwards."""
         if self._backend is not None:
             self._backend.close()
             self._backend = None

@@ -59,14 +59,17 @@ class JobContext:
         return self._stop.is_set()
 
     def cancel(self) -> None:
+        """Tell this attempt to stop (sets ``cancelled``); the worker calls it, tasks need not."""
         self._stop.set()
 
     @property
     def id(self) -> int:
+        """The job's id."""
         return self.job.id
 
     @property
     def attempt(self) -> int:
+        """This attempt's number: 1 for the first run, 2 for the first retry or redelivery."""
         return self.job.attempts
 
     @property

@@ -283,6 +283,7 @@ class _Enqueuer(Generic[P, R]):
         return self._jobs(new, self._opts.connection)
 
     async def aenqueue_many(self, calls: Iterable[Sequence[Any] | Mapping[str, Any]]) -> list[Job]:
+        """``enqueue_many`` for async code: the store write runs off the event loop."""
         return await asyncio.to_thread(self.enqueue_many, list(calls))
 
 
@@ -315,14 +316,17 @@ class Task(_Enqueuer[P, R]):
 
     @property
     def queue(self) -> str:
+        """The queue its jobs go to unless ``options(queue=...)`` says otherwise."""
         return self._opts.queue
 
     @property
     def max_attempts(self) -> int:
+        """Attempts a job of this task gets before it goes to the dead-letter queue."""
         return self._opts.max_attempts
 
     @property
     def timeout(self) -> float:
+        """Seconds one attempt may run before it is stopped and counted as failed."""
         return self._opts.timeout
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:

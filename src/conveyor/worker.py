@@ -209,6 +209,7 @@ class Worker:
 
     # -- main --------------------------------------------------------------------------
     async def run_async(self) -> None:
+        """Run on the caller's event loop until stopped (``run`` makes a loop of its own)."""
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._slot_freed = asyncio.Event()
