@@ -537,7 +537,7 @@ class Pages:
             "busy": sum(w.running for w in stats.workers),
         }
         return self.render(
-            request, "overview.html", now=stats.now, stats=stats, rows=rows, totals=totals,
+            request, "overview.html", now=stats.now, stats=stats, rows=rows, totals=totals, nav_dead=totals["dead"],
             alerts=self.d.sampler.alerts(), refresh=5, interval=self.d.sampler.interval,
             charts=[charts.throughput_chart(samples), charts.failures_chart(samples), charts.backlog_chart(samples)],
         )
@@ -636,7 +636,7 @@ class Pages:
         total = sum(n for _, n in by_queue)
         in_scope = dict(by_queue).get(query.queue, 0) if query.queue else total
         return self.render(request, "dead.html", now=stats.now, query=query, page=page, by_queue=by_queue,
-                           total=total, in_scope=in_scope)
+                           total=total, in_scope=in_scope, nav_dead=total)
 
     def dead_action(self, request: Request, form: dict[str, list[str]]) -> Response:
         action = str(request.path_params["action"])
@@ -689,7 +689,8 @@ class Pages:
         live = {w.id for w in stats.workers}
         orphans = [j for wid, jobs in by_worker.items() if wid not in live for j in jobs]
         lease = self.d.conveyor.visibility_timeout
-        return self.render(request, "workers.html", now=stats.now, workers=stats.workers, by_worker=by_worker,
+        return self.render(request, "workers.html", now=stats.now, nav_dead=sum(q.dead for q in stats.queues),
+                           workers=stats.workers, by_worker=by_worker,
                            orphans=orphans, more_running=running.next_cursor is not None, refresh=5,
                            stale_after=max(lease / 3 * 2, 5.0))
 
