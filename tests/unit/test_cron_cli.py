@@ -50,5 +50,5 @@ def test_cron_list_shows_schedules_last_and_next(app_module: str) -> None:
     assert morning["next_run"][11:19] == "09:00:00"
     assert rows["cleanup"]["next_run"][14:16] in ("00", "15", "30", "45")
 
-    table = runner.invoke(cli, ["--app", app_module, "cron", "list"])
+    table = runner.invoke(cli, ["--app", app_module, "cron", "list"], env={"COLUMNS": "200"})
     assert table.exit_code == 0 and "morning-report" in table.output and "Europe/Paris" in table.output
