@@ -19,3 +19,7 @@ CREATE TABLE conveyor_rate_claims (
 );
 CREATE INDEX conveyor_rate_claims_key ON conveyor_rate_claims (rate_key, at);
 CREATE INDEX conveyor_rate_claims_expiry ON conveyor_rate_claims (expires_at);
+
+-- Job lists filtered by state or by task alone, newest first (the dashboard on a big store).
+CREATE INDEX conveyor_jobs_state_id ON conveyor_jobs (state, id);
+CREATE INDEX conveyor_jobs_task_id ON conveyor_jobs (task, id);
