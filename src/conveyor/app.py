@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from . import payload
@@ -15,6 +15,7 @@ from .errors import ConfigurationError, InvalidName, JobNotFound, UnknownTask
 from .job import Job
 from .payload import DEFAULT_MAX_PAYLOAD_BYTES, check_queue_name
 from .retry import RetryPolicy
+from .signing import Signer
 from .task import Task
 
 if TYPE_CHECKING:
@@ -32,6 +33,8 @@ class Conveyor:
     ``url`` is ``sqlite:///file.db``, ``postgresql://...`` or ``redis://...``; without it,
     ``$CONVEYOR_URL``, then ``sqlite:///conveyor.db``. ``visibility_timeout`` is the lease length in seconds:
     a worker that stops heartbeating for that long loses its jobs to other workers.
+    ``signing_key`` (16+ bytes) signs every job it enqueues; a worker of an app with a key
+    runs only jobs signed with it or one of ``verify_keys`` (see :mod:`conveyor.signing`).
     """
 
     def __init__(
@@ -46,6 +49,8 @@ class Conveyor:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         result_ttl: float = 86400.0,
         dead_ttl: float | None = None,
+        signing_key: str | bytes | None = None,
+        verify_keys: Sequence[str | bytes] = (),
     ) -> None:
         self.url = url or os.environ.get("CONVEYOR_URL") or DEFAULT_URL
         if not visibility_timeout > 0:
@@ -62,6 +67,10 @@ class Conveyor:
         if dead_ttl is not None and not dead_ttl > 0:
             raise ConfigurationError(f"dead_ttl must be > 0 seconds or None (keep), got {dead_ttl!r}")
         self.dead_ttl = dead_ttl  # seconds dead jobs are kept; None: until purged
+        # HMAC of every job's task, queue and arguments; workers then run only signed jobs.
+        self.signer = Signer(signing_key, verify_keys) if signing_key is not None else None
+        if verify_keys and signing_key is None:
+            raise ConfigurationError("verify_keys needs a signing_key (the key new jobs are signed with)")
         self.tasks: dict[str, Task[Any, Any]] = {}
         self.max_depths: dict[str, int] = {}
         self.schedules: dict[str, Schedule] = {}

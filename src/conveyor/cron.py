@@ -32,7 +32,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
-from . import payload
+from . import payload, signing
 from .backends.base import Backend, EnqueueResult, NewJob
 from .errors import ConfigurationError, QueueFull
 
@@ -113,7 +113,9 @@ class Schedule:
         opts = task._opts
         args = payload.encode(dict(self.kwargs), what=f"kwargs of cron schedule {self.name}",
                               limit=app.max_payload_bytes)
-        meta = {"cron": {"schedule": self.name, "tick": tick, "timezone": self.timezone}}
+        meta: dict[str, Any] = {"cron": {"schedule": self.name, "tick": tick, "timezone": self.timezone}}
+        if app.signer is not None:
+            meta[signing.META_KEY] = app.signer.sign(task.name, self.queue, dict(self.kwargs))
         return NewJob(
             task=task.name, queue=self.queue, args=args, max_attempts=opts.max_attempts,
             timeout=opts.timeout, priority=self.priority, run_at=tick,

@@ -79,6 +79,10 @@ class Reject(Exception):
         super().__init__(reason)
 
 
+class SignatureInvalid(ConveyorError):
+    """A job's signature is missing or does not match (recorded on the job; it goes dead)."""
+
+
 class StoreError(ConveyorError):
     """The store failed or could not be reached; the operation did not happen."""
 

@@ -21,6 +21,7 @@ from .errors import ArgumentsError, ConfigurationError, PayloadError, Reject, Re
 from .job import Job
 
 if TYPE_CHECKING:
+    from .signing import Signer
     from .task import Task
 
 T = TypeVar("T")
@@ -208,9 +209,10 @@ class Execution:
 
     def __init__(
         self, job: Job, tasks: Mapping[str, Task[Any, Any]], pool: concurrent.futures.Executor,
-        backend: Backend | None = None,
+        backend: Backend | None = None, signer: Signer | None = None,
     ) -> None:
         self.job = job
+        self.signer = signer
         self.backend = backend
         self.tasks = tasks
         self.pool = pool
@@ -229,6 +231,12 @@ class Execution:
 
     async def _run(self) -> Outcome:
         job = self.job
+        if self.signer is not None:
+            # Checked before the task is looked up or anything of the job is used.
+            problem = self.signer.problem(job.task, job.queue, job.args, job.meta)
+            if problem is not None:
+                return Outcome("dead", error=ErrorInfo(
+                    kind="bad_signature", type="conveyor.errors.SignatureInvalid", message=problem))
         task = self.tasks.get(job.task)
         if task is None:
             return Outcome("dead", error=ErrorInfo(

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
-from . import payload, tracing
+from . import payload, signing, tracing
 from .backends.base import EnqueueResult, NewJob
 from .errors import ConfigurationError, JobNotFound, PayloadError, QueueFull
 from .job import Job, JobState
@@ -160,10 +160,13 @@ class _Enqueuer(Generic[P, R]):
         text = payload.encode(bound, what=f"arguments of {self.task.name}", limit=app.max_payload_bytes)
         o = self._opts
         trace = tracing.carrier()
+        meta: dict[str, Any] = {tracing.META_KEY: trace} if trace else {}
+        if app.signer is not None:
+            meta[signing.META_KEY] = app.signer.sign(self.task.name, o.queue, bound)
         return NewJob(
             task=self.task.name, queue=o.queue, args=text, max_attempts=o.max_attempts, timeout=o.timeout,
             priority=o.priority, delay=o.delay, run_at=o.run_at, unique_key=o.unique_key,
-            meta=json.dumps({tracing.META_KEY: trace}) if trace else "{}",
+            meta=json.dumps(meta) if meta else "{}",
             max_depth=app.max_depths.get(o.queue), unique_for=o.unique_for, fair_key=o.fair_key,
             concurrency_key=o.concurrency_key, concurrency_limit=o.concurrency_limit,
             rate_key=o.rate_key, rate_limit=o.rate_limit, rate_period=o.rate_period,

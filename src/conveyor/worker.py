@@ -362,7 +362,7 @@ class Worker:
 
     async def _run_job(self, running: _Running) -> None:
         job = running.job
-        execution = Execution(job, self.app.tasks, self._pool, self.backend)
+        execution = Execution(job, self.app.tasks, self._pool, self.backend, self.app.signer)
         running.execution = execution
         self._job_log(logging.DEBUG, job, "started", "job %d %s attempt %d/%d started",
                       job.id, job.task, job.attempts, job.max_attempts)
