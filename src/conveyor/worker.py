@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from . import faultpoints
 from .app import Conveyor
 from .backends.base import Backend, Lease, WorkerInfo
 from .errors import ConfigurationError, LeaseLost, StoreError
@@ -287,6 +288,8 @@ class Worker:
                 log.exception("claim failed; retrying in %gs", self.poll_interval)
                 await asyncio.sleep(self.poll_interval)
                 continue
+            if jobs:
+                faultpoints.hit("after_claim")
             if self.stopping and jobs:
                 # Claimed while the stop came in: give them straight back, unrun.
                 leases = [Lease(j.id, j.lease_token) for j in jobs if j.lease_token]
@@ -423,6 +426,7 @@ class Worker:
                 self._job_log(logging.DEBUG, job, "succeeded", "job %d %s succeeded in its own transaction",
                               job.id, job.task)
             elif outcome.kind == "succeeded":
+                faultpoints.hit("before_ack")
                 await self._ack(lease, outcome.result)
                 self.counters.succeeded += 1
                 self._count(job, "succeeded")
@@ -479,6 +483,7 @@ class Worker:
                 batch, self._acks = self._acks[:ACK_BATCH], self._acks[ACK_BATCH:]
                 try:
                     held = await self._record(self.backend.ack_many, [(lease, r) for lease, r, _ in batch])
+                    faultpoints.hit("after_ack")
                 except Exception as exc:
                     for *_, done in batch:
                         if not done.done():

@@ -1,0 +1,138 @@
+"""Fixtures of the fault tests: a fresh store per test on SQLite, on a *private* PostgreSQL and
+on a *private* Redis (servers these tests start on their own ports and data directories,
+never the machine's shared ones), and the harness's worker cluster.
+
+The private servers live for the session (starting PostgreSQL costs seconds); each test gets a
+fresh schema or key prefix on them. A test that stops or kills a server brings it back before
+it ends, and the fixtures check it is up before handing it to the next test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent.parent
+for rig_dir in ("process", "postgres", "redis"):  # the existing rigs: processrig, pgrig, redisrig
+    if str(TESTS / rig_dir) not in sys.path:
+        sys.path.insert(0, str(TESTS / rig_dir))
+
+from harness import Cluster  # noqa: E402
+from pgrig import PrivatePostgres, fresh_schema, with_params  # noqa: E402
+from redisrig import RedisServer  # noqa: E402
+
+BACKEND_NAMES = ["sqlite", "postgres", "redis"]
+
+
+class FaultPostgres(PrivatePostgres):
+    """PrivatePostgres with room for a crowd of worker processes (and their killed sessions)."""
+
+    def start(self) -> None:
+        opts = (f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.base} -c max_connections=300 "
+                "-c shared_buffers=32MB")
+        self._run([str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.logfile), "-w",
+                   "-t", "60", "-o", opts, "start"], timeout=90)
+
+
+@pytest.fixture(scope="session")
+def private_pg_server() -> Iterator[FaultPostgres]:
+    srv = FaultPostgres()
+    try:
+        srv.start()
+        yield srv
+    finally:
+        srv.cleanup()
+
+
+@pytest.fixture(scope="session")
+def private_redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("faults-redis")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@dataclass
+class FaultStore:
+    """A fresh store for one test; ``pg``/``redis`` is the private server behind it, if any."""
+
+    name: str
+    url: str
+    tmp: Path
+    sqlite_path: Path | None = None
+    pg: FaultPostgres | None = None
+    redis: RedisServer | None = None
+
+    def integrity(self) -> str | None:
+        """SQLite's ``PRAGMA integrity_check`` (None for the servers)."""
+        if self.sqlite_path is None:
+            return None
+        with contextlib.closing(sqlite3.connect(self.sqlite_path)) as conn:
+            return str(conn.execute("PRAGMA integrity_check").fetchone()[0])
+
+    def with_app_name(self, name: str) -> str:
+        """The URL with a PostgreSQL application_name (to find these sessions to kill)."""
+        return with_params(self.url, application_name=name) if self.pg is not None else self.url
+
+
+def ensure_pg(srv: FaultPostgres) -> None:
+    if not srv.running():
+        srv.start()
+
+
+def ensure_redis(srv: RedisServer) -> None:
+    if srv.proc is None or srv.proc.poll() is not None:
+        srv.start()
+
+
+@contextlib.contextmanager
+def open_fault_store(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[FaultStore]:
+    if name == "sqlite":
+        db = tmp_path / "jobs.db"
+        yield FaultStore(name, f"sqlite:///{db}", tmp_path, sqlite_path=db)
+    elif name == "postgres":
+        srv: FaultPostgres = request.getfixturevalue("private_pg_server")
+        ensure_pg(srv)
+        with fresh_schema(srv.url) as url:
+            yield FaultStore(name, url, tmp_path, pg=srv)
+            ensure_pg(srv)  # the schema is dropped through the server
+    elif name == "redis":
+        rsrv: RedisServer = request.getfixturevalue("private_redis_server")
+        ensure_redis(rsrv)
+        yield FaultStore(name, f"redis://127.0.0.1:{rsrv.port}/0?prefix=f{uuid.uuid4().hex[:10]}", tmp_path,
+                         redis=rsrv)
+    else:
+        raise ValueError(name)
+
+
+@pytest.fixture(params=BACKEND_NAMES)
+def fault_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[FaultStore]:
+    """A fresh store of each backend in turn (private servers for PostgreSQL and Redis)."""
+    with open_fault_store(request.param, request, tmp_path) as store:
+        yield store
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
+    """``make_cluster(url, env=...)``: a worker cluster whose side-effect log is in tmp_path;
+    every process it started is SIGKILLed at the end of the test."""
+    made: list[Cluster] = []
+
+    def make(url: str, *, env: dict[str, str] | None = None, log: Path | None = None) -> Cluster:
+        c = Cluster(tmp_path, url, log or tmp_path / f"effects{len(made)}.jsonl", env=env)
+        made.append(c)
+        return c
+
+    try:
+        yield make
+    finally:
+        for c in made:
+            c.close()
