@@ -12,8 +12,10 @@ that enqueues ``fault.tick``; only the cron tests set it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
 import time
 from typing import Any
 
@@ -55,14 +57,32 @@ def _sleep(seconds: float) -> bool:
     return True
 
 
+_barriers: dict[int, threading.Barrier] = {}
+_barriers_lock = threading.Lock()
+
+
+def _meet(parties: int) -> None:
+    """Wait (up to 10 s) until ``parties`` attempts in this process got here."""
+    with _barriers_lock:
+        barrier = _barriers.setdefault(parties, threading.Barrier(parties, timeout=10))
+    with contextlib.suppress(threading.BrokenBarrierError):
+        barrier.wait()
+
+
 @app.task(name="fault.work", max_attempts=100, timeout=60)
-def work(n: int, sleep: float = 0.0) -> dict[str, Any]:
+def work(n: int, sleep: float = 0.0, together: int = 0) -> dict[str, Any]:
     """The chaos job: sleep, then record its side effect. Never fails by itself. An attempt
-    told to stop (its lease was lost) returns without the side effect, as a careful task would."""
+    told to stop (its lease was lost) returns without the side effect, as a careful task would.
+
+    ``together=K`` (kill-point tests, only in a worker with ``CONVEYOR_FAULTPOINT`` set): the
+    attempt returns only once K attempts in this process have recorded their side effect, so
+    a kill point after the handler finds all K done."""
     t0 = time.time()
     if sleep and not _sleep(sleep):
         return {"n": n, "abandoned": True}
     rec = effect("done", n, t0=t0)
+    if together and os.environ.get("CONVEYOR_FAULTPOINT"):
+        _meet(together)
     faultpoints.hit("in_handler")  # the side effect happened, the task has not returned
     return {"n": n, "attempt": rec["attempt"], "pid": rec["pid"]}
 
