@@ -70,13 +70,13 @@ def _meet(parties: int) -> None:
 
 
 @app.task(name="fault.work", max_attempts=100, timeout=60)
-def work(n: int, sleep: float = 0.0, together: int = 0) -> dict[str, Any]:
+def work(n: int, sleep: float = 0.0, together: int = 0, pad: str = "") -> dict[str, Any]:
     """The chaos job: sleep, then record its side effect. Never fails by itself. An attempt
     told to stop (its lease was lost) returns without the side effect, as a careful task would.
 
     ``together=K`` (kill-point tests, only in a worker with ``CONVEYOR_FAULTPOINT`` set): the
     attempt returns only once K attempts in this process have recorded their side effect, so
-    a kill point after the handler finds all K done."""
+    a kill point after the handler finds all K done. ``pad`` only makes the job bigger."""
     t0 = time.time()
     if sleep and not _sleep(sleep):
         return {"n": n, "abandoned": True}

@@ -143,6 +143,23 @@ class History:
         self.ok(n, job_id)
         return job_id
 
+    def load(self, records: Iterable[dict[str, Any]]) -> None:
+        """Add records ``{"type": "invoke"|"ok", "n", "job"}`` written by another process; an
+        invoke that never got its ok (the writer was killed in the call) becomes ``info``."""
+        done: dict[int, int] = {}
+        invoked: list[int] = []
+        for r in records:
+            if r["type"] == "invoke":
+                invoked.append(int(r["n"]))
+            elif r["type"] == "ok":
+                done[int(r["n"])] = int(r["job"])
+        for n in invoked:
+            self.invoke(n)
+            if n in done:
+                self.ok(n, done[n])
+            else:
+                self.info(n, RuntimeError("the writer was killed before the enqueue returned"))
+
     def save(self, path: Path) -> None:
         with self._lock, open(path, "w") as f:
             for op in self.ops:
