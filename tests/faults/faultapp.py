@@ -102,7 +102,7 @@ def reject(n: int) -> None:
     raise Reject(f"poison {n}")
 
 
-@app.task(name="fault.huge_error", max_attempts=2, timeout=30)
+@app.task(name="fault.huge_error", max_attempts=5, timeout=30)
 def huge_error(n: int, size: int = 1_000_000) -> None:
     """Raises an exception whose message is ``size`` characters long."""
     effect("huge", n)

@@ -160,6 +160,20 @@ class History:
             else:
                 self.info(n, RuntimeError("the writer was killed before the enqueue returned"))
 
+    def record_many(self, ns: Sequence[int], call: Callable[[], list[int]]) -> list[int]:
+        """One batch enqueue (``call`` returns the ids, in order), recorded per job."""
+        for n in ns:
+            self.invoke(n)
+        try:
+            ids = call()
+        except ConveyorError as exc:
+            for n in ns:
+                self.fail(n, exc) if "nothing was" in str(exc) else self.info(n, exc)
+            raise
+        for n, job_id in zip(ns, ids, strict=True):
+            self.ok(n, job_id)
+        return ids
+
     def save(self, path: Path) -> None:
         with self._lock, open(path, "w") as f:
             for op in self.ops:
@@ -431,6 +445,7 @@ class WorkerSpec:
     grace: float = 5.0
     queues: str = "default"
     scheduler: bool = False
+    processes: int = 1  # > 1: under the product's supervisor (--processes), which restarts crashed ones
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -466,6 +481,8 @@ class Cluster:
                 "--grace", str(spec.grace), "--poll-interval", str(spec.poll)]
         if not spec.scheduler:
             argv.append("--no-scheduler")
+        if spec.processes > 1:
+            argv += ["--processes", str(spec.processes)]
         with open(out, "wb") as fo, open(err, "wb") as fe:
             popen = subprocess.Popen(argv, env={**self.env, **spec.env}, cwd=self.tmp, stdin=subprocess.DEVNULL,
                                      stdout=fo, stderr=fe, start_new_session=True)
@@ -482,7 +499,7 @@ class Cluster:
             for p in procs:
                 if not p.alive():
                     raise AssertionError(f"{p!r} exited early:\n{p.stderr()[-3000:]}")
-            return all(p.started_workers() >= 1 for p in procs)
+            return all(p.started_workers() >= self.specs[p.pid].processes for p in procs)
 
         wait_until(ready, timeout, lambda: f"worker(s) {[p.name for p in procs]} to start\n{self.diagnosis()}")
 
