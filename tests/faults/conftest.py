@@ -122,12 +122,13 @@ def fault_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Faul
 
 @pytest.fixture
 def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
-    """``make_cluster(url, env=...)``: a worker cluster whose side-effect log is in tmp_path;
+    """``make_cluster(url, env=..., url_for=...)``: a worker cluster whose side-effect log is in tmp_path;
     every process it started is SIGKILLed at the end of the test."""
     made: list[Cluster] = []
 
-    def make(url: str, *, env: dict[str, str] | None = None, log: Path | None = None) -> Cluster:
-        c = Cluster(tmp_path, url, log or tmp_path / f"effects{len(made)}.jsonl", env=env)
+    def make(url: str, *, env: dict[str, str] | None = None, log: Path | None = None,
+             url_for: Callable[[str], str] | None = None) -> Cluster:
+        c = Cluster(tmp_path, url, log or tmp_path / f"effects{len(made)}.jsonl", env=env, url_for=url_for)
         made.append(c)
         return c
 

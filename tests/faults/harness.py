@@ -456,8 +456,10 @@ class Cluster:
     under ``tmp``. ``close()`` SIGKILLs, by pid, whatever this cluster started and is still alive.
     """
 
-    def __init__(self, tmp: Path, url: str, log: Path, *, env: dict[str, str] | None = None) -> None:
+    def __init__(self, tmp: Path, url: str, log: Path, *, env: dict[str, str] | None = None,
+                 url_for: Callable[[str], str] | None = None) -> None:
         self.tmp, self.url, self.log = tmp, url, log
+        self.url_for = url_for  # a store URL per worker name (e.g. a PostgreSQL application_name)
         base = dict(os.environ)
         for k in ("CONVEYOR_APP", "CONVEYOR_FAULTPOINT", "FAULT_CRON"):
             base.pop(k, None)
@@ -483,8 +485,11 @@ class Cluster:
             argv.append("--no-scheduler")
         if spec.processes > 1:
             argv += ["--processes", str(spec.processes)]
+        env = {**self.env, **spec.env}
+        if self.url_for is not None:
+            env["CONVEYOR_URL"] = self.url_for(name)
         with open(out, "wb") as fo, open(err, "wb") as fe:
-            popen = subprocess.Popen(argv, env={**self.env, **spec.env}, cwd=self.tmp, stdin=subprocess.DEVNULL,
+            popen = subprocess.Popen(argv, env=env, cwd=self.tmp, stdin=subprocess.DEVNULL,
                                      stdout=fo, stderr=fe, start_new_session=True)
         proc = Proc(popen, name, out, err)
         with self._lock:
@@ -556,9 +561,14 @@ class Nemesis:
     ``pause_s`` seconds, then SIGCONT. ``events`` lists (time, fault, worker name, pid)."""
 
     def __init__(self, cluster: Cluster, rng: random.Random, *, interval: tuple[float, float],
-                 faults: Sequence[str] = ("kill",), pause_s: float = 3.0, keep_one: bool = False) -> None:
+                 faults: Sequence[str] = ("kill",), pause_s: float = 3.0, keep: int = 0,
+                 pause_guard: Callable[[Proc], bool] | None = None) -> None:
         self.cluster, self.rng, self.interval = cluster, rng, interval
-        self.faults, self.pause_s, self.keep_one = list(faults), pause_s, keep_one
+        self.faults, self.pause_s, self.keep = list(faults), pause_s, keep
+        # pause_guard(proc), asked once proc is stopped: False if it must not stay stopped now
+        # (it holds a lock every other process would wait for); it is resumed and the fault skipped.
+        self.pause_guard = pause_guard
+        self.skipped_pauses = 0
         self.events: list[tuple[float, str, str, int]] = []
         self._stop = threading.Event()
         self._paused: list[tuple[float, Proc]] = []
@@ -582,9 +592,7 @@ class Nemesis:
                 self._resume_due()
                 paused = {p.pid for _, p in self._paused}
                 candidates = [p for p in self.cluster.started() if p.pid not in paused]
-                if self.keep_one and len(candidates) <= 1:
-                    continue
-                if not candidates:
+                if len(candidates) <= self.keep:  # leave this many running, untouched
                     continue
                 victim = self.rng.choice(candidates)
                 fault = self.rng.choice(self.faults)
@@ -597,6 +605,12 @@ class Nemesis:
                 else:
                     with contextlib.suppress(ProcessLookupError):
                         victim.send(signal.SIGSTOP)
+                    wait_until(lambda v=victim: is_stopped(v.pid) or not v.alive(), 5, f"{victim.name} to stop")
+                    if self.pause_guard is not None and not self.pause_guard(victim):
+                        with contextlib.suppress(ProcessLookupError):
+                            victim.send(signal.SIGCONT)
+                        self.skipped_pauses += 1
+                        continue
                     self.events.append((time.time(), fault, victim.name, victim.pid))
                     self._paused.append((time.monotonic() + self.pause_s, victim))
         finally:

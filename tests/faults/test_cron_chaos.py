@@ -1,0 +1,144 @@
+"""R10: cron with several schedulers being killed and paused: exactly one job per tick.
+
+Schedule ``* * * * * *`` (croniter's 6th field is seconds: a tick every second, so a run of
+seconds has as many ticks as the plan's 120 minutes). S worker processes run the scheduler
+(every worker does, by default) and the tick jobs. A nemesis, every U(0.8, 1.6) s, SIGKILLs one
+(a new one starts) or SIGSTOPs one for 3 s, always leaving at least one running untouched. On
+SQLite and PostgreSQL a scheduler is not frozen while it holds a write lock or an open
+transaction (every other scheduler would queue behind it: a stall of the store, not of the
+scheduler); such a pause is skipped and counted. Then every scheduler is killed for ~3.5 s and
+one comes back: the stated catch-up policy runs only the latest missed tick.
+
+Pass: every tick from the first to the last before the outage has exactly 1 job (duplicates
+0, missing 0: a scheduler was alive throughout); the outage's missed ticks produce at most 1
+job (the catch-up); ticks then continue, one job each; every tick job ran (side-effect log);
+progress: at least RUN_S - 3 ticks, emitted by at least 2 different processes. CI: 4
+schedulers for 12 s; full: 5 for 120 s.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import signal
+import time
+from collections import Counter
+
+import psycopg
+import pytest
+from conftest import FaultStore
+from harness import (
+    Cluster,
+    Nemesis,
+    Report,
+    WorkerSpec,
+    all_jobs,
+    client_app,
+    drain,
+    make_rng,
+    pick,
+    read_effects,
+)
+from processrig import Proc, db_write_locked
+
+pytestmark = [pytest.mark.faults, pytest.mark.process]
+
+SCHEDULERS = pick(4, 5)
+RUN_S = pick(12.0, 120.0)
+OUTAGE_S = 3.5
+EXPR = "* * * * * *"
+
+
+def guard_for(store: FaultStore) -> object:
+    """The pause guard: is the stopped process holding up every other writer?"""
+    if store.sqlite_path is not None:
+        path = store.sqlite_path
+        return lambda proc: not db_write_locked(path)
+    if store.pg is not None:
+        url = store.url
+
+        def no_open_transaction(proc: Proc) -> bool:
+            with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
+                (busy,) = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND state <> 'idle'",
+                    [f"fcron-{proc.name}"]).fetchone() or (0,)
+            return int(busy) == 0
+
+        return no_open_transaction
+    return None
+
+
+@pytest.mark.timeout(pick(150, 400))
+def test_one_job_per_tick_while_schedulers_die(fault_store: FaultStore, make_cluster) -> None:  # type: ignore[no-untyped-def]
+    seed, rng = make_rng(f"R10 cron chaos / {fault_store.name}")
+    url_for = (lambda name: fault_store.with_app_name(f"fcron-{name}")) if fault_store.pg is not None else None
+    cluster: Cluster = make_cluster(fault_store.url, url_for=url_for)
+    spec = WorkerSpec(concurrency=2, lease=2.0, scheduler=True, env={"FAULT_CRON": EXPR})
+    cluster.wait_started(*[cluster.spawn(spec, wait=False) for _ in range(SCHEDULERS)])
+    app = client_app(fault_store.url)
+    try:
+        nemesis = Nemesis(cluster, rng, interval=(0.8, 1.6), faults=("kill", "pause"), pause_s=3.0, keep=1,
+                          pause_guard=guard_for(fault_store))  # type: ignore[arg-type]
+        nemesis.start()
+        time.sleep(RUN_S)
+        nemesis.stop()
+
+        # Every scheduler down for a while, then one back: the catch-up policy.
+        for p in cluster.live():
+            p.send(signal.SIGKILL)
+            p.wait(10)
+        t_down = time.time()
+        time.sleep(OUTAGE_S)
+        back = cluster.spawn(spec, name="back")
+        t_up = time.time()
+        time.sleep(2.5)
+        back.send(signal.SIGKILL)
+        back.wait(10)
+
+        # A worker without a scheduler runs what the killed ones left.
+        cluster.spawn(WorkerSpec(concurrency=4, lease=2.0))
+        drain(app.backend, 60, cluster.diagnosis)
+
+        jobs = all_jobs(app.backend, task="fault.tick")
+        per_tick = Counter(float(j.meta["cron"]["tick"]) for j in jobs)
+        ticks = sorted(per_tick)
+        before = [t for t in ticks if t <= t_down]
+        first, last = before[0], before[-1]
+        missing = [t for t in range(int(first), int(last) + 1) if float(t) not in per_tick]
+        duplicated = {t: c - 1 for t, c in per_tick.items() if c > 1}
+        in_outage = [t for t in ticks if math.ceil(t_down) <= t <= t_up]
+        after = [t for t in ticks if t > t_up]
+        missing_after = [t for t in range(int(after[0]), int(after[-1]) + 1) if float(t) not in per_tick] if after else []
+        ran = Counter(float(r["tick"]) for r in read_effects(cluster.log) if r["e"] == "tick")
+        not_run = [t for t in ticks if not ran.get(t)]
+        emitters = {p.name: len(re.findall(r"cron fault\.cron: enqueued job", p.stderr())) for p in cluster.procs}
+        emitted_by = sum(1 for v in emitters.values() if v)
+
+        report = Report(name="R10 cron", backend=fault_store.name, seed=seed)
+        report.attempted = report.ok = int(last - first) + 1
+        report.executions = sum(ran.values())
+        report.lost = [int(t) for t in missing + missing_after]
+        report.duplicated = {int(t): c for t, c in duplicated.items()}
+        report.states = dict(Counter(str(j.state) for j in jobs))
+        report.faults = {**nemesis.counts(), "all_schedulers_down_s": OUTAGE_S,
+                         "pauses_skipped_holding_a_lock": nemesis.skipped_pauses}
+        report.figures = {"schedulers": SCHEDULERS, "ticks_before_outage": len(before),
+                          "jobs_for_outage_ticks": len(in_outage), "ticks_after_restart": len(after),
+                          "processes_that_emitted": emitted_by,
+                          "tick_jobs_run_twice": sum(1 for c in ran.values() if c > 1)}
+        report.emit()
+
+        assert not duplicated, f"ticks with more than one job: {duplicated}"
+        assert not missing, f"ticks missed while schedulers lived: {missing}\n{report.summary()}"
+        assert len(in_outage) <= 1, f"catch-up ran {len(in_outage)} missed ticks: {in_outage}"
+        assert after and not missing_after, (after, missing_after)
+        assert not not_run, f"tick jobs that never ran: {not_run[:10]}"
+        assert all(j.state == "succeeded" for j in jobs), report.states
+        # Progress: ticks were emitted, and not by one process alone.
+        assert len(before) >= RUN_S - 3, f"only {len(before)} ticks in {RUN_S}s"
+        assert emitted_by >= 2, emitters
+        assert nemesis.counts().get("sigkill", 0) >= 1 and nemesis.counts().get("sigstop", 0) >= 1, nemesis.counts()
+        if fault_store.sqlite_path is not None:
+            assert fault_store.integrity() == "ok"
+    finally:
+        app.close()
