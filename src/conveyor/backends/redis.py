@@ -20,8 +20,9 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
+from types import MappingProxyType
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
@@ -43,6 +44,7 @@ from ..errors import (
 from ..job import Job, JobState
 from ..payload import NAME_RE
 from .base import (
+    CLAIM_SCAN,
     Backend,
     EnqueueResult,
     ErrorInfo,
@@ -140,7 +142,7 @@ class _Keys:
         self.header = [
             f"{p}:job:", f"{p}:errors:", f"{p}:jobs", *(f"{p}:state:{s}" for s in STATES),
             f"{p}:unique", f"{p}:expiries", f"{p}:queues", f"{p}:ids", f"{p}:workers", f"{p}:seen",
-            f"{p}:cron",
+            f"{p}:cron", f"{p}:conc:", f"{p}:rate:",
         ]
         self.queues = f"{p}:queues"
         self.cron = f"{p}:cron"
@@ -359,6 +361,9 @@ class RedisBackend(Backend):
                 job.meta, "" if job.max_depth is None else str(int(job.max_depth)),
                 "" if job.unique_for is None else repr(float(job.unique_for)),
                 "0" if job.fair_key is None else "1", job.fair_key or "",
+                job.concurrency_key or "", "" if job.concurrency_limit is None else str(job.concurrency_limit),
+                job.rate_key or "", "" if job.rate_limit is None else str(job.rate_limit),
+                "" if job.rate_period is None else repr(float(job.rate_period)),
             ]
         res = self._run("enqueue", [j.queue for j in jobs], args, safe=False)
         if res and res[0] == "full":
@@ -400,7 +405,8 @@ class RedisBackend(Backend):
         if limit <= 0:
             return []
         tokens = [uuid.uuid4().hex for _ in range(limit)]
-        res = self._run("claim", [queue], [self._now_arg(now), limit, repr(float(lease_s)), worker_id, *tokens],
+        res = self._run("claim", [queue],
+                        [self._now_arg(now), limit, repr(float(lease_s)), worker_id, CLAIM_SCAN, *tokens],
                         safe=False)
         jobs = [self._job(raw) for raw in res]
         for job in jobs:
@@ -811,6 +817,28 @@ def _validate(job: NewJob, n: int) -> None:
         raise bad(f"delay must be a finite number of seconds, got {job.delay!r}")
     if job.run_at is not None and not (isinstance(job.run_at, int | float) and math.isfinite(job.run_at)):
         raise bad(f"run_at must be a finite unix time, got {job.run_at!r}")
+    if (job.concurrency_key is None) != (job.concurrency_limit is None):
+        raise bad("concurrency_key and concurrency_limit go together")
+    if job.concurrency_key is not None and not isinstance(job.concurrency_key, str):
+        raise bad(f"concurrency_key must be a str, got {job.concurrency_key!r}")
+    if job.concurrency_limit is not None and (
+        isinstance(job.concurrency_limit, bool) or not isinstance(job.concurrency_limit, int)
+        or not 1 <= job.concurrency_limit <= 2**53
+    ):
+        raise bad(f"concurrency_limit must be an int >= 1, got {job.concurrency_limit!r}")
+    if not (job.rate_key is None) == (job.rate_limit is None) == (job.rate_period is None):
+        raise bad("rate_key, rate_limit and rate_period go together")
+    if job.rate_key is not None and not isinstance(job.rate_key, str):
+        raise bad(f"rate_key must be a str, got {job.rate_key!r}")
+    if job.rate_limit is not None and (
+        isinstance(job.rate_limit, bool) or not isinstance(job.rate_limit, int) or not 1 <= job.rate_limit <= 2**53
+    ):
+        raise bad(f"rate_limit must be an int >= 1, got {job.rate_limit!r}")
+    if job.rate_period is not None and (
+        isinstance(job.rate_period, bool) or not isinstance(job.rate_period, int | float)
+        or not math.isfinite(job.rate_period) or job.rate_period <= 0
+    ):
+        raise bad(f"rate_period must be a finite number of seconds > 0, got {job.rate_period!r}")
     for what, text in (("args", job.args), ("meta", job.meta)):
         if not isinstance(text, str):
             raise bad(f"{what} must be JSON text")
@@ -826,6 +854,21 @@ def _error_members(error: ErrorInfo) -> str:
 
 def _opt_float(value: str | None) -> float | None:
     return None if value is None else float(value)
+
+
+_NO_LIMITS: Mapping[str, Any] = MappingProxyType({})
+
+
+def _limits(h: dict[str, str]) -> Mapping[str, Any]:
+    """The job's concurrency and rate limit fields, stored only when set (most jobs have none)."""
+    if "concurrency_key" not in h and "rate_key" not in h:
+        return _NO_LIMITS
+    limits: dict[str, Any] = {}
+    if "concurrency_key" in h:
+        limits.update(concurrency_key=h["concurrency_key"], concurrency_limit=int(h["concurrency_limit"]))
+    if "rate_key" in h:
+        limits.update(rate_key=h["rate_key"], rate_limit=int(h["rate_limit"]), rate_period=float(h["rate_period"]))
+    return limits
 
 
 def _to_job(job_id: int, h: dict[str, str], errors: Sequence[str]) -> Job:
@@ -844,6 +887,6 @@ def _to_job(job_id: int, h: dict[str, str], errors: Sequence[str]) -> Job:
         result=json.loads(h["result"]) if "result" in h else None,
         errors=[json.loads(e) for e in errors], unique_key=h.get("unique_key"), worker_id=h.get("worker_id"),
         lease_token=h.get("lease_token"), lease_expires_at=_opt_float(h.get("lease_expires_at")), meta=meta,
-        fair_key=h.get("fair_key"),
+        fair_key=h.get("fair_key"), **_limits(h),
         steps={k[len(STEP_PREFIX):]: json.loads(v) for k, v in h.items() if k.startswith(STEP_PREFIX)},
     )

@@ -17,6 +17,12 @@
 --   KEYS[14] P:workers     HASH worker id -> JSON info
 --   KEYS[15] P:seen        ZSET worker id -> last_seen
 --   KEYS[16] P:cron        HASH cron schedule name -> last tick taken (unix seconds)
+--   KEYS[17] P:conc:       prefix key; P:conc:<concurrency key> is a ZSET of the ids of the
+--                          running jobs with that key, score = lease_expires_at (claim adds,
+--                          leave() removes, heartbeat rescores; emptied keys vanish)
+--   KEYS[18] P:rate:       prefix key; P:rate:<rate key> is a ZSET of the claims of jobs with
+--                          that key, member = id:lease token, score = claim time + the job's
+--                          rate_period (the end of its window); PEXPIREd to its last entry
 -- then one block of 10 keys per queue named in ARGV, in the same order:
 --   P:q:<queue>:available  ZSET, score = priority, member = tag .. sortable(run_at) .. id
 --                          (see member())
@@ -26,7 +32,9 @@
 --   P:q:<queue>:jobs       ZSET id, score = id (listing by queue)
 --   P:q:<queue>:wake       LIST of wake-up markers that idle workers BLPOP
 --   P:q:<queue>:fair       HASH of fair sharing: 'vtime' -> the queue's virtual time,
---                          'k:<fair key>' -> that key's last tag, 'scan' -> prune's HSCAN cursor
+--                          'k:<fair key>' -> that key's last tag, 'scan' -> prune's HSCAN cursor;
+--                          and 'gated' -> how many available jobs have a concurrency or rate key
+--                          (see enter_available)
 --   P:q:<queue>:due        ZSET of the available ids, score = run_at: the oldest waiting job
 -- then any keys of the script's own (xkey(i)).
 --
@@ -42,7 +50,8 @@ local K_STATE = {
 }
 local K_UNIQUE, K_EXPIRIES, K_QUEUES, K_IDS = KEYS[10], KEYS[11], KEYS[12], KEYS[13]
 local K_WORKERS, K_SEEN, K_CRON = KEYS[14], KEYS[15], KEYS[16]
-local NHEAD, NQK = 16, 10
+local P_CONC, P_RATE = KEYS[17], KEYS[18]
+local NHEAD, NQK = 18, 10
 local KEEP_ERRORS = 20
 -- Markers kept per wake list: enough to wake several idle workers for a burst, few enough
 -- that leftovers cause only a handful of spurious wake-ups.
@@ -122,13 +131,43 @@ local function is_unfinished(state)
   return state == 'scheduled' or state == 'available' or state == 'running'
 end
 
--- Take the job out of its state's sets (not the hash: the caller rewrites that).
-local function leave(q, id, state, m)
+local function wake(q, n)
+  if n <= 0 then return end
+  local marks = {}
+  for i = 1, math.min(n, WAKE_MAX) do marks[i] = '1' end
+  redis.call('LPUSH', q.wake, unpack(marks))
+  redis.call('LTRIM', q.wake, 0, WAKE_MAX - 1)
+end
+
+-- ck, rk: the job's concurrency_key and rate_key as the caller read them with HMGET (false when
+-- the job has none). A caller that did not read them passes nil, and they are read here.
+local function limit_keys(id, ck, rk)
+  if ck == nil or rk == nil then
+    local f = redis.call('HMGET', P_JOB .. id, 'concurrency_key', 'rate_key')
+    return f[1], f[2]
+  end
+  return ck, rk
+end
+
+-- Take the job out of its state's sets (not the hash: the caller rewrites that). Every way out
+-- of running (ack, retry, kill, release, reap, cancel) comes through here, so this is where a
+-- job gives back its concurrency slot; a held-back job may now start, so idle workers are told.
+-- ck, rk: see limit_keys (only the concurrency key matters for running, both for available).
+local function leave(q, id, state, m, ck, rk)
   if state == 'available' then
     redis.call('ZREM', q.available, m)
     redis.call('ZREM', q.due, id)
+    ck, rk = limit_keys(id, ck, rk)
+    if ck or rk then redis.call('HINCRBY', q.fair, 'gated', -1) end
   else
     redis.call('ZREM', q[state], id)
+    if state == 'running' then
+      if ck == nil then ck = redis.call('HGET', P_JOB .. id, 'concurrency_key') end
+      if ck then
+        redis.call('ZREM', P_CONC .. ck, id)
+        wake(q, 1)
+      end
+    end
   end
   redis.call('ZREM', K_STATE[state], id)
 end
@@ -140,12 +179,17 @@ local function enter(q, id, key, state, score)
 end
 
 -- tag: the job's fair_tag (kept through retries, lease expiry, release and redrive).
-local function enter_available(q, id, key, run_at, priority, tag)
+-- ck, rk: see limit_keys. A job with either key is counted in the queue's 'gated' field (of
+-- P:q:<queue>:fair): while that is 0, claim knows no waiting job has a limit and pops without
+-- reading the jobs. Only enter_available adds to it; leave() and claim take away.
+local function enter_available(q, id, key, run_at, priority, tag, ck, rk)
   local m = member(tag, run_at, id)
   redis.call('ZADD', q.available, priority, m)
   redis.call('ZADD', q.due, run_at, id)
   redis.call('ZADD', K_STATE.available, id, id)
   redis.call('HSET', key, 'state', 'available', 'm', m)
+  ck, rk = limit_keys(id, ck, rk)
+  if ck or rk then redis.call('HINCRBY', q.fair, 'gated', 1) end
 end
 
 -- A finished job gives its unique key back, unless a newer job holds it already. (A job that
@@ -155,14 +199,6 @@ local function free_unique(key, id)
   if uk and redis.call('HGET', K_UNIQUE, uk) == id then
     redis.call('HDEL', K_UNIQUE, uk)
   end
-end
-
-local function wake(q, n)
-  if n <= 0 then return end
-  local marks = {}
-  for i = 1, math.min(n, WAKE_MAX) do marks[i] = '1' end
-  redis.call('LPUSH', q.wake, unpack(marks))
-  redis.call('LTRIM', q.wake, 0, WAKE_MAX - 1)
 end
 
 -- A newly scheduled job that is now the queue's earliest moves idle workers' next due time.
@@ -196,8 +232,8 @@ local function promote_queue(q, now, limit)
     local key = P_JOB .. id
     redis.call('ZREM', q.scheduled, id)
     redis.call('ZREM', K_STATE.scheduled, id)
-    local f = redis.call('HMGET', key, 'run_at', 'priority', 'fair_tag')
-    enter_available(q, id, key, tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or 0))
+    local f = redis.call('HMGET', key, 'run_at', 'priority', 'fair_tag', 'concurrency_key', 'rate_key')
+    enter_available(q, id, key, tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or 0), f[4], f[5])
   end
   return #ids
 end
@@ -214,10 +250,11 @@ local function delete_job(q, id, state)
 end
 
 -- The lease check every fenced call makes: same token, still running, not expired at now.
+-- Returns the job's queue (nil when the lease is not held) and its concurrency key (or false).
 local function fenced(key, token, now)
-  local f = redis.call('HMGET', key, 'state', 'lease_token', 'lease_expires_at', 'queue')
+  local f = redis.call('HMGET', key, 'state', 'lease_token', 'lease_expires_at', 'queue', 'concurrency_key')
   if f[1] ~= 'running' or f[2] ~= token or tonumber(f[3]) < now then return nil end
-  return f[4]
+  return f[4], f[5]
 end
 
 -- ---- end of prelude ----

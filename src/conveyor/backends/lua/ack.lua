@@ -6,11 +6,11 @@
 local now = clock(arg(1))
 local id, token = arg(2), arg(3)
 local key = P_JOB .. id
-local qn = fenced(key, token, now)
+local qn, ck = fenced(key, token, now)
 if not qn then return {'lost'} end
 local q = Q[qn]
 if not q then return {'need', qn} end
-leave(q, id, 'running')
+leave(q, id, 'running', nil, ck)
 redis.call('HDEL', key, 'lease_token', 'lease_expires_at')
 if arg(4) == '1' then redis.call('HSET', key, 'result', arg(5)) end
 -- last_token lets a client whose reply was lost tell "my ack landed" from "lease lost".

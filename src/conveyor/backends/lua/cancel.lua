@@ -6,11 +6,11 @@
 local now = clock(arg(1))
 local id = arg(2)
 local key = P_JOB .. id
-local f = redis.call('HMGET', key, 'state', 'queue', 'm')
+local f = redis.call('HMGET', key, 'state', 'queue', 'm', 'concurrency_key', 'rate_key')
 if not is_unfinished(f[1]) then return {'ok', 0} end
 local q = Q[f[2]]
 if not q then return {'need', f[2]} end
-leave(q, id, f[1], f[3])
+leave(q, id, f[1], f[3], f[4], f[5])
 redis.call('HDEL', key, 'lease_token', 'lease_expires_at', 'm')
 redis.call('HSET', key, 'finished_at', num(now))
 enter(q, id, key, 'cancelled', now)

@@ -2,31 +2,145 @@
 -- after promoting the queue's scheduled jobs that are due, and raise the queue's virtual time
 -- to the largest fair tag handed out. A claimed job stays in Redis (in the running ZSET, scored
 -- by lease expiry) until it is finished, so a crash loses nothing.
+-- Concurrency and rate limits (backends/base.py): the fast path pops the head of the queue. If
+-- the queue has jobs with a concurrency or rate key waiting (its 'gated' count) and any popped
+-- job has one, the pops are put back as they were and the queue is walked in order instead, up
+-- to `scan` members, passing over the jobs whose key is at its limit (they stay where they are,
+-- attempts untouched). A claimed job with a concurrency key joins P:conc:<key>; one with a rate
+-- key adds its claim to P:rate:<key>.
 -- KEYS: the common header, then the block of the queue.
--- ARGV: 1, queue; now ('' = the store's clock), limit, lease_s, worker_id, then `limit`
---   lease tokens made by the client (Lua's math.random is not a safe source of them).
+-- ARGV: 1, queue; now ('' = the store's clock), limit, lease_s, worker_id, scan (CLAIM_SCAN:
+--   most waiting jobs the walk looks at), then `limit` lease tokens made by the client (Lua's
+--   math.random is not a safe source of them).
 -- Returns one {id, HGETALL, errors} per claimed job, in claim order.
 local q = Q[QNAMES[1]]
 local now = clock(arg(1))
 local limit = tonumber(arg(2))
 local expires = now + tonumber(arg(3))
 local worker_id = arg(4)
+local scan = tonumber(arg(5))
 promote_queue(q, now, 1000)
+local fair = redis.call('HMGET', q.fair, 'vtime', 'gated')
+local vtime, gated_n = tonumber(fair[1] or 0), tonumber(fair[2] or 0)
 local popped = redis.call('ZPOPMIN', q.available, limit)
-if #popped == 0 then return {} end
-local out, ids, running, states = {}, {}, {}, {}
-local top = -1
-local n_at, e_at = num(now), num(expires)
+if #popped == 0 then
+  if gated_n ~= 0 then redis.call('HDEL', q.fair, 'gated') end  -- nothing waits: nothing is gated
+  return {}
+end
+
+-- Fast path: the members popped. The jobs' hashes are read only when some waiting job of the
+-- queue has a limit.
+local picked = {}
+local gated = false
 for k = 1, #popped, 2 do
   local m = popped[k]
+  if gated_n ~= 0 then
+    local f = redis.call('HMGET', P_JOB .. id_of(m), 'concurrency_key', 'rate_key')
+    if f[1] or f[2] then
+      gated = true
+      break
+    end
+  end
+  picked[#picked + 1] = m
+end
+
+local limits = {}
+if gated then
+  local back = {}
+  for k = 1, #popped, 2 do
+    back[#back + 1] = popped[k + 1]
+    back[#back + 1] = popped[k]
+  end
+  call_many('ZADD', q.available, back)
+
+  -- Running jobs holding a slot of concurrency key ck. Members whose lease ran out before now
+  -- are checked against their job's hash and dropped unless the job is still running (its
+  -- worker may just be late; the reaper decides), so a slot could never stay taken by a job
+  -- that left running some other way. The rest are current: claim adds them, leave() removes
+  -- them, heartbeat rescores them.
+  local function conc_running(ck)
+    local k = P_CONC .. ck
+    local old = redis.call('ZRANGEBYSCORE', k, '-inf', '(' .. num(now))
+    for _, id in ipairs(old) do
+      if redis.call('HGET', P_JOB .. id, 'state') ~= 'running' then redis.call('ZREM', k, id) end
+    end
+    return redis.call('ZCARD', k)
+  end
+
+  -- Claims of rate key rk whose window is still open at now (a window ends after now: it is
+  -- open at its old end). Closed ones are dropped first.
+  local function rate_claims(rk)
+    local k = P_RATE .. rk
+    redis.call('ZREMRANGEBYSCORE', k, '-inf', num(now))
+    return redis.call('ZCARD', k)
+  end
+
+  -- Slow path: walk the queue in claim order, admitting a job only while its concurrency key
+  -- has fewer running jobs than its limit and its rate key fewer open claims than its limit
+  -- (counting the jobs admitted here). `limits` holds, by pick index, {concurrency key, rate
+  -- key, rate period} of the admitted jobs that have limits.
+  picked = {}
+  local running_n, rate_n = {}, {}
+  local seen, page = 0, limit
+  while #picked < limit and seen < scan do
+    local n = math.min(page, scan - seen)
+    local batch = redis.call('ZRANGE', q.available, seen, seen + n - 1)
+    seen = seen + #batch
+    for _, m in ipairs(batch) do
+      if #picked >= limit then break end
+      local f = redis.call('HMGET', P_JOB .. id_of(m), 'concurrency_key', 'concurrency_limit', 'rate_key',
+        'rate_limit', 'rate_period')
+      local ck, rk = f[1], f[3]
+      local ok = true
+      if ck then
+        if running_n[ck] == nil then running_n[ck] = conc_running(ck) end
+        ok = running_n[ck] < tonumber(f[2])
+      end
+      if ok and rk then
+        if rate_n[rk] == nil then rate_n[rk] = rate_claims(rk) end
+        ok = rate_n[rk] < tonumber(f[4])
+      end
+      if ok then
+        picked[#picked + 1] = m
+        if ck or rk then
+          limits[#picked] = {ck, rk, tonumber(f[5])}
+          if ck then running_n[ck] = running_n[ck] + 1 end
+          if rk then rate_n[rk] = rate_n[rk] + 1 end
+        end
+      end
+    end
+    if #batch < n then break end
+    page = math.max(page, 200)  -- past the head, look further in bigger steps
+  end
+  if #picked == 0 then return {} end
+  call_many('ZREM', q.available, picked)
+elseif #popped < 2 * limit and gated_n ~= 0 then
+  redis.call('HDEL', q.fair, 'gated')  -- the queue is empty now, and none of it was gated
+end
+
+local out, ids, running, states = {}, {}, {}, {}
+local rated, n_gated = {}, 0
+local top = -1
+local n_at, e_at = num(now), num(expires)
+for i, m in ipairs(picked) do
   local id = id_of(m)
   local tag = tag_of(m)
   if tag > top then top = tag end
   local key = P_JOB .. id
+  local token = arg(5 + i)
   redis.call('HINCRBY', key, 'attempt', 1)
   redis.call('HSET', key, 'state', 'running', 'attempted_at', n_at, 'worker_id', worker_id,
-    'lease_token', arg(4 + (k + 1) / 2), 'lease_expires_at', e_at)
+    'lease_token', token, 'lease_expires_at', e_at)
   redis.call('HDEL', key, 'm')
+  local lim = limits[i]
+  if lim then
+    n_gated = n_gated + 1
+    if lim[1] then redis.call('ZADD', P_CONC .. lim[1], e_at, id) end
+    if lim[2] then
+      redis.call('ZADD', P_RATE .. lim[2], num(now + lim[3]), id .. ':' .. token)
+      rated[lim[2]] = true
+    end
+  end
   ids[#ids + 1] = id
   running[#running + 1] = e_at
   running[#running + 1] = id
@@ -34,10 +148,17 @@ for k = 1, #popped, 2 do
   states[#states + 1] = id
   out[#out + 1] = job_data(id)
 end
+if n_gated > 0 then redis.call('HINCRBY', q.fair, 'gated', -n_gated) end
+-- A rate key lives as long as its last open window, so an idle key vanishes by itself. (PEXPIRE
+-- is relative: right whether `now` is the store's clock or injected.)
+for rk in pairs(rated) do
+  local last = redis.call('ZRANGE', P_RATE .. rk, -1, -1, 'WITHSCORES')
+  local ms = math.min(math.max(math.ceil((tonumber(last[2]) - now) * 1000), 0) + 1, 1e15)
+  redis.call('PEXPIRE', P_RATE .. rk, string.format('%.0f', ms))
+end
 call_many('ZREM', K_STATE.available, ids)
 call_many('ZREM', q.due, ids)
 call_many('ZADD', q.running, running)
 call_many('ZADD', K_STATE.running, states)
-local vtime = tonumber(redis.call('HGET', q.fair, 'vtime') or 0)
 if top > vtime then redis.call('HSET', q.fair, 'vtime', string.format('%.0f', top)) end
 return out

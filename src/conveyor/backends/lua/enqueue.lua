@@ -3,10 +3,12 @@
 -- written only if it takes that schedule's tick (a compare-and-set of P:cron in the same script).
 -- KEYS: the common header, then one queue block per queue the batch uses.
 -- ARGV: n, queue names; now ('' = the store's clock), cron schedule ('' = none), cron tick
---   (unix seconds, when a schedule is given); then 15 values per job:
+--   (unix seconds, when a schedule is given); then 20 values per job:
 --   queue, task, args (JSON), priority, delay, run_at ('' = now + delay), max_attempts,
 --   timeout_s, has_unique ('1' or '0'), unique_key, meta (JSON), max_depth ('' = no limit),
---   unique_for ('' = none), has_fair ('1' or '0'), fair_key
+--   unique_for ('' = none), has_fair ('1' or '0'), fair_key, concurrency_key,
+--   concurrency_limit ('' = no concurrency limit: the key is then ignored), rate_key,
+--   rate_limit ('' = no rate limit: the key and period are then ignored), rate_period
 -- Returns {now, id1, created1, id2, created2, ...}; created is 0 when the unique key is held
 -- (by an unfinished job, or by one that succeeded less than its unique_for ago), whose id is
 -- returned. Returns {'full', queue, depth, limit} and writes nothing (not the tick either) when
@@ -17,7 +19,7 @@ local cron, tick = arg(2), tonumber(arg(3))
 local t = num(now)
 local out = {t}
 local made = {}
-local W = 15
+local W = 20
 local FIRST = A + 3
 
 if cron ~= '' then
@@ -92,6 +94,7 @@ local i = FIRST
 while i <= #ARGV do
   local qn, task, args, prio, delay, run_at_s, maxa, timeout, has_u, uk, meta = unpack(ARGV, i, i + 10)
   local ufor, has_fair, fk = ARGV[i + 12], ARGV[i + 13], ARGV[i + 14]
+  local ck, climit, rk, rlimit, rperiod = unpack(ARGV, i + 15, i + 19)
   i = i + W
   local holder = false
   if has_u == '1' then
@@ -117,6 +120,8 @@ while i <= #ARGV do
       redis.call('HSET', K_UNIQUE, uk, id)
     end
     if has_fair == '1' then redis.call('HSET', key, 'fair_key', fk) end
+    if climit ~= '' then redis.call('HSET', key, 'concurrency_key', ck, 'concurrency_limit', climit) end
+    if rlimit ~= '' then redis.call('HSET', key, 'rate_key', rk, 'rate_limit', rlimit, 'rate_period', rperiod) end
     redis.call('ZADD', K_ALL, id, id)
     redis.call('ZADD', q.jobs, id, id)
     redis.call('SADD', K_QUEUES, qn)
@@ -124,7 +129,7 @@ while i <= #ARGV do
       enter(q, id, key, 'scheduled', run_at)
       wake_if_first_scheduled(q, id)
     else
-      enter_available(q, id, key, run_at, tonumber(prio), tag)
+      enter_available(q, id, key, run_at, tonumber(prio), tag, climit ~= '' and ck, rlimit ~= '' and rk)
       made[qn] = (made[qn] or 0) + 1
     end
     out[#out + 1] = id

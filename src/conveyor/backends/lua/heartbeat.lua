@@ -1,4 +1,5 @@
--- heartbeat: extend every lease still held to now + lease_s.
+-- heartbeat: extend every lease still held to now + lease_s (in the queue's running ZSET, and
+-- in P:conc:<key> for a job with a concurrency key).
 -- KEYS: the common header, then the blocks of the queues the leases' jobs belong to.
 -- ARGV: n, queue names; now ('' = the store's clock), lease_s, then (id, token) pairs.
 -- Returns {'ok', lost ids...}, or {'need', queue...} (nothing changed) when a held job's
@@ -8,11 +9,11 @@ local expires = now + tonumber(arg(2))
 local lost, held, need = {}, {}, {}
 for i = A + 2, #ARGV, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
-  local qn = fenced(P_JOB .. id, token, now)
+  local qn, ck = fenced(P_JOB .. id, token, now)
   if not qn then
     lost[#lost + 1] = id
   elseif Q[qn] then
-    held[#held + 1] = {id, Q[qn]}
+    held[#held + 1] = {id, Q[qn], ck}
   else
     need[#need + 1] = qn
   end
@@ -21,5 +22,6 @@ if #need > 0 then return {'need', unpack(need)} end
 for _, h in ipairs(held) do
   redis.call('HSET', P_JOB .. h[1], 'lease_expires_at', num(expires))
   redis.call('ZADD', h[2].running, 'XX', expires, h[1])
+  if h[3] then redis.call('ZADD', P_CONC .. h[3], expires, h[1]) end
 end
 return {'ok', unpack(lost)}

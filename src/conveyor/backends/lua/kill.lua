@@ -7,13 +7,13 @@
 local now = clock(arg(1))
 local id, token = arg(2), arg(3)
 local key = P_JOB .. id
-local qn = fenced(key, token, now)
+local qn, ck = fenced(key, token, now)
 if not qn then return {'lost'} end
 local q = Q[qn]
 if not q then return {'need', qn} end
 local f = redis.call('HMGET', key, 'attempt', 'worker_id')
 add_error(id, f[1], now, f[2], arg(4))
-leave(q, id, 'running')
+leave(q, id, 'running', nil, ck)
 redis.call('HDEL', key, 'lease_token', 'lease_expires_at')
 redis.call('HSET', key, 'finished_at', num(now), 'last_token', token, 'last_outcome', 'dead')
 enter(q, id, key, 'dead', now)

@@ -18,8 +18,8 @@ for k = 1, n do
   local id, q = found[k][1], found[k][3]
   local key = P_JOB .. id
   leave(q, id, 'scheduled')
-  local f = redis.call('HMGET', key, 'run_at', 'priority', 'fair_tag')
-  enter_available(q, id, key, tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or 0))
+  local f = redis.call('HMGET', key, 'run_at', 'priority', 'fair_tag', 'concurrency_key', 'rate_key')
+  enter_available(q, id, key, tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or 0), f[4], f[5])
   woken[q.name] = (woken[q.name] or 0) + 1
 end
 for qn, c in pairs(woken) do wake(Q[qn], c) end

@@ -18,12 +18,13 @@ local requeued, dead, woken = {}, {}, {}
 for k = 1, math.min(limit, #found) do
   local id, q = found[k][1], found[k][3]
   local key = P_JOB .. id
-  local f = redis.call('HMGET', key, 'attempt', 'max_attempts', 'worker_id', 'run_at', 'priority', 'fair_tag')
+  local f = redis.call('HMGET', key, 'attempt', 'max_attempts', 'worker_id', 'run_at', 'priority', 'fair_tag',
+    'concurrency_key', 'rate_key')
   local who = f[3] or '?'
   add_error(id, f[1], now, f[3], '"kind":"lease_expired","type":"LeaseExpired","message":'
     .. cjson.encode('lease expired: worker ' .. who .. ' stopped heartbeating (crashed, killed or stalled)')
     .. ',"traceback":""')
-  leave(q, id, 'running')
+  leave(q, id, 'running', nil, f[7])
   redis.call('HDEL', key, 'lease_token', 'lease_expires_at')
   if tonumber(f[1]) >= tonumber(f[2]) then
     redis.call('HSET', key, 'finished_at', num(now))
@@ -31,7 +32,7 @@ for k = 1, math.min(limit, #found) do
     free_unique(key, id)
     dead[#dead + 1] = id
   else
-    enter_available(q, id, key, tonumber(f[4]), tonumber(f[5]), tonumber(f[6] or 0))
+    enter_available(q, id, key, tonumber(f[4]), tonumber(f[5]), tonumber(f[6] or 0), f[7], f[8])
     woken[q.name] = (woken[q.name] or 0) + 1
     requeued[#requeued + 1] = id
   end

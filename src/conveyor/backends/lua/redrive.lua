@@ -16,7 +16,8 @@ local woken = {}
 
 local function redrive(id)
   local key = P_JOB .. id
-  local f = redis.call('HMGET', key, 'state', 'queue', 'unique_key', 'priority', 'fair_tag')
+  local f = redis.call('HMGET', key, 'state', 'queue', 'unique_key', 'priority', 'fair_tag', 'concurrency_key',
+    'rate_key')
   if f[1] ~= 'dead' then return end
   local q = Q[f[2]]
   if f[3] then
@@ -28,7 +29,7 @@ local function redrive(id)
   redis.call('HSET', key, 'attempt', 0, 'run_at', num(now))
   redis.call('HDEL', key, 'finished_at', 'worker_id')
   redis.call('HINCRBY', key, 'redriven', 1)
-  enter_available(q, id, key, now, tonumber(f[4]), tonumber(f[5] or 0))
+  enter_available(q, id, key, now, tonumber(f[4]), tonumber(f[5] or 0), f[6], f[7])
   woken[q.name] = (woken[q.name] or 0) + 1
   count = count + 1
 end

@@ -8,13 +8,13 @@ local now = clock(arg(1))
 local id, token = arg(2), arg(3)
 local delay = tonumber(arg(4))
 local key = P_JOB .. id
-local qn = fenced(key, token, now)
+local qn, ck = fenced(key, token, now)
 if not qn then return {'lost'} end
 local q = Q[qn]
 if not q then return {'need', qn} end
-local f = redis.call('HMGET', key, 'attempt', 'max_attempts', 'worker_id', 'priority', 'fair_tag')
+local f = redis.call('HMGET', key, 'attempt', 'max_attempts', 'worker_id', 'priority', 'fair_tag', 'rate_key')
 add_error(id, f[1], now, f[3], arg(5))
-leave(q, id, 'running')
+leave(q, id, 'running', nil, ck)
 redis.call('HDEL', key, 'lease_token', 'lease_expires_at')
 local state
 if tonumber(f[1]) >= tonumber(f[2]) then
@@ -31,7 +31,7 @@ else
     wake_if_first_scheduled(q, id)
   else
     state = 'available'
-    enter_available(q, id, key, run_at, tonumber(f[4]), tonumber(f[5] or 0))
+    enter_available(q, id, key, run_at, tonumber(f[4]), tonumber(f[5] or 0), ck, f[6])
     wake(q, 1)
   end
 end
