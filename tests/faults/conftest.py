@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import pytest
 
 TESTS = Path(__file__).resolve().parent.parent
@@ -25,7 +26,8 @@ for rig_dir in ("process", "postgres", "redis"):  # the existing rigs: processri
         sys.path.insert(0, str(TESTS / rig_dir))
 
 from harness import Cluster  # noqa: E402
-from pgrig import PrivatePostgres, fresh_schema, with_params  # noqa: E402
+from pgrig import PrivatePostgres, with_params  # noqa: E402
+from processrig import Proc, db_write_locked  # noqa: E402
 from redisrig import RedisServer  # noqa: E402
 
 BACKEND_NAMES = ["sqlite", "postgres", "redis"]
@@ -82,6 +84,32 @@ class FaultStore:
         """The URL with a PostgreSQL application_name (to find these sessions to kill)."""
         return with_params(self.url, application_name=name) if self.pg is not None else self.url
 
+    def url_for(self, prefix: str) -> Callable[[str], str] | None:
+        """For Cluster(url_for=...): on PostgreSQL, each worker's sessions are named ``prefix + name``."""
+        if self.pg is None:
+            return None
+        return lambda name: self.with_app_name(f"{prefix}{name}")
+
+    def pause_guard(self, prefix: str) -> Callable[[Proc], bool] | None:
+        """For Nemesis(pause_guard=...): False while the stopped worker holds what every other
+        writer waits for (SQLite's write lock; an open PostgreSQL transaction of a session named
+        ``prefix + name``). Freezing it then stalls the whole store, which is not the fault meant."""
+        if self.sqlite_path is not None:
+            path = self.sqlite_path
+            return lambda proc: not db_write_locked(path)
+        if self.pg is not None:
+            url = self.url
+
+            def no_open_transaction(proc: Proc) -> bool:
+                with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
+                    row = conn.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND state <> 'idle'",
+                        [f"{prefix}{proc.name}"]).fetchone()
+                return row is None or int(row[0]) == 0
+
+            return no_open_transaction
+        return None
+
 
 def ensure_pg(srv: FaultPostgres) -> None:
     if not srv.running():
@@ -94,6 +122,22 @@ def ensure_redis(srv: RedisServer) -> None:
 
 
 @contextlib.contextmanager
+def private_schema(srv: FaultPostgres) -> Iterator[str]:
+    """A new schema on the private server; yields a URL whose search_path is it. Unlike
+    pgrig.fresh_schema, no connection is held meanwhile: the test may restart the server."""
+    schema = f"fault_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(srv.url, autocommit=True, connect_timeout=5) as admin:
+        admin.execute(f'CREATE SCHEMA "{schema}"'.encode())
+    try:
+        yield with_params(srv.url, options=f"-csearch_path={schema}")
+    finally:
+        ensure_pg(srv)
+        with psycopg.connect(srv.url, autocommit=True, connect_timeout=5) as admin:
+            admin.execute(b"SET lock_timeout = '30s'")
+            admin.execute(f'DROP SCHEMA "{schema}" CASCADE'.encode())
+
+
+@contextlib.contextmanager
 def open_fault_store(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[FaultStore]:
     if name == "sqlite":
         db = tmp_path / "jobs.db"
@@ -101,9 +145,8 @@ def open_fault_store(name: str, request: pytest.FixtureRequest, tmp_path: Path) 
     elif name == "postgres":
         srv: FaultPostgres = request.getfixturevalue("private_pg_server")
         ensure_pg(srv)
-        with fresh_schema(srv.url) as url:
+        with private_schema(srv) as url:
             yield FaultStore(name, url, tmp_path, pg=srv)
-            ensure_pg(srv)  # the schema is dropped through the server
     elif name == "redis":
         rsrv: RedisServer = request.getfixturevalue("private_redis_server")
         ensure_redis(rsrv)

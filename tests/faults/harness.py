@@ -114,6 +114,18 @@ class History:
         with self._lock:
             return [o for o in self.ops if o.type == kind]
 
+    def durations(self) -> dict[int, float]:
+        """Seconds from each enqueue's invoke to its outcome."""
+        started: dict[int, float] = {}
+        took: dict[int, float] = {}
+        with self._lock:
+            for o in self.ops:
+                if o.type == "invoke":
+                    started[o.n] = o.t
+                elif o.n in started:
+                    took[o.n] = o.t - started[o.n]
+        return took
+
     def ok_ids(self) -> dict[int, int]:
         return {o.n: o.job_id for o in self.by_type("ok") if o.job_id is not None}
 

@@ -24,7 +24,6 @@ import signal
 import time
 from collections import Counter
 
-import psycopg
 import pytest
 from conftest import FaultStore
 from harness import (
@@ -39,7 +38,6 @@ from harness import (
     pick,
     read_effects,
 )
-from processrig import Proc, db_write_locked
 
 pytestmark = [pytest.mark.faults, pytest.mark.process]
 
@@ -49,36 +47,16 @@ OUTAGE_S = 3.5
 EXPR = "* * * * * *"
 
 
-def guard_for(store: FaultStore) -> object:
-    """The pause guard: is the stopped process holding up every other writer?"""
-    if store.sqlite_path is not None:
-        path = store.sqlite_path
-        return lambda proc: not db_write_locked(path)
-    if store.pg is not None:
-        url = store.url
-
-        def no_open_transaction(proc: Proc) -> bool:
-            with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
-                (busy,) = conn.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND state <> 'idle'",
-                    [f"fcron-{proc.name}"]).fetchone() or (0,)
-            return int(busy) == 0
-
-        return no_open_transaction
-    return None
-
-
 @pytest.mark.timeout(pick(150, 400))
 def test_one_job_per_tick_while_schedulers_die(fault_store: FaultStore, make_cluster) -> None:  # type: ignore[no-untyped-def]
     seed, rng = make_rng(f"R10 cron chaos / {fault_store.name}")
-    url_for = (lambda name: fault_store.with_app_name(f"fcron-{name}")) if fault_store.pg is not None else None
-    cluster: Cluster = make_cluster(fault_store.url, url_for=url_for)
+    cluster: Cluster = make_cluster(fault_store.url, url_for=fault_store.url_for("fcron-"))
     spec = WorkerSpec(concurrency=2, lease=2.0, scheduler=True, env={"FAULT_CRON": EXPR})
     cluster.wait_started(*[cluster.spawn(spec, wait=False) for _ in range(SCHEDULERS)])
     app = client_app(fault_store.url)
     try:
         nemesis = Nemesis(cluster, rng, interval=(0.8, 1.6), faults=("kill", "pause"), pause_s=3.0, keep=1,
-                          pause_guard=guard_for(fault_store))  # type: ignore[arg-type]
+                          pause_guard=fault_store.pause_guard("fcron-"))
         nemesis.start()
         time.sleep(RUN_S)
         nemesis.stop()
