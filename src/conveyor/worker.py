@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import random
@@ -307,8 +308,12 @@ class Worker:
             if woken:
                 # Told there was work, yet the claim got none: concurrency or rate limits hold
                 # the waiting jobs back. Back off instead of spinning on claims.
+                # A job of ours finishing may have freed a concurrency slot: try again at once then.
                 idle_claims += 1
-                await asyncio.sleep(min(0.005 * 2 ** min(idle_claims, 10), 0.25, self.poll_interval))
+                self._slot_freed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._slot_freed.wait(),
+                                           min(0.005 * 2 ** min(idle_claims, 10), 0.25, self.poll_interval))
             try:
                 woken = await self._call(self._waiter, self.backend.wait_for_jobs, queues, self.poll_interval)
             except Exception:
