@@ -129,6 +129,8 @@ class SqliteBackend(Backend):
                 conn.row_factory = sqlite3.Row
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+                # A checkpointed WAL is cut back to this size instead of keeping its peak forever.
+                conn.execute("PRAGMA journal_size_limit = 16777216")
             except sqlite3.Error as exc:
                 raise _translate(exc, f"cannot open SQLite database {self.path}") from exc
             self._local.conn = conn
