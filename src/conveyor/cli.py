@@ -10,7 +10,8 @@ import logging
 import os
 import sys
 import time
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, replace
 from typing import Any
 
 import click
@@ -20,8 +21,10 @@ from rich.table import Table
 from .app import Conveyor
 from .backends import redact_url
 from .backends.base import Stats
-from .errors import ConveyorError
+from .errors import ConveyorError, InvalidName
 from .job import Job, JobState
+from .payload import check_queue_name, check_task_name
+from .redact import redact
 
 console = Console(highlight=False)
 
@@ -142,7 +145,8 @@ def worker(obj: Ctx, queues: str | None, concurrency: int, processes: int, visib
 
         argv = [sys.executable, "-m", "conveyor", "--app", obj.app_spec or ""]
         if obj.url:
-            argv += ["--url", obj.url]
+            # Through the environment, not argv: a password on a command line is readable by anyone in ps.
+            os.environ["CONVEYOR_URL"] = obj.url
         argv += ["--log-level", logging.getLevelName(logging.getLogger().level), "--log-format", obj.log_format,
                  "worker", "--queues", queues,
                  "--concurrency", str(concurrency), "--grace", str(grace_period),
@@ -342,14 +346,31 @@ def stats(obj: Ctx, as_json: bool, watch: bool, interval: float) -> None:
 
 
 # -- jobs --------------------------------------------------------------------------------
+def _name(value: str | None, check: Callable[[object], str]) -> str | None:
+    """A --queue/--task filter, refused with the name rule if it cannot be a name at all."""
+    if value is None:
+        return None
+    try:
+        return check(value)
+    except InvalidName as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def shown(job: Job) -> Job:
+    """The job as screens show it: secret-named values and URL passwords masked."""
+    return replace(job, args=redact(job.args), result=redact(job.result), errors=redact(job.errors),
+                   meta=redact(job.meta), steps=redact(job.steps))
+
+
 def job_dict(job: Job) -> dict[str, Any]:
-    d = asdict(job)
+    d = asdict(shown(job))
     d["state"] = str(job.state)
     d.pop("lease_token", None)
     return d
 
 
 def show_job(job: Job) -> None:
+    job = shown(job)
     table = Table(show_header=False, box=None)
     table.add_column(style="bold")
     table.add_column()
@@ -383,7 +404,7 @@ def jobs_table(jobs: list[Job], title: str) -> Table:
     table = Table(title=title, title_justify="left")
     for col in ("id", "task", "queue", "state", "attempts", "args", "last error", "finished"):
         table.add_column(col)
-    for j in jobs:
+    for j in map(shown, jobs):
         err = j.last_error
         table.add_row(str(j.id), _escape(j.task), j.queue, str(j.state), f"{j.attempts}/{j.max_attempts}",
                       _escape(json.dumps(j.args, ensure_ascii=False)[:60]),
@@ -412,8 +433,8 @@ def jobs_show(obj: Ctx, job_id: int, as_json: bool) -> None:
 
 @jobs.command("list")
 @click.option("--state", type=click.Choice([s.value for s in JobState]))
-@click.option("--queue")
-@click.option("--task")
+@click.option("--queue", callback=lambda _c, _p, v: _name(v, check_queue_name), help="Only this queue.")
+@click.option("--task", callback=lambda _c, _p, v: _name(v, check_task_name), help="Only this task.")
 @click.option("--limit", default=20, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
@@ -444,7 +465,7 @@ def dlq() -> None:
 
 
 @dlq.command("list")
-@click.option("--queue")
+@click.option("--queue", callback=lambda _c, _p, v: _name(v, check_queue_name), help="Only this queue.")
 @click.option("--limit", default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
@@ -468,7 +489,7 @@ def dlq_show(obj: Ctx, job_id: int) -> None:
 @dlq.command("redrive")
 @click.argument("job_ids", type=int, nargs=-1)
 @click.option("--all", "all_", is_flag=True, help="Every dead job (of --queue, if given).")
-@click.option("--queue")
+@click.option("--queue", callback=lambda _c, _p, v: _name(v, check_queue_name), help="Only this queue.")
 @pass_ctx
 def dlq_redrive(obj: Ctx, job_ids: tuple[int, ...], all_: bool, queue: str | None) -> None:
     """Send dead jobs back to their queue with attempts reset."""
@@ -484,7 +505,7 @@ def dlq_redrive(obj: Ctx, job_ids: tuple[int, ...], all_: bool, queue: str | Non
 
 @dlq.command("purge")
 @click.argument("job_ids", type=int, nargs=-1)
-@click.option("--queue")
+@click.option("--queue", callback=lambda _c, _p, v: _name(v, check_queue_name), help="Only this queue.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @pass_ctx
 def dlq_purge(obj: Ctx, job_ids: tuple[int, ...], queue: str | None, yes: bool) -> None:

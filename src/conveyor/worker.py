@@ -31,6 +31,7 @@ from .executor import Execution, Outcome
 from .job import Job, JobState
 from .metrics import Metrics
 from .payload import check_queue_name
+from .redact import mask_text
 
 log = logging.getLogger("conveyor.worker")
 ACK_BATCH = 256  # most acks written in one store transaction
@@ -444,21 +445,21 @@ class Worker:
                     self._count(job, "dead")
                     self._job_log(logging.ERROR, job, "dead",
                                   "job %d %s failed on its last attempt (%d/%d), now dead: %s",
-                                  job.id, job.task, job.attempts, job.max_attempts, outcome.error.message)
+                                  job.id, job.task, job.attempts, job.max_attempts, mask_text(outcome.error.message))
                 else:
                     self.counters.retried += 1
                     self._count(job, "retried")
                     self._job_log(logging.WARNING, job, "retried",
                                   "job %d %s attempt %d/%d failed (%s), retry in %.2fs: %s",
                                   job.id, job.task, job.attempts, job.max_attempts, outcome.error.kind,
-                                  outcome.delay, outcome.error.message)
+                                  outcome.delay, mask_text(outcome.error.message))
             else:
                 assert outcome.error is not None
                 await self._record(self.backend.kill, lease, outcome.error)
                 self.counters.dead += 1
                 self._count(job, "dead")
                 self._job_log(logging.ERROR, job, "dead", "job %d %s is dead (%s): %s",
-                              job.id, job.task, outcome.error.kind, outcome.error.message)
+                              job.id, job.task, outcome.error.kind, mask_text(outcome.error.message))
         except LeaseLost:
             why = await self._why_lost(job)
             if why == "lease_lost":

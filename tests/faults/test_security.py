@@ -40,6 +40,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from click.testing import CliRunner
+from conftest import BACKENDS
 from starlette.testclient import TestClient
 from support import running_worker, wait_until
 
@@ -540,10 +541,10 @@ def test_s3_backend_filters_are_parameters(app: Conveyor, store_url: str) -> Non
 def test_s3_a_filter_that_is_not_text_fails_as_a_conveyor_error(app: Conveyor, store_url: str,
                                                                 request: pytest.FixtureRequest) -> None:
     """A lone surrogate (what a non-UTF-8 argv byte becomes: `conveyor jobs list --queue $'\\xff'`)."""
-    if kind_of(store_url) in ("sqlite", "postgres"):
+    if kind_of(store_url) == "postgres":
         request.applymarker(pytest.mark.xfail(strict=True, raises=UnicodeEncodeError, reason=(
-            "BUG: SQLite and PostgreSQL let a raw UnicodeEncodeError out of list_jobs/purge/redrive "
-            "for a filter that cannot be encoded (Redis raises PayloadError)")))
+            "BUG: PostgreSQL lets a raw UnicodeEncodeError out of list_jobs/purge/redrive "
+            "for a filter that cannot be encoded (SQLite and Redis raise PayloadError)")))
     seed(app)
     for call in FILTER_CALLS.values():
         with pytest.raises(ConveyorError):
@@ -572,10 +573,6 @@ def test_s3_cli_hostile_names_fail_cleanly_and_change_nothing(app: Conveyor, sto
         assert stray_redis_keys(store_url) == []
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "GAP: the CLI passes --queue/--task filters to the store unchecked: `conveyor jobs list --queue "
-    "\"'; DROP TABLE conveyor_jobs;--\"` prints an empty table and exits 0 instead of refusing the name "
-    "(nothing is injected: the filter is a bound parameter)"))
 def test_s3_cli_refuses_invalid_filter_names(app: Conveyor, app_module: str) -> None:
     seed(app)
     for args in (["jobs", "list", "--queue"], ["jobs", "list", "--task"], ["dlq", "list", "--queue"],
@@ -691,10 +688,6 @@ def test_s7_worker_logs_and_metrics_never_show_password_args_or_the_store_passwo
     assert "***" in repr(canary_app) or kind_of(canary_app.url) == "sqlite"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "GAP: the worker logs a failed job's exception message as raised (docs/security.md says so); a "
-    "DSN with a password in it (postgresql://bob:SECRET@db/app) shows in the retry and dead lines, "
-    "text and JSON, while the dashboard masks the same message (formatting.mask_text)"))
 def test_s7_worker_logs_mask_passwords_in_task_errors(canary_app: Conveyor, caplog: pytest.LogCaptureFixture) -> None:
     run_canary_jobs(canary_app, caplog)
     for fmt_name, text in formatted_logs(caplog).items():
@@ -726,29 +719,25 @@ def test_s7_dashboard_hides_worker_made_errors_and_the_store_password(
 
 
 CLI_VIEWS = {
-    "stats": (["stats"], False),
-    "stats --json": (["stats", "--json"], False),
-    "jobs list": (["jobs", "list"], True),
-    "jobs list --json": (["jobs", "list", "--json"], True),
-    "jobs show ok": (["jobs", "show", "{ok}"], True),
-    "jobs show ok --json": (["jobs", "show", "{ok}", "--json"], True),
-    "jobs show dead": (["jobs", "show", "{dead}"], True),
-    "dlq list": (["dlq", "list"], True),
-    "dlq list --json": (["dlq", "list", "--json"], True),
-    "dlq show": (["dlq", "show", "{dead}"], True),
-    "migrate": (["migrate"], False),
-    "alerts --once": (["alerts", "--once"], False),
+    "stats": ["stats"],
+    "stats --json": ["stats", "--json"],
+    "jobs list": ["jobs", "list"],
+    "jobs list --json": ["jobs", "list", "--json"],
+    "jobs show ok": ["jobs", "show", "{ok}"],
+    "jobs show ok --json": ["jobs", "show", "{ok}", "--json"],
+    "jobs show dead": ["jobs", "show", "{dead}"],
+    "dlq list": ["dlq", "list"],
+    "dlq list --json": ["dlq", "list", "--json"],
+    "dlq show": ["dlq", "show", "{dead}"],
+    "migrate": ["migrate"],
+    "alerts --once": ["alerts", "--once"],
 }
 
 
 @pytest.mark.parametrize("view", list(CLI_VIEWS))
 def test_s7_cli_output_never_shows_the_canary(view: str, canary_app: Conveyor, caplog: pytest.LogCaptureFixture,
                                               request: pytest.FixtureRequest) -> None:
-    args, leaks = CLI_VIEWS[view]
-    if leaks:
-        request.applymarker(pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-            "BUG: the CLI's job views print arguments and error messages unmasked: a `password` "
-            "argument and a DSN password in an error show in clear (the dashboard masks both)")))
+    args = CLI_VIEWS[view]
     ids = run_canary_jobs(canary_app, caplog)
     argv = [a.format(**ids) for a in args]
     code, out, err = run_cli(["--url", canary_app.url, *argv])
@@ -856,6 +845,11 @@ def test_s10_dlq_purge_asks_and_a_non_tty_without_yes_changes_nothing(app: Conve
     assert code == 0 and "purged 1 dead job(s)" in out and dead_count(app) == 0
 
 
+# Stores whose URLs carry a password (a SQLite URL is a file path).
+WITH_PASSWORDS = pytest.mark.parametrize(
+    "store_url", [spec for spec in BACKENDS if spec.name != "sqlite"],
+    ids=[spec.name for spec in BACKENDS if spec.name != "sqlite"], indirect=True)
+
 COMMANDS_WITH_URL = [
     ["stats"], ["stats", "--json"], ["jobs", "list"], ["jobs", "list", "--json"], ["dlq", "list"],
     ["dlq", "redrive", "--all", "--queue", "nothing-here"], ["dlq", "purge", "--yes", "--queue", "nothing-here"],
@@ -864,9 +858,8 @@ COMMANDS_WITH_URL = [
 ]
 
 
+@WITH_PASSWORDS
 def test_s10_no_command_echoes_the_dsn_password(store_url: str, app_module: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    if kind_of(store_url) == "sqlite":
-        pytest.skip("a SQLite URL has no password")
     url = canary_url(store_url)
     ran = 0
     for args in COMMANDS_WITH_URL:
@@ -892,11 +885,10 @@ def test_s10_no_command_echoes_the_dsn_password(store_url: str, app_module: str,
     assert_no_canary(out + err, "`conveyor dashboard`")
 
 
+@WITH_PASSWORDS
 def test_s10_a_worker_process_banner_and_logs_hide_the_password(store_url: str, app_module: str,
                                                                tmp_path: Path) -> None:
     """The real `conveyor worker` (it ends with os._exit, so it runs as a child process)."""
-    if kind_of(store_url) == "sqlite":
-        pytest.skip("a SQLite URL has no password")
     module = app_module.split(":")[0]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path]), "CONVEYOR_URL": canary_url(store_url)}
     errfile = tmp_path / "worker.err"
@@ -916,13 +908,9 @@ def test_s10_a_worker_process_banner_and_logs_hide_the_password(store_url: str, 
     assert_no_canary(out.decode() + err, "the worker's banner and logs")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "BUG: `conveyor worker --processes N` puts the store URL, password included, on every child's "
-    "command line (--url ...) even when it came from $CONVEYOR_URL: any local user can read it in ps"))
+@WITH_PASSWORDS
 def test_s10_worker_processes_keep_an_env_dsn_off_command_lines(store_url: str, app_module: str,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    if kind_of(store_url) == "sqlite":
-        pytest.skip("a SQLite URL has no password")
     import conveyor.supervisor as supervisor
 
     argvs: list[list[str]] = []

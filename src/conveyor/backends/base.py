@@ -48,7 +48,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import LeaseLost, QueueFull
+from ..errors import LeaseLost, PayloadError, QueueFull
 from ..job import Job, JobState
 
 CLAIM_SCAN = 1000  # waiting jobs a claim may look at when limits hold some back
@@ -142,6 +142,18 @@ class QueueStats:
     @property
     def depth(self) -> int:
         return self.available
+
+
+def check_filters(**filters: str | None) -> None:
+    """Refuse filter values a store cannot even encode (a lone surrogate, as a non-UTF-8 byte
+    in argv becomes) with PayloadError rather than a driver's UnicodeEncodeError."""
+    for name, value in filters.items():
+        if value is None:
+            continue
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise PayloadError(f"{name} filter {value!r} is not valid text (lone surrogate)") from None
 
 
 def queue_full(queue: str, depth: int, limit: int) -> QueueFull:

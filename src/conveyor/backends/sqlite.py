@@ -39,6 +39,7 @@ from .base import (
     ReapResult,
     Stats,
     WorkerInfo,
+    check_filters,
     depth_limits,
     queue_stats_from_rows,
     refuse_overflow,
@@ -380,6 +381,7 @@ class SqliteBackend(Backend):
         self, *, state: JobState | None = None, queue: str | None = None, task: str | None = None,
         cursor: int | None = None, limit: int = 50,
     ) -> Page:
+        check_filters(queue=queue, task=task)
         where: list[str] = []
         params: dict[str, Any] = {}
         if state is not None:
@@ -434,6 +436,7 @@ class SqliteBackend(Backend):
 
     def redrive(self, job_ids: Sequence[int] | None = None, *, queue: str | None = None,
                 now: float | None = None) -> int:
+        check_filters(queue=queue)
         with self._write(now) as (conn, t):
             if job_ids is None:
                 back = conn.execute(Q["redrive_all"], {"now": t, "queue": queue}).fetchall()
@@ -454,6 +457,7 @@ class SqliteBackend(Backend):
         state = JobState(state)
         if not state.is_final:
             raise ValueError(f"purge only deletes finished jobs, not {state}")
+        check_filters(queue=queue)
         sql = "DELETE FROM conveyor_jobs WHERE state = :state AND (:queue IS NULL OR queue = :queue)"
         with self._write(None) as (conn, _):
             if job_ids is None:

@@ -8,34 +8,15 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import re
 from typing import Any
 
+from ..redact import MASK as MASK
+from ..redact import SENSITIVE_KEY as SENSITIVE_KEY
+from ..redact import URL_PASSWORD as URL_PASSWORD
+from ..redact import mask_text as mask_text
+from ..redact import redact as redact
+
 NONE = "\u2013"  # an en dash: "no value"
-
-# Values of these keys are shown as *** wherever they appear in args, results and metadata.
-SENSITIVE_KEY = re.compile(r"(?i)(pass(word|wd|phrase)?|secret|token|api[_-]?key|auth(orization)?|credential|"
-                           r"private[_-]?key|cookie|session)")
-# user:password@ in any URL-looking string (DSNs in args, error messages, tracebacks).
-URL_PASSWORD = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:/@\s]*):(?P<pw>[^@/\s]+)@")
-MASK = "***"
-
-
-def mask_text(text: str) -> str:
-    return URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", text)
-
-
-def redact(value: Any) -> Any:
-    """A copy of a JSON value with sensitive keys' values masked and URL passwords hidden."""
-    if isinstance(value, dict):
-        return {k: (MASK if isinstance(k, str) and SENSITIVE_KEY.search(k) and v not in (None, "")
-                    else redact(v)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redact(v) for v in value]
-    if isinstance(value, str):
-        return mask_text(value)
-    return value
-
 
 def to_json(value: Any, *, pretty: bool = False) -> str:
     if pretty:
