@@ -139,7 +139,14 @@ class ConveyorSystem(System):
         "SELECT extract(epoch FROM attempted_at - created_at)::float8 FROM conveyor_jobs"
         " WHERE id = ANY(%s)"
     )
-    reset_sql = "TRUNCATE conveyor_jobs, conveyor_counters RESTART IDENTITY"
+    # Every conveyor_ table but the migrations' record, in one TRUNCATE: tables that reference
+    # conveyor_jobs (conveyor_steps) must go with it, and the fair-sharing clocks, rate claims
+    # and counters of the previous scenario with the jobs they describe.
+    reset_sql = (
+        "DO $$ BEGIN EXECUTE (SELECT 'TRUNCATE ' || string_agg(quote_ident(tablename), ', ')"
+        " || ' RESTART IDENTITY CASCADE' FROM pg_tables WHERE schemaname = current_schema()"
+        " AND tablename LIKE 'conveyor\\_%' AND tablename <> 'conveyor_schema_migrations'); END $$"
+    )
 
     def __init__(self, url: str, concurrency: int) -> None:
         self.app, self.noop = make_conveyor_app(url)

@@ -9,10 +9,23 @@ steps) in the transaction that holds its own writes.
 Fair sharing keeps its state in two small tables: ``conveyor_queue_clock`` (each queue's
 virtual time, raised by the claim statement itself) and ``conveyor_fair_tags`` (each fair
 key's last tag, reserved at enqueue by an upsert whose row lock orders concurrent enqueues).
+
+Concurrency and rate limits (backends/base.py) cost nothing while the head of a queue has no
+limited jobs: the one claim statement claims nothing if any job it picked has a limit, and
+then a second transaction takes the limited path. That path reads the waiting jobs in claim
+order without locking them (at most ``CLAIM_SCAN``), takes a transaction-scoped advisory lock
+per limit key with ``pg_try_advisory_xact_lock`` (a key another claimer holds is passed over
+this round: nobody waits, so nobody deadlocks), counts running jobs and recent claims per key
+in the next statement (READ COMMITTED: it sees the previous holder's commit), and claims the
+admitted jobs with ``SKIP LOCKED``, recording a ``conveyor_rate_claims`` row per claim of a
+rate-limited job in the same statement. A job with a concurrency key that leaves ``running``
+wakes idle workers of its queue. A queue whose head was limited keeps taking the limited path
+until a claim there finds no limited job among those it looked at.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -43,6 +56,7 @@ from ..job import Job, JobState
 from ..payload import NAME_RE
 from . import redact_url
 from .base import (
+    CLAIM_SCAN,
     Backend,
     EnqueueResult,
     ErrorInfo,
@@ -61,7 +75,10 @@ from .sql import load_migrations, load_queries
 log = logging.getLogger("conveyor.postgres")
 
 NOW = "coalesce(to_timestamp(%(now)s::float8), now())"
-Q = {name: sql.replace(":NOW", NOW) for name, sql in load_queries("postgres").items()}
+# The time the statement started, for the limited claim: later than the transaction's now().
+STMT_NOW = "coalesce(to_timestamp(%(now)s::float8), statement_timestamp())"
+Q = {name: sql.replace(":NOW", NOW).replace(":STMT_NOW", STMT_NOW)
+     for name, sql in load_queries("postgres").items()}
 MIGRATIONS = load_migrations("postgres")
 KEEP_ERRORS = 20
 CHANNEL = "conveyor_wake"
@@ -129,6 +146,9 @@ class PostgresBackend(Backend):
             raise StoreError(f"PostgreSQL: cannot connect: {exc}") from None
         self._listener: psycopg.Connection[dict[str, Any]] | None = None
         self._listen_lock = threading.Lock()
+        # Queues whose last claim met limited jobs at its head: their claims go straight to the
+        # limited path instead of trying the fast statement first (a hint, never a rule).
+        self._limited_queues: set[str] = set()
         self._wake_generation = 0
         self._migrate()
 
@@ -210,6 +230,11 @@ class PostgresBackend(Backend):
         if distinct:
             conn.execute(Q["notify"], {"channel": CHANNEL, "queues": distinct})
 
+    def _notify_freed(self, conn: psycopg.Connection[Any], rows: Sequence[dict[str, Any]]) -> None:
+        """Jobs with a concurrency key left ``running``: a slot is free, so wake idle workers of
+        their queues for the jobs the limit held back. Nothing at all for jobs without a key."""
+        self._notify(conn, [r["queue"] for r in rows if r["concurrency_key"] is not None])
+
     # -- producer ---------------------------------------------------------------------
     def enqueue_many(
         self, jobs: Sequence[NewJob], *, now: float | None = None,
@@ -280,14 +305,25 @@ class PostgresBackend(Backend):
     ) -> list[Job]:
         if limit <= 0:
             return []
+        params = {"queue": queue, "limit": limit, "now": now, "worker_id": worker_id, "lease_s": lease_s}
+        promoted = False
+        if queue not in self._limited_queues:
+            # The fast path: one statement, which claims nothing if a limit applies to any of
+            # the jobs it picked (then their row locks go at this commit).
+            with self._tx(control=True) as conn:
+                conn.execute(Q["promote_queue"], {"queue": queue, "now": now, "limit": 1000})
+                rows = conn.execute(_claim_sql(limit), params).fetchall()
+            if not rows[0]["head_limited"]:
+                return _claimed_jobs([r for r in rows if r["id"] is not None])
+            self._limited_queues.add(queue)
+            promoted = True
         with self._tx(control=True) as conn:
-            conn.execute(Q["promote_queue"], {"queue": queue, "now": now, "limit": 1000})
-            rows = conn.execute(
-                Q["claim"],
-                {"queue": queue, "limit": limit, "now": now, "worker_id": worker_id, "lease_s": lease_s},
-            ).fetchall()
-        rows.sort(key=lambda r: (r["priority"], r["fair_tag"], r["run_at"], r["id"]))  # claim order
-        return [_row_to_job(r) for r in rows]
+            if not promoted:
+                conn.execute(Q["promote_queue"], {"queue": queue, "now": now, "limit": 1000})
+            rows, saw_limited = _claim_limited(conn, params)
+        if not saw_limited:
+            self._limited_queues.discard(queue)  # no limits at the head any more: fast path again
+        return _claimed_jobs(rows)
 
     def heartbeat(self, leases: Sequence[Lease], *, lease_s: float, now: float | None = None) -> set[int]:
         if not leases:
@@ -309,14 +345,19 @@ class PostgresBackend(Backend):
             try:
                 with connection.cursor(row_factory=dict_row) as cur:
                     row = cur.execute(Q["ack"], params).fetchone()
+                    if row is not None and row["concurrency_key"] is not None:
+                        # Delivered when the caller commits, as the ack itself.
+                        cur.execute(Q["notify"], {"channel": CHANNEL, "queues": [row["queue"]]})
             except psycopg.Error as exc:
                 raise _translate(exc) from exc
             if row is None:
                 raise LeaseLost(lease.job_id, "ack refused")
             return
         with self._tx(control=True) as conn:
-            if conn.execute(Q["ack"], params).fetchone() is None:
+            row = conn.execute(Q["ack"], params).fetchone()
+            if row is None:
                 raise LeaseLost(lease.job_id, "ack refused")
+            self._notify_freed(conn, [row])
 
     def ack_many(self, acks: Sequence[tuple[Lease, str | None]], *, now: float | None = None) -> list[bool]:
         if not acks:
@@ -327,6 +368,7 @@ class PostgresBackend(Backend):
                 {"ids": [x.job_id for x, _ in acks], "tokens": [x.token for x, _ in acks],
                  "results": [r for _, r in acks], "now": now},
             ).fetchall()
+            self._notify_freed(conn, rows)
         held = {r["id"] for r in rows}
         return [lease.job_id in held for lease, _ in acks]
 
@@ -340,7 +382,7 @@ class PostgresBackend(Backend):
             if row is None:
                 raise LeaseLost(lease.job_id, "retry refused")
             state = JobState(row["state"])
-            if state is not JobState.DEAD:
+            if state is not JobState.DEAD or row["concurrency_key"] is not None:
                 self._notify(conn, [row["queue"]])
         return state
 
@@ -353,6 +395,7 @@ class PostgresBackend(Backend):
             ).fetchone()
             if row is None:
                 raise LeaseLost(lease.job_id, "kill refused")
+            self._notify_freed(conn, [row])
 
     def release(self, leases: Sequence[Lease], *, now: float | None = None) -> list[int]:
         if not leases:
@@ -370,7 +413,8 @@ class PostgresBackend(Backend):
             rows = conn.execute(Q["reap"], {"now": now, "limit": limit, "keep_errors": KEEP_ERRORS}).fetchall()
             if rows:
                 conn.execute(Q["count_up"], {"name": "lease_expired", "queues": [r["queue"] for r in rows]})
-                self._notify(conn, [r["queue"] for r in rows if r["state"] == "available"])
+                self._notify(conn, [r["queue"] for r in rows
+                                    if r["state"] == "available" or r["concurrency_key"] is not None])
         return ReapResult(
             requeued=sorted(r["id"] for r in rows if r["state"] == "available"),
             dead=sorted(r["id"] for r in rows if r["state"] == "dead"),
@@ -398,6 +442,7 @@ class PostgresBackend(Backend):
                     Q["prune"], {"state": str(state), "older_than": older_than, "limit": left, "now": now}
                 ).rowcount
             conn.execute(Q["prune_fair_tags"], {"limit": limit})
+            conn.execute(Q["prune_rate_claims"], {"now": now, "limit": limit})
         return deleted
 
     # -- inspection and administration ------------------------------------------------
@@ -505,7 +550,10 @@ class PostgresBackend(Backend):
 
     def cancel(self, job_id: int, *, now: float | None = None) -> bool:
         with self._tx() as conn:
-            return conn.execute(Q["cancel"], {"id": job_id, "now": now}).fetchone() is not None
+            row = conn.execute(Q["cancel"], {"id": job_id, "now": now}).fetchone()
+            if row is not None and row["was"] == "running":
+                self._notify_freed(conn, [row])
+        return row is not None
 
     def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -603,8 +651,24 @@ def _row_to_job(row: dict[str, Any]) -> Job:
         finished_at=_ts(row["finished_at"]), result=row["result"], errors=row["errors"],
         unique_key=row["unique_key"], worker_id=row["worker_id"], lease_token=row["lease_token"],
         lease_expires_at=_ts(row["lease_expires_at"]), meta=row["meta"], fair_key=row["fair_key"],
-        steps=row["steps"],
+        steps=row["steps"], concurrency_key=row["concurrency_key"], concurrency_limit=row["concurrency_limit"],
+        rate_key=row["rate_key"], rate_limit=row["rate_limit"], rate_period=row["rate_period"],
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _claim_sql(limit: int) -> bytes:
+    """The claim statement with its LIMIT written in. As a parameter, the planner would guess
+    LIMIT at 10% of the table, so the generic plan (a hash join over a scan of every job) never
+    wins and each call is planned anew. As a constant, once psycopg has prepared the statement
+    (one per distinct limit: a worker asks for 1 to its number of slots), PostgreSQL switches
+    to the generic plan, the same index scan and nested loop, and stops planning it."""
+    return Q["claim"].replace("%(limit)s", str(int(limit))).encode()
+
+
+def _claimed_jobs(rows: list[dict[str, Any]]) -> list[Job]:
+    rows.sort(key=lambda r: (r["priority"], r["fair_tag"], r["run_at"], r["id"]))  # claim order
+    return [_row_to_job(r) for r in rows]
 
 
 def _insert_params(job: NewJob, now: float | None, fair_tag: int | None) -> dict[str, Any]:
@@ -613,7 +677,151 @@ def _insert_params(job: NewJob, now: float | None, fair_tag: int | None) -> dict
         "run_at": job.run_at, "delay": max(job.delay, 0.0), "max_attempts": job.max_attempts,
         "timeout_s": job.timeout, "unique_key": job.unique_key, "meta": job.meta, "now": now,
         "fair_key": job.fair_key, "fair_tag": fair_tag, "unique_for": job.unique_for,
+        "concurrency_key": job.concurrency_key, "concurrency_limit": job.concurrency_limit,
+        "rate_key": job.rate_key, "rate_limit": job.rate_limit, "rate_period": job.rate_period,
     }
+
+
+# -- the limited claim --------------------------------------------------------------------------
+
+CLAIM_PAGE = 200  # jobs per page of the limited walk after the first
+
+
+class _Limits:
+    """What one limited claim knows of each limit key: whether it holds the key's lock, running
+    jobs per concurrency key and claims per (rate key, period) window, each plus the jobs this
+    claim admitted so far."""
+
+    def __init__(self, conn: psycopg.Connection[dict[str, Any]], now: float | None) -> None:
+        self._conn = conn
+        self._now = now
+        self.locked: set[tuple[str, str]] = set()  # ("c" | "r", key)
+        self.busy: set[tuple[str, str]] = set()  # another claimer holds the lock: pass over
+        self.running: dict[str, int] = {}
+        self.recent: dict[tuple[str, float], int] = {}
+        self.counted_at: dict[tuple[str, float], datetime] = {}  # the store's time of each window's count
+
+    @staticmethod
+    def keys_of(row: dict[str, Any]) -> list[tuple[str, str]]:
+        keys = []
+        if row["concurrency_key"] is not None:
+            keys.append(("c", row["concurrency_key"]))
+        if row["rate_key"] is not None:
+            keys.append(("r", row["rate_key"]))
+        return keys
+
+    def known(self, row: dict[str, Any]) -> bool:
+        """Whether every limit of ``row`` is decided (locked and counted, or busy)."""
+        for kind, key in self.keys_of(row):
+            if (kind, key) in self.busy:
+                continue
+            if (kind, key) not in self.locked:
+                return False
+            if kind == "c" and key not in self.running:
+                return False
+            if kind == "r" and (key, row["rate_period"]) not in self.recent:
+                return False
+        return True
+
+    def blocked(self, row: dict[str, Any]) -> bool:
+        """Whether what is known already holds ``row`` back (undecided limits do not)."""
+        ckey, rkey = row["concurrency_key"], row["rate_key"]
+        if ckey is not None and (("c", ckey) in self.busy or self.running.get(ckey, 0) >= row["concurrency_limit"]):
+            return True
+        return rkey is not None and (
+            ("r", rkey) in self.busy or self.recent.get((rkey, row["rate_period"]), 0) >= row["rate_limit"])
+
+    def decide(self, rows: Sequence[dict[str, Any]], chosen: Sequence[dict[str, Any]]) -> None:
+        """Lock and count the undecided limits of ``rows``: two statements, in that order."""
+        to_lock = sorted({k for r in rows for k in self.keys_of(r)} - self.locked - self.busy)
+        if to_lock:
+            got = self._conn.execute(Q["limit_locks"], {
+                "kinds": [kind for kind, _ in to_lock], "keys": [key for _, key in to_lock]}).fetchall()
+            for r in got:
+                (self.locked if r["locked"] else self.busy).add((r["kind"], r["key"]))
+        ckeys = sorted({r["concurrency_key"] for r in rows if r["concurrency_key"] is not None
+                        and ("c", r["concurrency_key"]) in self.locked and r["concurrency_key"] not in self.running})
+        windows = sorted({(r["rate_key"], float(r["rate_period"])) for r in rows if r["rate_key"] is not None
+                          and ("r", r["rate_key"]) in self.locked
+                          and (r["rate_key"], r["rate_period"]) not in self.recent})
+        if not ckeys and not windows:
+            return
+        counts = self._conn.execute(Q["limit_counts"], {
+            "ckeys": ckeys, "rkeys": [k for k, _ in windows], "periods": [p for _, p in windows],
+            "now": self._now}).fetchall()
+        for r in counts:
+            if r["kind"] == "c":
+                # Jobs admitted by this claim are not running yet: none has this key (it was
+                # undecided until now), so the count stands as read.
+                self.running[r["key"]] = r["n"]
+            else:
+                window = (r["key"], r["period"])
+                self.recent[window] = r["n"] + sum(1 for c in chosen if c["rate_key"] == r["key"])
+                self.counted_at[window] = r["at"]
+
+    def admit(self, row: dict[str, Any]) -> bool:
+        if self.blocked(row):
+            return False
+        if row["rate_key"] is not None:
+            for window in self.recent:
+                if window[0] == row["rate_key"]:
+                    self.recent[window] += 1
+        if row["concurrency_key"] is not None:
+            self.running[row["concurrency_key"]] += 1
+        return True
+
+
+def _claim_limited(conn: psycopg.Connection[dict[str, Any]],
+                   params: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
+    """Claim in queue order, passing over jobs whose concurrency or rate limit is reached, or
+    whose key another claimer is deciding right now; at most CLAIM_SCAN jobs looked at. Returns
+    the claimed rows and whether any job looked at had a limit."""
+    limit: int = params["limit"]
+    limits = _Limits(conn, params["now"])
+    chosen: list[dict[str, Any]] = []
+    saw_limited = False
+    seen = 0
+    page = min(max(limit * 4, 50), CLAIM_SCAN)
+    last: dict[str, Any] | None = None
+    while len(chosen) < limit and seen < CLAIM_SCAN:
+        want = min(page, CLAIM_SCAN - seen)
+        if last is None:
+            batch = conn.execute(Q["claim_candidates"], {"queue": params["queue"], "limit": want}).fetchall()
+        else:
+            batch = conn.execute(Q["claim_candidates_after"], {
+                "queue": params["queue"], "limit": want, "priority": last["priority"],
+                "fair_tag": last["fair_tag"], "run_at": last["run_at"], "id": last["id"]}).fetchall()
+        seen += len(batch)
+        for i, row in enumerate(batch):
+            if len(chosen) >= limit:
+                break
+            if row["concurrency_key"] is None and row["rate_key"] is None:
+                chosen.append(row)
+                continue
+            saw_limited = True
+            if not limits.known(row):
+                # Decide this job's keys and those of the jobs after it that could still be
+                # admitted, as many as the slots left: one lock and one count statement for
+                # all of them, without locking keys this claim will not get to.
+                ahead: list[dict[str, Any]] = []
+                for nxt in batch[i:]:
+                    if len(ahead) >= limit - len(chosen):
+                        break
+                    if not limits.blocked(nxt):
+                        ahead.append(nxt)
+                limits.decide([r for r in ahead if not limits.known(r)], chosen)
+            if limits.admit(row):
+                chosen.append(row)
+        if len(batch) < want:
+            break
+        last = batch[-1]
+        page = CLAIM_PAGE
+    if not chosen:
+        return [], saw_limited
+    rate_ats = [limits.counted_at[(r["rate_key"], r["rate_period"])] if r["rate_key"] is not None else None
+                for r in chosen]
+    rows = conn.execute(Q["claim_ids"], {**params, "ids": [r["id"] for r in chosen], "rate_ats": rate_ats}).fetchall()
+    return rows, saw_limited
 
 
 # -- one enqueue, run by the sync and the async driver ---------------------------------------
@@ -792,8 +1000,8 @@ def _record_step(cur: psycopg.Cursor[dict[str, Any]], job_id: int, step: str,
         if not row["job_found"]:
             raise JobNotFound(f"no job with id {job_id}")
         raise StoreError(f"step {step!r} of job {job_id}: record neither written nor found; retry")
-    value = row["result"]  # decoded jsonb; SQL NULL (a step that returned None) is None too
-    return False, None if value is None else json.dumps(value)
+    value = row["result"]  # the stored JSON text; SQL NULL is a step that returned None
+    return False, None if value in (None, "null") else value
 
 
 def _error_json(error: ErrorInfo) -> str:

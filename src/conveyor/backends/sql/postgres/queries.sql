@@ -1,20 +1,24 @@
 -- Named queries of the PostgreSQL backend. :NOW is the injected time, else the
--- transaction's now(): every time comes from the database's clock.
+-- transaction's now(); :STMT_NOW the injected time, else the statement's start
+-- (statement_timestamp()): every time comes from the database's clock.
 
 -- name: insert
 -- fair_tag: the caller's reserved tag for a job with a fair key; else vtime + 1 of its
 -- (queue, priority): the current round. A succeeded job inside its unique_for window still holds the key: then nothing is
 -- inserted, no row comes back, and find_unique answers.
 INSERT INTO conveyor_jobs (queue, task, args, state, priority, run_at, max_attempts, timeout_s,
-                           unique_key, meta, created_at, fair_key, fair_tag, unique_for)
-SELECT %(queue)s, %(task)s, %(args)s::jsonb,
+                           unique_key, meta, created_at, fair_key, fair_tag, unique_for,
+                           concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period)
+SELECT %(queue)s, %(task)s, %(args)s::json,
        CASE WHEN r.run_at > t.now THEN 'scheduled' ELSE 'available' END,
        %(priority)s, r.run_at, %(max_attempts)s, %(timeout_s)s, %(unique_key)s, %(meta)s::jsonb, t.now,
        %(fair_key)s,
        coalesce(%(fair_tag)s::bigint,
                 (SELECT c.vtime + 1 FROM conveyor_queue_clock AS c
                  WHERE c.queue = %(queue)s AND c.priority = %(priority)s), 1),
-       %(unique_for)s::float8
+       %(unique_for)s::float8,
+       %(concurrency_key)s, %(concurrency_limit)s::integer, %(rate_key)s, %(rate_limit)s::integer,
+       %(rate_period)s::float8
 FROM (SELECT :NOW AS now) AS t,
      LATERAL (SELECT coalesce(to_timestamp(%(run_at)s::float8),
                               t.now + make_interval(secs => %(delay)s::float8)) AS run_at) AS r
@@ -89,19 +93,24 @@ FROM due WHERE j.id = due.id
 RETURNING j.queue;
 
 -- name: claim
--- One statement: pick, lease, and raise the vtime of each (queue, priority) it claimed at to
--- the largest tag it handed out there. MATERIALIZED fences the planner so it cannot update
--- more rows than LIMIT. A clock row is only touched when this claim moves it forward as the
--- statement's snapshot sees it (the usual claim, within the current round, takes no lock on
--- it); then the upsert locks it (in priority order: no deadlock between claims), re-checks
--- against the latest committed vtime, and inserts the row on a first claim. Rows come back
--- unordered: the caller sorts them into claim order.
+-- The fast path, one statement: pick, lease, and raise the vtime of each (queue, priority) it
+-- claimed at to the largest tag it handed out there. MATERIALIZED fences the planner so it
+-- cannot update more rows than LIMIT. A clock row is only touched when this claim moves it
+-- forward as the statement's snapshot sees it (the usual claim, within the current round,
+-- takes no lock on it); then the upsert locks it (in priority order: no deadlock between
+-- claims), re-checks against the latest committed vtime, and inserts the row on a first claim.
+-- If any picked job has a concurrency or rate key, nothing is claimed: the statement returns
+-- one row of NULLs with head_limited true, and the caller takes the limited path
+-- (claim_candidates ... claim_ids). Otherwise rows come back unordered, head_limited false (a
+-- queue with nothing to claim gives one row of NULLs): the caller sorts them into claim order.
 WITH picked AS MATERIALIZED (
-    SELECT id FROM conveyor_jobs
+    SELECT id, concurrency_key IS NOT NULL OR rate_key IS NOT NULL AS limited FROM conveyor_jobs
     WHERE state = 'available' AND queue = %(queue)s
     ORDER BY priority, fair_tag, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), head AS MATERIALIZED (
+    SELECT coalesce(bool_or(limited), false) AS limited FROM picked
 ), claimed AS (
     UPDATE conveyor_jobs AS j
     SET state = 'running',
@@ -111,7 +120,7 @@ WITH picked AS MATERIALIZED (
         lease_token = replace(gen_random_uuid()::text, '-', ''),
         lease_expires_at = :NOW + make_interval(secs => %(lease_s)s::float8)
     FROM picked
-    WHERE j.id = picked.id
+    WHERE j.id = picked.id AND NOT (SELECT h.limited FROM head AS h)
     RETURNING j.*
 ), tops AS MATERIALIZED (
     SELECT priority, max(fair_tag) AS tag FROM claimed GROUP BY priority
@@ -124,7 +133,100 @@ WITH picked AS MATERIALIZED (
     ON CONFLICT (queue, priority) DO UPDATE SET vtime = excluded.vtime WHERE c.vtime < excluded.vtime
 )
 SELECT claimed.*,
-       (SELECT coalesce(jsonb_object_agg(s.step, s.result), '{}'::jsonb)
+       (SELECT coalesce(json_object_agg(s.step, s.result), '{}'::json)
+        FROM conveyor_steps AS s WHERE s.job_id = claimed.id) AS steps,
+       head.limited AS head_limited
+FROM head LEFT JOIN claimed ON true;
+
+-- name: claim_candidates
+-- The limited path's walk: waiting jobs in claim order, read without locks (locking every job
+-- looked at would write each one); claim_ids locks and re-checks the chosen ones.
+SELECT id, priority, fair_tag, run_at, concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period
+FROM conveyor_jobs
+WHERE state = 'available' AND queue = %(queue)s
+ORDER BY priority, fair_tag, run_at, id
+LIMIT %(limit)s;
+
+-- name: claim_candidates_after
+-- The next page of the walk, after the last job of the previous one (keyset: no OFFSET).
+SELECT id, priority, fair_tag, run_at, concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period
+FROM conveyor_jobs
+WHERE state = 'available' AND queue = %(queue)s
+  AND (priority, fair_tag, run_at, id) > (%(priority)s::smallint, %(fair_tag)s::bigint,
+                                          %(run_at)s::timestamptz, %(id)s::bigint)
+ORDER BY priority, fair_tag, run_at, id
+LIMIT %(limit)s;
+
+-- name: limit_locks
+-- One transaction-scoped advisory lock per limit key: claimers of one key take turns, so none
+-- counts a limit while another is about to exceed it. Two-int form, (namespace, hash): its own
+-- lock space, apart from the one-bigint locks (migrations, max_depth). 1668247139 ('conc') for
+-- concurrency keys, 1918989413 ('rate') for rate keys; the schema is hashed in so stores in
+-- other schemas of the database do not contend. Try, never wait: a key another claimer holds
+-- is passed over this round (no waiting, no deadlock), and the holder claims its jobs.
+SELECT k.kind, k.key,
+       pg_try_advisory_xact_lock(CASE k.kind WHEN 'c' THEN 1668247139 ELSE 1918989413 END,
+                                 hashtext(current_schema() || ':' || k.key)) AS locked
+FROM unnest(%(kinds)s::text[], %(keys)s::text[]) AS k(kind, key);
+
+-- name: limit_counts
+-- Run after limit_locks, in a statement of its own: READ COMMITTED takes a fresh snapshot,
+-- which sees the commit of the key's previous holder. Running jobs per concurrency key, and
+-- claims per rate key within (t - period, t], where t is this statement's time (not the
+-- transaction's, which is older than the lock): every claim the snapshot sees was recorded
+-- before t, and this claim records its own at t (``at``), so its count and its record agree.
+SELECT 'c' AS kind, c.key, NULL::float8 AS period,
+       (SELECT count(*) FROM conveyor_jobs AS j
+        WHERE j.state = 'running' AND j.concurrency_key = c.key) AS n,
+       NULL::timestamptz AS at
+FROM unnest(%(ckeys)s::text[]) AS c(key)
+UNION ALL
+SELECT 'r', w.key, w.period,
+       (SELECT count(*) FROM conveyor_rate_claims AS r
+        WHERE r.rate_key = w.key AND r.at > t.at - make_interval(secs => w.period)),
+       t.at
+FROM unnest(%(rkeys)s::text[], %(periods)s::float8[]) AS w(key, period),
+     (SELECT :STMT_NOW AS at) AS t;
+
+-- name: claim_ids
+-- The limited path's claim of the jobs it chose: as the claim statement, for these ids. SKIP
+-- LOCKED and the state re-checked under the lock: a job another claimer took meanwhile is left
+-- out (never waited for). Each claimed rate-limited job records its claim, at the time its
+-- window was counted (rate_ats), in the same statement. Its attempt starts at this statement's
+-- time, after the key locks were taken: after the ack of the job whose slot it takes.
+WITH picked AS MATERIALIZED (
+    SELECT id FROM conveyor_jobs
+    WHERE id = ANY(%(ids)s::bigint[]) AND state = 'available'
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE conveyor_jobs AS j
+    SET state = 'running',
+        attempt = j.attempt + 1,
+        attempted_at = :STMT_NOW,
+        worker_id = %(worker_id)s,
+        lease_token = replace(gen_random_uuid()::text, '-', ''),
+        lease_expires_at = :STMT_NOW + make_interval(secs => %(lease_s)s::float8)
+    FROM picked
+    WHERE j.id = picked.id
+    RETURNING j.*
+), rated AS (
+    INSERT INTO conveyor_rate_claims (rate_key, at, expires_at, job_id)
+    SELECT r.rate_key, a.at, a.at + make_interval(secs => r.rate_period), r.id
+    FROM claimed AS r
+    JOIN unnest(%(ids)s::bigint[], %(rate_ats)s::timestamptz[]) AS a(id, at) ON a.id = r.id
+    WHERE r.rate_key IS NOT NULL
+), tops AS MATERIALIZED (
+    SELECT priority, max(fair_tag) AS tag FROM claimed GROUP BY priority
+), raised AS (
+    INSERT INTO conveyor_queue_clock AS c (queue, priority, vtime)
+    SELECT %(queue)s, t.priority, t.tag FROM tops AS t
+    WHERE NOT EXISTS (SELECT 1 FROM conveyor_queue_clock AS o
+                      WHERE o.queue = %(queue)s AND o.priority = t.priority AND o.vtime >= t.tag)
+    ORDER BY t.priority
+    ON CONFLICT (queue, priority) DO UPDATE SET vtime = excluded.vtime WHERE c.vtime < excluded.vtime
+)
+SELECT claimed.*,
+       (SELECT coalesce(json_object_agg(s.step, s.result), '{}'::json)
         FROM conveyor_steps AS s WHERE s.job_id = claimed.id) AS steps
 FROM claimed;
 
@@ -137,18 +239,18 @@ RETURNING j.id;
 
 -- name: ack
 UPDATE conveyor_jobs
-SET state = 'succeeded', result = %(result)s::jsonb, finished_at = :NOW,
+SET state = 'succeeded', result = %(result)s::json, finished_at = :NOW,
     lease_token = NULL, lease_expires_at = NULL
 WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running' AND lease_expires_at >= :NOW
-RETURNING id;
+RETURNING id, queue, concurrency_key;
 
 -- name: ack_many
 UPDATE conveyor_jobs AS j
-SET state = 'succeeded', result = l.result::jsonb, finished_at = :NOW,
+SET state = 'succeeded', result = l.result::json, finished_at = :NOW,
     lease_token = NULL, lease_expires_at = NULL
 FROM unnest(%(ids)s::bigint[], %(tokens)s::text[], %(results)s::text[]) AS l(id, token, result)
 WHERE j.id = l.id AND j.lease_token = l.token AND j.state = 'running' AND j.lease_expires_at >= :NOW
-RETURNING j.id;
+RETURNING j.id, j.queue, j.concurrency_key;
 
 -- name: retry
 UPDATE conveyor_jobs
@@ -162,7 +264,7 @@ SET state = CASE WHEN attempt >= max_attempts THEN 'dead'
                     'attempt', attempt, 'at', extract(epoch FROM :NOW)::float8, 'worker_id', worker_id)),
     lease_token = NULL, lease_expires_at = NULL
 WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running' AND lease_expires_at >= :NOW
-RETURNING state, queue;
+RETURNING state, queue, concurrency_key;
 
 -- name: kill
 UPDATE conveyor_jobs
@@ -172,7 +274,7 @@ SET state = 'dead', finished_at = :NOW,
                     'attempt', attempt, 'at', extract(epoch FROM :NOW)::float8, 'worker_id', worker_id)),
     lease_token = NULL, lease_expires_at = NULL
 WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running' AND lease_expires_at >= :NOW
-RETURNING id;
+RETURNING id, queue, concurrency_key;
 
 -- name: release
 UPDATE conveyor_jobs AS j
@@ -201,7 +303,7 @@ SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' E
                     'traceback', '', 'worker_id', j.worker_id)),
     lease_token = NULL, lease_expires_at = NULL
 FROM expired WHERE j.id = expired.id
-RETURNING j.id, j.queue, j.state;
+RETURNING j.id, j.queue, j.state, j.concurrency_key;
 
 -- name: count_up
 INSERT INTO conveyor_counters (queue, name, value)
@@ -211,13 +313,13 @@ ON CONFLICT (queue, name) DO UPDATE SET value = conveyor_counters.value + exclud
 -- name: job_rows
 -- Jobs with their step records; list_jobs adds its WHERE and ORDER BY.
 SELECT j.*,
-       (SELECT coalesce(jsonb_object_agg(s.step, s.result), '{}'::jsonb)
+       (SELECT coalesce(json_object_agg(s.step, s.result), '{}'::json)
         FROM conveyor_steps AS s WHERE s.job_id = j.id) AS steps
 FROM conveyor_jobs AS j;
 
 -- name: get
 SELECT j.*,
-       (SELECT coalesce(jsonb_object_agg(s.step, s.result), '{}'::jsonb)
+       (SELECT coalesce(json_object_agg(s.step, s.result), '{}'::json)
         FROM conveyor_steps AS s WHERE s.job_id = j.id) AS steps
 FROM conveyor_jobs AS j WHERE j.id = %(id)s;
 
@@ -255,10 +357,17 @@ WHERE state = 'dead' AND (%(queue)s::text IS NULL OR queue = %(queue)s) AND uniq
 ORDER BY id DESC;
 
 -- name: cancel
-UPDATE conveyor_jobs
+-- Locks the row first to read the state it leaves: a running job with a concurrency key frees
+-- a slot, and the caller wakes idle workers for the jobs it held back.
+WITH old AS (
+    SELECT id, state FROM conveyor_jobs
+    WHERE id = %(id)s AND state IN ('scheduled', 'available', 'running')
+    FOR UPDATE
+)
+UPDATE conveyor_jobs AS j
 SET state = 'cancelled', finished_at = :NOW, lease_token = NULL, lease_expires_at = NULL
-WHERE id = %(id)s AND state IN ('scheduled', 'available', 'running')
-RETURNING id;
+FROM old WHERE j.id = old.id
+RETURNING j.id, j.queue, j.concurrency_key, old.state AS was;
 
 -- name: prune
 DELETE FROM conveyor_jobs
@@ -278,6 +387,13 @@ USING (SELECT t.queue, t.priority, t.fair_key FROM conveyor_fair_tags AS t
        FOR UPDATE OF t SKIP LOCKED) AS old
 WHERE f.queue = old.queue AND f.priority = old.priority AND f.fair_key = old.fair_key;
 
+-- name: prune_rate_claims
+-- Claims of rate-limited jobs whose window has passed count for nothing.
+DELETE FROM conveyor_rate_claims
+WHERE id IN (SELECT id FROM conveyor_rate_claims WHERE expires_at < :NOW
+             ORDER BY expires_at LIMIT %(limit)s
+             FOR UPDATE SKIP LOCKED);
+
 -- name: cron_take
 -- Compare-and-set of a schedule's last tick: a row changes (and comes back) only for a newer
 -- tick. Racing schedulers queue on the row lock; the losers then see the winner's tick.
@@ -292,14 +408,14 @@ SELECT name, last_tick FROM conveyor_cron ORDER BY name;
 -- name: record_step
 -- First record wins: racing inserts of one (job, step) wait for the first and then do nothing.
 INSERT INTO conveyor_steps (job_id, step, result)
-SELECT %(id)s, %(step)s, %(result)s::jsonb
+SELECT %(id)s, %(step)s, %(result)s::json
 WHERE EXISTS (SELECT 1 FROM conveyor_jobs WHERE id = %(id)s)
 ON CONFLICT (job_id, step) DO NOTHING
 RETURNING job_id;
 
 -- name: read_step
 SELECT EXISTS (SELECT 1 FROM conveyor_jobs WHERE id = %(id)s) AS job_found,
-       s.job_id IS NOT NULL AS found, s.result
+       s.job_id IS NOT NULL AS found, s.result::text AS result
 FROM (SELECT 1) AS one
 LEFT JOIN conveyor_steps AS s ON s.job_id = %(id)s AND s.step = %(step)s;
 
