@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import BACKENDS, BackendSpec, BackendUnavailable, _unavailable
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, multiple, rule
+from stores import BACKENDS, BackendSpec, BackendUnavailable, _unavailable
 from support import new_job
 
 from conveyor.backends import open_backend

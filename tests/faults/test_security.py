@@ -40,8 +40,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from click.testing import CliRunner
-from conftest import BACKENDS
 from starlette.testclient import TestClient
+from stores import BACKENDS
 from support import running_worker, wait_until
 
 import conveyor
