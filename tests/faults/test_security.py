@@ -541,10 +541,6 @@ def test_s3_backend_filters_are_parameters(app: Conveyor, store_url: str) -> Non
 def test_s3_a_filter_that_is_not_text_fails_as_a_conveyor_error(app: Conveyor, store_url: str,
                                                                 request: pytest.FixtureRequest) -> None:
     """A lone surrogate (what a non-UTF-8 argv byte becomes: `conveyor jobs list --queue $'\\xff'`)."""
-    if kind_of(store_url) == "postgres":
-        request.applymarker(pytest.mark.xfail(strict=True, raises=UnicodeEncodeError, reason=(
-            "BUG: PostgreSQL lets a raw UnicodeEncodeError out of list_jobs/purge/redrive "
-            "for a filter that cannot be encoded (SQLite and Redis raise PayloadError)")))
     seed(app)
     for call in FILTER_CALLS.values():
         with pytest.raises(ConveyorError):

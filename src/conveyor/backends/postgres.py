@@ -66,6 +66,7 @@ from .base import (
     ReapResult,
     Stats,
     WorkerInfo,
+    check_filters,
     depth_limits,
     queue_stats_from_rows,
     refuse_overflow,
@@ -472,6 +473,7 @@ class PostgresBackend(Backend):
         self, *, state: JobState | None = None, queue: str | None = None, task: str | None = None,
         cursor: int | None = None, limit: int = 50,
     ) -> Page:
+        check_filters(queue=queue, task=task)
         where: list[str] = []
         params: dict[str, Any] = {"limit": limit + 1}
         for column, value in (("state", str(state) if state is not None else None), ("queue", queue),
@@ -517,6 +519,7 @@ class PostgresBackend(Backend):
 
     def redrive(self, job_ids: Sequence[int] | None = None, *, queue: str | None = None,
                 now: float | None = None) -> int:
+        check_filters(queue=queue)
         with self._tx() as conn:
             back: list[dict[str, Any]] = []
             if job_ids is None:
@@ -542,6 +545,7 @@ class PostgresBackend(Backend):
         state = JobState(state)
         if not state.is_final:
             raise ValueError(f"purge only deletes finished jobs, not {state}")
+        check_filters(queue=queue)
         with self._tx() as conn:
             return conn.execute(
                 Q["purge"], {"state": str(state), "queue": queue,
