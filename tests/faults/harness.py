@@ -39,11 +39,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from processrig import Proc, proc_stat, session_members, wait_until
+TESTS = Path(__file__).resolve().parent.parent
+for _rig in ("process", "postgres", "redis"):  # the existing rigs: processrig, pgrig, redisrig
+    if str(TESTS / _rig) not in sys.path:
+        sys.path.insert(0, str(TESTS / _rig))
 
-from conveyor import Conveyor, ConveyorError, Job, JobState
-from conveyor.backends.base import Backend
-from conveyor.errors import StoreError
+from processrig import Proc, proc_stat, session_members, wait_until  # noqa: E402
+
+from conveyor import Conveyor, ConveyorError, Job, JobState  # noqa: E402
+from conveyor.backends.base import Backend  # noqa: E402
+from conveyor.errors import StoreError  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 T = TypeVar("T")
@@ -568,9 +573,10 @@ class Cluster:
 
 
 class Nemesis:
-    """Every U(``interval``) seconds, a fault on one random started worker of ``cluster``:
-    ``"kill"`` is SIGKILL and a new worker in its place; ``"pause"`` is SIGSTOP for
-    ``pause_s`` seconds, then SIGCONT. ``events`` lists (time, fault, worker name, pid)."""
+    """Every U(``interval``) seconds, a fault on one random started worker of ``cluster``, the
+    kinds of ``faults`` in turn: ``"kill"`` is SIGKILL and a new worker in its place; ``"pause"``
+    is SIGSTOP for ``pause_s`` seconds, then SIGCONT. ``keep`` workers are always left running.
+    ``events`` lists (time, fault, worker name, pid)."""
 
     def __init__(self, cluster: Cluster, rng: random.Random, *, interval: tuple[float, float],
                  faults: Sequence[str] = ("kill",), pause_s: float = 3.0, keep: int = 0,
@@ -581,6 +587,7 @@ class Nemesis:
         # (it holds a lock every other process would wait for); it is resumed and the fault skipped.
         self.pause_guard = pause_guard
         self.skipped_pauses = 0
+        self._turn = 0
         self.events: list[tuple[float, str, str, int]] = []
         self._stop = threading.Event()
         self._paused: list[tuple[float, Proc]] = []
@@ -607,12 +614,13 @@ class Nemesis:
                 if len(candidates) <= self.keep:  # leave this many running, untouched
                     continue
                 victim = self.rng.choice(candidates)
-                fault = self.rng.choice(self.faults)
+                fault = self.faults[self._turn % len(self.faults)]  # in turn: each kind surely happens
                 if fault == "kill":
                     with contextlib.suppress(ProcessLookupError):
                         victim.popen.kill()
                     victim.popen.wait(10)
                     self.events.append((time.time(), fault, victim.name, victim.pid))
+                    self._turn += 1
                     self.cluster.respawn(victim)
                 else:
                     with contextlib.suppress(ProcessLookupError):
@@ -624,6 +632,7 @@ class Nemesis:
                         self.skipped_pauses += 1
                         continue
                     self.events.append((time.time(), fault, victim.name, victim.pid))
+                    self._turn += 1
                     self._paused.append((time.monotonic() + self.pause_s, victim))
         finally:
             self._resume_due(force=True)

@@ -10,7 +10,7 @@ most kills x concurrency; no job running or over max_attempts at the end; every 
 the job's last attempt; drain within 60 s of the last kill; SQLite integrity_check ok.
 
 Sizes (this machine has 2 cores; each respawn costs ~0.5 s of CPU, so fewer workers and a
-slower producer than the plan's 8 x 4 at 10,000): CI 1,500 jobs, 3 workers, a kill every
+slower producer than the plan's 8 x 4 at 10,000): CI 1,000 jobs, 3 workers, a kill every
 0.3-0.8 s; full (``CONVEYOR_FAULT_PROFILE=full``) 10,000 jobs, 5 workers, 0.2-0.8 s.
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import FaultStore
+from faultstore import FaultStore
 from harness import (
     History,
     Nemesis,
@@ -36,12 +36,12 @@ from harness import (
 
 pytestmark = [pytest.mark.faults, pytest.mark.process]
 
-JOBS = pick(1500, 10_000)
+JOBS = pick(1000, 10_000)
 WORKERS = pick(3, 5)
 CONCURRENCY = 4
 LEASE = 2.0
 KILL_EVERY = pick((0.3, 0.8), (0.2, 0.8))
-RATE = pick(150.0, 200.0)  # enqueues per second, so the kills interleave with the producer
+RATE = pick(200.0, 200.0)  # enqueues per second, so the kills interleave with the producer
 DRAIN_S = 60.0
 
 
@@ -82,7 +82,7 @@ def test_random_sigkill_loses_nothing(fault_store: FaultStore, make_cluster) -> 
         assert report.ok == JOBS, f"enqueues refused while only workers were killed: {history.by_type('fail')[:3]}"
         report.assert_clean(context=cluster.diagnosis())
         # Progress, so the test cannot pass vacuously: the nemesis did kill, jobs did run.
-        assert kills >= pick(10, 100), f"only {kills} kills"
+        assert kills >= pick(5, 100), f"only {kills} kills"
         assert report.executions >= JOBS
         assert time.monotonic() - t_last_kill <= DRAIN_S + 5
         if fault_store.sqlite_path is not None:

@@ -27,7 +27,7 @@ import time
 from collections import defaultdict
 
 import pytest
-from conftest import FaultStore
+from faultstore import FaultStore
 from harness import (
     History,
     WorkerSpec,

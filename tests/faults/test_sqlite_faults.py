@@ -7,7 +7,7 @@ a real worker drains what the dead writers held. Pass: ``integrity_check`` and `
 ok, ``journal_mode`` still wal, reopening takes < 2 s, no writer ever saw an error (``database
 is locked`` included), rows are whole (every column a state needs is set), lost = 0 over
 enqueues that returned, unexpected = 0, duplicates <= kills x 2 (a writer holds at most 2
-jobs). Sizes, for 2 cores: CI 6 writers for 8 s; full 10 writers for 60 s (plan: 20 x 60 s).
+jobs). Sizes, for 2 cores: CI 6 writers for 5 s; full 10 writers for 60 s (plan: 20 x 60 s).
 
 R5b: the database on a tmpfs (mounted by the test; root only) of 2 MiB plus a ballast file,
 with a real worker running jobs. Enqueue 4 KiB jobs until the disk is full. Pass: the first
@@ -56,7 +56,7 @@ pytestmark = [pytest.mark.faults, pytest.mark.process]
 HERE = Path(__file__).resolve().parent
 
 WRITERS = pick(6, 10)
-RUN_S = pick(8.0, 60.0)
+RUN_S = pick(5.0, 60.0)
 KILL_EVERY = (0.05, 0.15)
 WRITER_LEASE = 2.0
 
@@ -157,8 +157,8 @@ def test_writers_killed_mid_transaction(tmp_path: Path, make_cluster) -> None:  
         report.emit()
         report.assert_clean()
         assert sql(db, "PRAGMA integrity_check") == [("ok",)]
-        assert kills >= pick(40, 300) and kills_in_call >= kills // 10, (kills, kills_in_call)
-        assert report.ok >= pick(500, 3000), "the writers hardly wrote: nothing was tested"
+        assert kills >= pick(25, 300) and kills_in_call >= kills // 10, (kills, kills_in_call)
+        assert report.ok >= pick(300, 3000), "the writers hardly wrote: nothing was tested"
     finally:
         app.close()
 

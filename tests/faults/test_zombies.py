@@ -11,7 +11,7 @@ zombies did wake up holding leases they had lost (their "lease lost" / "outcome 
 log lines are counted and must be > 0, so the test cannot pass vacuously); every worker is
 alive at the end. On SQLite and PostgreSQL a worker is not frozen while it holds the write
 lock or an open transaction (that stalls the store for everyone; counted as skipped).
-CI: 500 jobs; full: 3,000.
+CI: 300 jobs; full: 3,000.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import FaultStore
+from faultstore import FaultStore
 from harness import (
     History,
     Nemesis,
@@ -36,7 +36,7 @@ from harness import (
 
 pytestmark = [pytest.mark.faults, pytest.mark.process]
 
-JOBS = pick(500, 3000)
+JOBS = pick(300, 3000)
 WORKERS, CONCURRENCY, LEASE = 3, 4, 1.0
 PAUSE = 3 * LEASE
 RATE = 60.0
@@ -53,7 +53,7 @@ def test_zombies_are_refused(fault_store: FaultStore, make_cluster) -> None:  # 
         history = History()
         jobs = [(n, round(rng.uniform(0.05, 0.3), 3)) for n in range(JOBS)]
         t0 = time.monotonic()
-        nemesis = Nemesis(cluster, rng, interval=(1.0, 2.0), faults=("pause",), pause_s=PAUSE, keep=1,
+        nemesis = Nemesis(cluster, rng, interval=(0.8, 1.6), faults=("pause",), pause_s=PAUSE, keep=1,
                           pause_guard=fault_store.pause_guard("fzombie-"))
         nemesis.start()
         producer = Producer(app, history, jobs, rate=RATE).start()
@@ -77,7 +77,7 @@ def test_zombies_are_refused(fault_store: FaultStore, make_cluster) -> None:  # 
 
         assert not producer.errors, producer.errors[:3]
         report.assert_clean(context=cluster.diagnosis())
-        assert pauses >= pick(4, 30), f"only {pauses} pauses"
+        assert pauses >= pick(2, 30), f"only {pauses} pauses"
         assert refused >= 1, "no zombie ever found its lease gone: nothing was tested"
         assert all(p.alive() for p in cluster.procs), cluster.diagnosis()
         if fault_store.sqlite_path is not None:
