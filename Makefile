@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: demo test lint typecheck check bench docs docs-serve clean
+.PHONY: demo test faults lint typecheck check bench docs docs-serve clean
 
 $(BIN)/conveyor: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,17 @@ demo: $(BIN)/conveyor
 
 test: $(BIN)/conveyor
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The fault-injection suite at full size (docs/reliability.md): bigger job counts, more worker
+# processes, longer chaos than the CI profile `make test` runs. Each run's report is appended to
+# test-output/faults-full.jsonl and printed as the table docs/reliability.md shows at the end.
+FAULT_REPORT ?= test-output/faults-full.jsonl
+faults: $(BIN)/conveyor
+	mkdir -p $(dir $(FAULT_REPORT))
+	rm -f $(FAULT_REPORT)
+	CONVEYOR_FAULT_PROFILE=full CONVEYOR_FAULT_REPORT=$(FAULT_REPORT) \
+		$(BIN)/pytest tests/faults --timeout=1800 $(PYTEST_ARGS); status=$$?; \
+		$(BIN)/python tests/faults/report_table.py $(FAULT_REPORT); exit $$status
 
 lint: $(BIN)/conveyor
 	$(BIN)/ruff check src tests benchmarks

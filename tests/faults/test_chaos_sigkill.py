@@ -41,7 +41,7 @@ WORKERS = pick(3, 5)
 CONCURRENCY = 4
 LEASE = 2.0
 KILL_EVERY = pick((0.3, 0.8), (0.2, 0.8))
-RATE = pick(200.0, 200.0)  # enqueues per second, so the kills interleave with the producer
+RATE = pick(200.0, 120.0)  # enqueues per second, so the kills interleave with the producer
 DRAIN_S = 60.0
 
 
@@ -82,7 +82,7 @@ def test_random_sigkill_loses_nothing(fault_store: FaultStore, make_cluster) -> 
         assert report.ok == JOBS, f"enqueues refused while only workers were killed: {history.by_type('fail')[:3]}"
         report.assert_clean(context=cluster.diagnosis())
         # Progress, so the test cannot pass vacuously: the nemesis did kill, jobs did run.
-        assert kills >= pick(5, 100), f"only {kills} kills"
+        assert kills >= pick(5, 60), f"only {kills} kills"
         assert report.executions >= JOBS
         assert time.monotonic() - t_last_kill <= DRAIN_S + 5
         if fault_store.sqlite_path is not None:
