@@ -38,8 +38,15 @@ typecheck: $(BIN)/conveyor
 
 check: test lint typecheck
 
+# Conveyor against Celery, RQ, Dramatiq, Huey, arq, procrastinate and SAQ on every store
+# (docs/benchmarks.md). The first run creates benchmarks/.venv-peers with the peers installed.
+# Results: benchmarks/results/<date>-<store>.md and PNG charts. BENCH_ARGS adds options.
 bench: $(BIN)/conveyor
-	$(BIN)/python benchmarks/sqlite_bench.py
+	$(BIN)/python benchmarks/run.py --rounds 3 $(BENCH_ARGS)
+
+# A smoke run of the same harness: 1000 jobs, 1 round, short latency phases (about 3 minutes).
+bench-quick: $(BIN)/conveyor
+	$(BIN)/python benchmarks/run.py --quick $(BENCH_ARGS)
 
 # The documentation site (mkdocs.yml): built into build/site, failing on any warning.
 $(BIN)/mkdocs: pyproject.toml $(BIN)/conveyor

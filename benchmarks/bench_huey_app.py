@@ -90,3 +90,19 @@ if _db:
         _clock = _DrainClock(_expect, _done)
         huey.signal(SIGNAL_EXECUTING)(_clock.started)
         huey.signal(SIGNAL_COMPLETE)(_clock.completed_one)
+    elif os.environ.get("BENCH_SPLIT_PREFIX"):  # several consumers share the backlog
+        from bench_split_clock import from_env
+
+        _split = from_env()
+        assert _split is not None
+
+        def _split_start(signal: str, task: Any, *args: Any, **kwargs: Any) -> None:
+            if task.name == NOOP:
+                _split.start()
+
+        def _split_end(signal: str, task: Any, *args: Any, **kwargs: Any) -> None:
+            if task.name == NOOP:
+                _split.end()
+
+        huey.signal(SIGNAL_EXECUTING)(_split_start)
+        huey.signal(SIGNAL_COMPLETE)(_split_end)

@@ -6,6 +6,8 @@ process, with these environment variables set by the driver:
 
 ``BENCH_REDIS_URL``   the system's own Redis database (``redis://127.0.0.1:6379/N``)
 ``BENCH_EXPECT``      drain: the number of no-op jobs to count (0 or unset: no clock)
+``BENCH_SPLIT_PREFIX`` drain with several worker processes (instead of ``BENCH_EXPECT``):
+                      see ``bench_split_clock``
 ``BENCH_DONE``        drain: a file; once ``BENCH_EXPECT`` no-op bodies have returned, the
                       wall-clock time of the first body start and of the last body end, and
                       the process's CPU time (``time.process_time()``, all threads) at both,
@@ -69,11 +71,15 @@ class DrainClock:
         os.replace(tmp, self.path)
 
 
-_clock: DrainClock | None = None
+_clock: Any = None
 _expect = int(os.environ.get("BENCH_EXPECT", "0") or 0)
 _done = os.environ.get("BENCH_DONE")
 if _expect > 0 and _done:
     _clock = DrainClock(_expect, _done)
+elif os.environ.get("BENCH_SPLIT_PREFIX"):  # several worker processes share the backlog
+    from bench_split_clock import from_env
+
+    _clock = from_env()
 
 
 def tick_start() -> None:

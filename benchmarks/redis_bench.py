@@ -6,7 +6,7 @@
 The peers are needed only here: ``.venv/bin/pip install celery rq 'dramatiq[redis]' huey arq``.
 
 Every system gets a Redis database of its own on ``--redis`` (default 127.0.0.1:6379):
-celery 10, rq 11, dramatiq 12, huey 13, arq 14, conveyor 15 (with a fresh ``?prefix=`` per
+saq 9, celery 10, rq 11, dramatiq 12, huey 13, arq 14, conveyor 15 (with a fresh ``?prefix=`` per
 phase as well). The benchmark FLUSHes only those databases, and refuses to start if one of them
 holds keys it did not write (a marker key says which are its own). Database 0 is never touched.
 
@@ -75,8 +75,8 @@ from sqlite_bench import GAP_S, Proc, fmt, percentile, wait_until  # noqa: E402
 
 BATCH = 1000
 MARKER = "conveyor-redis-bench:owner"
-SYSTEMS = ("conveyor", "celery", "rq", "dramatiq", "huey", "arq", "arq-default")
-DBS = {"celery": 10, "rq": 11, "dramatiq": 12, "huey": 13, "arq": 14, "arq-default": 14, "conveyor": 15}
+SYSTEMS = ("conveyor", "celery", "rq", "dramatiq", "huey", "arq", "arq-default", "saq")
+DBS = {"celery": 10, "rq": 11, "dramatiq": 12, "huey": 13, "arq": 14, "arq-default": 14, "conveyor": 15, "saq": 9}
 SLOW = {"rq", "arq-default"}  # drain --slow-jobs of the backlog; arq-default also fewer probes
 LATENCY_SLOW_SAMPLES = 60  # arq-default idles 0.5 s between polls: 300 probes would take ~2.5 min
 
@@ -99,6 +99,9 @@ CAVEATS = {
     "worker's job runs again later (no fencing); results kept 1 h. Tasks are async def (arq runs no sync "
     "tasks). The worker POLLS the queue every poll_delay (0.05 s here), so one-at-a-time probes fall into "
     "step with its polls: latency is about poll_delay minus the 5-20 ms gap, not half of poll_delay.",
+    "saq": "job moved from the queued list to the active list on dequeue (BLMOVE: no polling); a sweep "
+    "re-queues or fails active jobs whose worker stopped heartbeating (no fencing token); job kept for "
+    "ttl 600 s after it finishes. No batch enqueue. Tasks are async def.",
     "arq-default": "arq with its default poll_delay=0.5 s: about 200 jobs/s draining and ~0.5 s idle latency "
     "(see arq); drained on its own smaller backlog, 60 latency probes.",
 }
@@ -470,9 +473,49 @@ class ArqDefaultSystem(ArqSystem):
     poll_delay = 0.5
 
 
+class SaqSystem(System):
+    name = "saq"
+    bulk_na = "no batch enqueue (Queue.batch() only aborts the jobs of a failed block)"
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__(args)
+        from bench_redis_saq import make_queue
+
+        self.loop = asyncio.new_event_loop()
+        self.queue = make_queue(self.url)
+        self.loop.run_until_complete(self.queue.connect())
+
+    def enqueue_n(self, start: int, n: int) -> None:
+        async def go() -> None:
+            enqueue = self.queue.enqueue
+            for i in range(start, start + n):
+                await enqueue("noop", i=i)
+
+        self.loop.run_until_complete(go())
+
+    def send_probe(self, token: str) -> float:
+        async def go() -> float:
+            sent = time.time()
+            await self.queue.enqueue("probe", token=token)
+            return sent
+
+        return self.loop.run_until_complete(go())
+
+    def backlog(self) -> int:
+        return int(self.r.llen("saq:default:queued"))
+
+    def worker_argv(self) -> list[str]:
+        return [sys.executable, "-m", "bench_redis_saq", self.url, "--concurrency", str(self.args.concurrency)]
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.queue.disconnect())
+        self.loop.close()
+        super().close()
+
+
 SYSTEM_CLASSES: dict[str, type[System]] = {
     "conveyor": ConveyorSystem, "celery": CelerySystem, "rq": RQSystem, "dramatiq": DramatiqSystem,
-    "huey": HueySystem, "arq": ArqSystem, "arq-default": ArqDefaultSystem,
+    "huey": HueySystem, "arq": ArqSystem, "arq-default": ArqDefaultSystem, "saq": SaqSystem,
 }
 
 
@@ -726,7 +769,7 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
         "python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
         "loadavg_at_start": os.getloadavg(),
     }
-    for pkg in ("conveyor", "redis", "hiredis", "celery", "kombu", "rq", "dramatiq", "huey", "arq"):
+    for pkg in ("conveyor", "redis", "hiredis", "celery", "kombu", "rq", "dramatiq", "huey", "arq", "saq"):
         try:
             env[pkg] = version(pkg)
         except PackageNotFoundError:
@@ -768,7 +811,7 @@ def main(argv: list[str] | None = None) -> int:
     names = [n for n in SYSTEMS if n in names]
     missing = []
     for n, mod in (("celery", "celery"), ("rq", "rq"), ("dramatiq", "dramatiq"), ("huey", "huey"),
-                   ("arq", "arq"), ("arq-default", "arq")):
+                   ("arq", "arq"), ("arq-default", "arq"), ("saq", "saq")):
         if n in names:
             try:
                 __import__(mod)
@@ -776,7 +819,7 @@ def main(argv: list[str] | None = None) -> int:
                 missing.append(mod)
     if missing:
         parser.error(f"missing peers {sorted(set(missing))}: "
-                     ".venv/bin/pip install celery rq 'dramatiq[redis]' huey arq")
+                     ".venv/bin/pip install celery rq 'dramatiq[redis]' huey arq saq")
 
     os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])])
     rng = random.Random(args.seed)

@@ -1,0 +1,203 @@
+"""Redis: Conveyor against Celery, RQ, Dramatiq, Huey, arq and SAQ, each in a database of its own.
+
+Uses ``redis_bench``'s system classes and its phase functions (enqueue, bulk enqueue, drain with
+one process, idle latency) as they are, and adds drain with two processes and latency under load.
+Every phase runs every system in turn, the order rotating every round. Databases 9-15 of the
+Redis are FLUSHed (and only those; ``redis_bench.claim_databases`` refuses foreign keys).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import redis_bench as rb
+from bench_redis_common import PROBE_KEY
+from bench_split_clock import read_split
+from sqlite_bench import Proc, wait_until
+
+from harness.common import (
+    Row,
+    from_result,
+    latency_row,
+    load_note,
+    na,
+    paced,
+    rotate,
+    running_all,
+    say,
+)
+
+SYSTEMS = [
+    "conveyor",
+    "celery",
+    "rq",
+    "dramatiq",
+    "huey",
+    "arq",
+    "saq",
+]  # + "arq-default" on request
+
+
+def drain_count(s: Any, a: argparse.Namespace) -> int:
+    return a.slow_jobs if s.name in rb.SLOW else a.jobs
+
+
+def worker_argv(s: Any, k: int) -> list[str]:
+    argv = s.worker_argv()
+    if s.name == "celery":  # two workers on one host need distinct node names
+        argv += ["-n", f"bench{k}@%h"]
+    return argv
+
+
+def drain_2p(s: Any, a: argparse.Namespace, tmp: Path) -> Row:
+    n = drain_count(s, a)
+    s.reset()
+    if isinstance(s, rb.ConveyorSystem):
+        s.ids = []
+    if s.has_bulk:
+        s.enqueue_bulk(0, n)
+    else:
+        s.enqueue_n(0, n)
+    prefix = str(tmp / f"{s.name}-split-{time.monotonic_ns()}")
+    env = {**s.worker_env(), "BENCH_SPLIT_PREFIX": prefix}
+    procs = [Proc(f"{s.name}-drain2-{k}", worker_argv(s, k), tmp, env=env) for k in range(2)]
+    with running_all(procs):
+        wait_until(
+            f"{n} {s.name} jobs",
+            lambda: read_split(prefix)["count"] >= n,
+            max(120.0, n / 40),
+            tuple(procs),
+        )
+        c = read_split(prefix)
+        note = f"2 worker processes (jobs per process {c.get('per_process')})"
+        if s.name in rb.SLOW:
+            note += f"; {n} jobs (slow: --slow-jobs)"
+        clock = {
+            "first_start": c["first_start"],
+            "last_end": c["last_end"],
+            "cpu_first": 0.0,
+            "cpu_last": c["cpu_s"],
+        }
+        if isinstance(s, rb.ConveyorSystem):
+            r = s.after_drain(n, clock, note)  # window from the store, as for one process
+            row = Row(s.name, "drain_2p", n, r.jobs_per_s, note=r.note)
+        else:
+            row = Row(
+                s.name,
+                "drain_2p",
+                n,
+                n / (c["last_end"] - c["first_start"]),
+                note=note + "; wall clock in the workers",
+            )
+    s.reset()
+    return row
+
+
+def latency_load(s: Any, a: argparse.Namespace, tmp: Path, rate: float, tag: str) -> Row:
+    s.reset()
+    proc = Proc(f"{s.name}-load", s.worker_argv(), tmp, env=s.worker_env())
+    total = max(1, int(rate * a.load_seconds))
+    every = max(1, total // a.load_probes)
+    sent: dict[str, float] = {}
+    got: dict[str, float] = {}
+
+    def collect(timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while len(got) < len(sent):
+            proc.check_alive()
+            item = s.r.blpop([PROBE_KEY], timeout=1)
+            if item is not None:
+                token, at = item[1].decode().split()
+                got[token] = float(at)
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{s.name}: {len(sent) - len(got)} probes did not run within {timeout:g}s"
+                )
+
+    def send(i: int) -> None:
+        if i % every == 0:
+            token = f"{tag}-{i}"
+            sent[token] = s.send_probe(token)
+        else:
+            s.enqueue_n(i, 1)
+
+    with running_all([proc]):
+        sent["warm"] = s.send_probe("warm")  # waits for the worker to be up
+        collect(90)
+        sent.clear()
+        got.clear()
+        _, achieved = paced(rate, a.load_seconds, send)
+        collect(max(120.0, total / 40))
+    samples = [(got[t] - sent[t]) * 1000 for t in sent]
+    s.reset()
+    return latency_row(
+        s.name,
+        "latency_load",
+        samples,
+        load_note(rate, achieved) + f"; wall clock, 1 job in {every} is a probe",
+    )
+
+
+def run(
+    a: argparse.Namespace, rng: random.Random, systems: list[str]
+) -> tuple[list[list[Row]], dict[str, Any]]:
+    names = [s for s in rb.SYSTEMS if s in systems]
+    rb.claim_databases(a, names)
+    env = rb.environment(a)
+    objs = {n: rb.SYSTEM_CLASSES[n](a) for n in names}
+    rounds: list[list[Row]] = []
+    try:
+        for rnd in range(a.rounds):
+            order = rotate(names, rnd)
+            if "arq-default" in order and "arq" in order:  # they share a database: arq first
+                order.remove("arq-default")
+                order.insert(order.index("arq") + 1, "arq-default")
+            print(f"\n[redis] round {rnd + 1}/{a.rounds}: {', '.join(order)}", flush=True)
+            rows: list[Row] = []
+            with tempfile.TemporaryDirectory(prefix="conveyor-harness-redis-") as d:
+                tmp = Path(d)
+
+                def add(row: Row, rows: list[Row] = rows) -> None:
+                    rows.append(row)
+                    say(row)
+
+                for n in order:
+                    if n != "arq-default":
+                        add(from_result(rb.scenario_enqueue(objs[n], a)))
+                for n in order:
+                    s = objs[n]
+                    if n != "arq-default":
+                        add(
+                            from_result(rb.scenario_bulk(s, a))
+                            if s.has_bulk
+                            else na(n, "enqueue_many", s.bulk_na)
+                        )
+                for n in order:
+                    add(from_result(rb.scenario_drain(objs[n], a, tmp)))
+                for n in order:
+                    add(drain_2p(objs[n], a, tmp))
+                for n in order:
+                    add(from_result(rb.scenario_latency(objs[n], a, tmp, rng, f"r{rnd}")))
+                drains = {
+                    r.system: r.jobs_per_s for r in rows if r.scenario == "drain" and r.jobs_per_s
+                }
+                for n in order:
+                    add(latency_load(objs[n], a, tmp, drains[n] / 2, f"r{rnd}-load"))
+            rounds.append(rows)
+    finally:
+        for s in objs.values():
+            try:
+                s.close()
+            except Exception as e:
+                print(f"  ! closing {s.name}: {e}")
+        rb.release_databases(a, names)
+    out = {f"redis {k}": v for k, v in env.items() if k.startswith("redis_") and k != "redis"}
+    out["redis-py"] = env.get("redis")
+    out["hiredis"] = env.get("hiredis")
+    out["caveats"] = {n: rb.CAVEATS[n] for n in names}
+    return rounds, out
