@@ -483,18 +483,9 @@ def test_reset_connections_fail_fast_and_recover(net: Net) -> None:
     print(f"{net.kind}: first enqueue {took:.2f}s after healing")
 
 
-def _xfail_postgres_hang(net: Net, request: pytest.FixtureRequest, mode: str) -> None:
-    if net.kind == "postgres":
-        request.applymarker(pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-            f"BUG: PostgreSQL calls have no client-side deadline; when the server stops answering "
-            f"({mode}), enqueue, claim, heartbeat and ack block for ever: statement_timeout is "
-            "server-side and tcp_user_timeout/keepalives see a healthy TCP peer")))
-
-
 @pytest.mark.parametrize("mode", ["blackhole", "half_open"])
 def test_a_silent_store_never_blocks_a_call_past_its_timeout(net: Net, mode: str, request: pytest.FixtureRequest,
                                                             caplog: pytest.LogCaptureFixture) -> None:
-    _xfail_postgres_hang(net, request, mode)
     caplog.set_level(logging.WARNING, logger="conveyor")
     with Flow(net) as flow:
         getattr(net.proxy, mode)()

@@ -26,13 +26,17 @@ until a claim there finds no limited job among those it looked at.
 from __future__ import annotations
 
 import functools
+import heapq
+import itertools
 import json
 import logging
+import os
+import socket
 import threading
 import time
 from collections import Counter
 from collections.abc import Generator, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar, cast
@@ -51,6 +55,7 @@ from ..errors import (
     LeaseLost,
     StorageFull,
     StoreError,
+    StoreUnavailable,
 )
 from ..job import Job, JobState
 from ..payload import NAME_RE
@@ -98,11 +103,170 @@ CONNECT_DEFAULTS = {
 }
 STATEMENT_TIMEOUT_MS = 30_000
 POOL_TIMEOUT = 5.0  # longest wait for a connection: an outage surfaces as StoreError this soon
+# The client's own deadline on a connection: statement_timeout plus this. statement_timeout is
+# enforced by the server, so it never fires when the server, or the path to it, stops answering
+# (keepalives and tcp_user_timeout see a healthy peer behind a proxy or a stuck server). The
+# margin lets the server's own timeout, which keeps the connection, win when the server is there.
+DEADLINE_MARGIN_S = 0.5
+
+
+def _statement_budget() -> float:
+    """How long one call may use a connection: statement_timeout + the margin."""
+    return STATEMENT_TIMEOUT_MS / 1000 + DEADLINE_MARGIN_S
+
+
+def _call_budget() -> float:
+    """How long one call may take in all: waiting for a connection, then using it."""
+    return max(POOL_TIMEOUT, STATEMENT_TIMEOUT_MS / 1000) + DEADLINE_MARGIN_S
+
+
+class _Deadline:
+    """One armed deadline on a connection (an entry of the watchdog's heap)."""
+
+    __slots__ = ("at", "conn", "done", "fired")
+
+    def __init__(self, at: float, conn: Any) -> None:
+        self.at = at
+        self.conn = conn
+        self.done = False  # disarmed in time: the heap entry is stale
+        self.fired = False  # expired: the connection's socket was shut down
+
+
+class _Watchdog:
+    """Client-side deadlines for every PostgreSQL connection of the process, kept by one thread.
+
+    ``arm`` pushes (deadline, connection) on a heap, O(log n); ``disarm`` only marks the entry
+    (stale entries are popped when they reach the top, or swept once they are most of the heap).
+    When a deadline passes, the thread shuts the connection's socket down: the blocked call
+    wakes at once with an OperationalError and the connection is dead, so it is discarded. A
+    cancel request (``cancel_safe``) would not do: it travels the same dead path, and leaves
+    the connection waiting for a reply that may never come."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._heap: list[tuple[float, int, _Deadline]] = []
+        self._seq = itertools.count()
+        self._stale = 0
+        self._thread: threading.Thread | None = None
+
+    def arm(self, conn: Any, at: float) -> _Deadline:
+        entry = _Deadline(at, conn)
+        with self._cond:
+            heapq.heappush(self._heap, (at, next(self._seq), entry))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="conveyor-pg-deadlines", daemon=True)
+                self._thread.start()
+            elif self._heap[0][2] is entry:
+                self._cond.notify()  # earlier than what the thread sleeps until
+        return entry
+
+    def disarm(self, entry: _Deadline) -> bool:
+        """Whether the deadline fired (then the connection is dead)."""
+        with self._cond:
+            if not entry.fired:
+                entry.done = True
+                entry.conn = None
+                self._stale += 1
+                if self._stale > 256 and self._stale * 2 > len(self._heap):
+                    self._heap = [e for e in self._heap if not e[2].done]
+                    heapq.heapify(self._heap)
+                    self._stale = 0
+            return entry.fired
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                heap = self._heap
+                while heap and heap[0][2].done:
+                    heapq.heappop(heap)
+                    self._stale -= 1
+                if not heap:
+                    self._cond.wait()
+                    continue
+                wait = heap[0][0] - time.monotonic()
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                entry = heapq.heappop(heap)[2]
+                entry.fired = True
+                conn, entry.conn = entry.conn, None
+                # Under the lock: the owner cannot disarm and close the connection (freeing its
+                # descriptor for reuse) while its socket is being shut down.
+                _shut_down(conn)
+
+    def _after_fork(self) -> None:
+        # A forked child has no watchdog thread, and the parent's deadlines are not its own.
+        self._cond = threading.Condition(threading.Lock())
+        self._heap = []
+        self._stale = 0
+        self._thread = None
+
+
+def _shut_down(conn: Any) -> None:
+    try:
+        fd = conn.pgconn.socket
+        sock = socket.socket(fileno=os.dup(fd))
+    except (psycopg.Error, OSError):
+        return  # closed already
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.close()
+    log.warning("PostgreSQL did not answer in time: connection shut down")
+
+
+_WATCHDOG = _Watchdog()
+os.register_at_fork(after_in_child=_WATCHDOG._after_fork)
+
+
+class _Guard:
+    """``with _Guard(conn, at):`` the connection is shut down if the block is still running at
+    ``at`` (time.monotonic()); the block's driver error then becomes :class:`StoreUnavailable`
+    (unless ``translate`` is false). With ``close``, a connection whose deadline fired is closed
+    on the way out (so a pool drops it). A block that finished anyway keeps its result."""
+
+    __slots__ = ("_budget", "_close", "_conn", "_entry", "_translate")
+
+    def __init__(self, conn: Any, at: float, *, close: bool = False, translate: bool = True) -> None:
+        self._conn = conn
+        self._close = close
+        self._translate = translate
+        self._budget = at - time.monotonic()
+        self._entry = _WATCHDOG.arm(conn, at)
+
+    @property
+    def fired(self) -> bool:
+        return self._entry.fired
+
+    def __enter__(self) -> _Guard:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if not _WATCHDOG.disarm(self._entry):
+            return
+        if self._close and isinstance(self._conn, psycopg.Connection):
+            with suppress(psycopg.Error):
+                self._conn.close()
+        if self._translate and isinstance(exc, psycopg.Error):
+            raise StoreUnavailable(
+                f"PostgreSQL did not answer within {max(self._budget, 0.0):.1f}s (server or network "
+                "stalled); the connection was dropped and the call abandoned: it may or may not "
+                "have taken effect") from exc
+
+
+def _bounded(conn: Any, *, close: bool = False) -> _Guard:
+    """A guard for one call on a connection: statement_timeout + the margin from now."""
+    return _Guard(conn, time.monotonic() + _statement_budget(), close=close)
 
 
 def _configure(conn: psycopg.Connection[Any]) -> None:
-    conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
-    conn.execute("SET idle_in_transaction_session_timeout = 60000")
+    # A pool's worker runs this on each new connection: bounded too, or a stall right after
+    # connecting would hold that worker for ever.
+    with _Guard(conn, time.monotonic() + _statement_budget(), close=True, translate=False):
+        conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
+        conn.execute("SET idle_in_transaction_session_timeout = 60000")
 
 
 class PostgresBackend(Backend):
@@ -156,29 +320,53 @@ class PostgresBackend(Backend):
     # -- plumbing ---------------------------------------------------------------------
     @contextmanager
     def _live_connection(
-        self, pool: ConnectionPool[psycopg.Connection[dict[str, Any]]] | None = None,
+        self, pool: ConnectionPool[psycopg.Connection[dict[str, Any]]] | None = None, *,
+        until: float | None = None, hold: bool = True,
     ) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         """A pooled connection that just answered. Dead ones (killed backend, server restart)
         go back to the pool, which discards them, and we take the next: probing here instead
-        of the pool's own check avoids its growing sleeps between failed checks."""
+        of the pool's own check avoids its growing sleeps between failed checks.
+
+        Bounded by the client's own clock: waiting for a connection by ``POOL_TIMEOUT``, and the
+        whole call by ``until`` (default: now + ``_call_budget()``), using the connection by
+        ``_statement_budget()`` at most. Past that, the connection is shut down and discarded
+        and the call raises StoreUnavailable. With ``hold`` false only the probe is bounded (the
+        caller bounds its own uses of the connection)."""
         pool = pool or self._pool
+        start = time.monotonic()
+        if until is None:
+            until = start + _call_budget()
+        wait_until = min(start + POOL_TIMEOUT, until)
         try:
             for _ in range(pool.max_size + 1):
-                with pool.connection() as conn:
-                    try:
-                        conn.execute("")
-                    except psycopg.OperationalError:
-                        continue
+                left = wait_until - time.monotonic()
+                if left <= 0:
+                    raise StoreUnavailable(f"PostgreSQL: no live connection within {POOL_TIMEOUT:.1f}s "
+                                           "(is the server up and answering?)")
+                with pool.connection(timeout=left) as conn:
+                    guard = _Guard(conn, min(until, time.monotonic() + _statement_budget()), close=True)
+                    with guard:
+                        try:
+                            conn.execute("")
+                        except psycopg.OperationalError:
+                            if guard.fired:
+                                raise
+                            continue
+                        if hold:
+                            yield conn
+                            return
                     yield conn
                     return
         except PoolTimeout as exc:
-            raise StoreError(f"PostgreSQL: no connection available: {exc}") from None
+            raise StoreUnavailable(f"PostgreSQL: no connection available: {exc}") from None
         raise StoreError("PostgreSQL: no live connection in the pool (is the server up?)")
 
     @contextmanager
-    def _tx(self, *, control: bool = False) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+    def _tx(self, *, control: bool = False, until: float | None = None,
+            ) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         try:
-            with self._live_connection(self._control if control else None) as conn, conn.transaction():
+            with self._live_connection(self._control if control else None, until=until) as conn, \
+                    conn.transaction():
                 yield conn
         except psycopg.Error as exc:
             raise _translate(exc) from exc
@@ -191,7 +379,10 @@ class PostgresBackend(Backend):
                 done = conn.execute("SELECT max(version) AS v FROM conveyor_schema_migrations").fetchone()
                 if done and done["v"] is not None and done["v"] >= latest:
                     return
-        with self._tx() as conn:
+        # Several statements, each may take up to statement_timeout (waiting for another
+        # migrator's lock, then each script): the client's deadline allows for all of them.
+        until = time.monotonic() + POOL_TIMEOUT + (2 * len(MIGRATIONS) + 3) * _statement_budget()
+        with self._tx(until=until) as conn:
             # Many workers may start at once: one migrates, the others wait, then find it done.
             conn.execute("SELECT pg_advisory_xact_lock(hashtext('conveyor_migrate:' || current_schema()))")
             conn.execute(
@@ -247,10 +438,11 @@ class PostgresBackend(Backend):
             return []
         if connection is not None:
             try:
-                _join_transaction(connection)
-                # A savepoint: the batch is all or nothing.
-                with connection.transaction(), connection.cursor(row_factory=dict_row) as cur:
-                    return _run(cur, _enqueue_plan(jobs, now))
+                with _bounded(connection):
+                    _join_transaction(connection)
+                    # A savepoint: the batch is all or nothing.
+                    with connection.transaction(), connection.cursor(row_factory=dict_row) as cur:
+                        return _run(cur, _enqueue_plan(jobs, now))
             except psycopg.Error as exc:
                 raise _translate(exc) from exc
         with self._tx() as conn, conn.cursor() as cur:
@@ -263,10 +455,11 @@ class PostgresBackend(Backend):
         if not jobs:
             return []
         try:
-            if not connection.autocommit and connection.info.transaction_status == TransactionStatus.IDLE:
-                await connection.execute("BEGIN")
-            async with connection.transaction(), connection.cursor(row_factory=dict_row) as cur:
-                return await _arun(cur, _enqueue_plan(jobs, now))
+            with _bounded(connection):
+                if not connection.autocommit and connection.info.transaction_status == TransactionStatus.IDLE:
+                    await connection.execute("BEGIN")
+                async with connection.transaction(), connection.cursor(row_factory=dict_row) as cur:
+                    return await _arun(cur, _enqueue_plan(jobs, now))
         except psycopg.Error as exc:
             raise _translate(exc) from exc
 
@@ -293,7 +486,7 @@ class PostgresBackend(Backend):
         _check_step_name(step)
         if connection is not None:
             try:
-                with connection.cursor(row_factory=dict_row) as cur:
+                with _bounded(connection), connection.cursor(row_factory=dict_row) as cur:
                     return _record_step(cur, job_id, step, result)
             except psycopg.Error as exc:
                 raise _translate(exc) from exc
@@ -308,17 +501,18 @@ class PostgresBackend(Backend):
             return []
         params = {"queue": queue, "limit": limit, "now": now, "worker_id": worker_id, "lease_s": lease_s}
         promoted = False
+        until = time.monotonic() + _call_budget()  # one bound for both transactions
         if queue not in self._limited_queues:
             # The fast path: one statement, which claims nothing if a limit applies to any of
             # the jobs it picked (then their row locks go at this commit).
-            with self._tx(control=True) as conn:
+            with self._tx(control=True, until=until) as conn:
                 conn.execute(Q["promote_queue"], {"queue": queue, "now": now, "limit": 1000})
                 rows = conn.execute(_claim_sql(limit), params).fetchall()
             if not rows[0]["head_limited"]:
                 return _claimed_jobs([r for r in rows if r["id"] is not None])
             self._limited_queues.add(queue)
             promoted = True
-        with self._tx(control=True) as conn:
+        with self._tx(control=True, until=until) as conn:
             if not promoted:
                 conn.execute(Q["promote_queue"], {"queue": queue, "now": now, "limit": 1000})
             rows, saw_limited = _claim_limited(conn, params)
@@ -344,7 +538,7 @@ class PostgresBackend(Backend):
         params = {"id": lease.job_id, "token": lease.token, "now": now, "result": result}
         if connection is not None:
             try:
-                with connection.cursor(row_factory=dict_row) as cur:
+                with _bounded(connection), connection.cursor(row_factory=dict_row) as cur:
                     row = cur.execute(Q["ack"], params).fetchone()
                     if row is not None and row["concurrency_key"] is not None:
                         # Delivered when the caller commits, as the ack itself.
@@ -451,7 +645,7 @@ class PostgresBackend(Backend):
         """With ``connection``, read through it (sees that transaction's uncommitted jobs)."""
         if connection is not None:
             try:
-                with connection.cursor(row_factory=dict_row) as cur:
+                with _bounded(connection), connection.cursor(row_factory=dict_row) as cur:
                     row = cur.execute(Q["get"], {"id": job_id}).fetchone()
             except psycopg.Error as exc:
                 raise _translate(exc) from exc
@@ -462,9 +656,10 @@ class PostgresBackend(Backend):
 
     async def aget(self, job_id: int, *, connection: psycopg.AsyncConnection[Any]) -> Job | None:
         try:
-            async with connection.cursor(row_factory=dict_row) as cur:
-                await cur.execute(Q["get"], {"id": job_id})
-                row = await cur.fetchone()
+            with _bounded(connection):
+                async with connection.cursor(row_factory=dict_row) as cur:
+                    await cur.execute(Q["get"], {"id": job_id})
+                    row = await cur.fetchone()
         except psycopg.Error as exc:
             raise _translate(exc) from exc
         return _row_to_job(row) if row else None
@@ -560,43 +755,54 @@ class PostgresBackend(Backend):
         return row is not None
 
     def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline = start + timeout
+        # The client's bound on the LISTEN connection for the whole call: the wait plus one
+        # call's budget (a stalled server never wakes us, nor answers the readiness query).
+        until = deadline + _call_budget()
         generation = self._wake_generation
         wanted = set(queues)
         with self._listen_lock:
             try:
-                conn = self._listen_connection()
-                row = conn.execute(Q["ready"], {"queues": list(queues)}).fetchone()
-                assert row is not None
-                if row["ready"]:
+                conn = self._listen_connection(until)
+                with _Guard(conn, until, close=True):
+                    row = conn.execute(Q["ready"], {"queues": list(queues)}).fetchone()
+                    assert row is not None
+                    if row["ready"]:
+                        return True
+                    if row["next_due_in"] is not None:
+                        deadline = min(deadline, time.monotonic() + max(0.0, row["next_due_in"]))
+                    while self._wake_generation == generation:
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            return False
+                        # Short slices so wake() (shutdown) is noticed without a round trip.
+                        for note in conn.notifies(timeout=min(remaining, 0.1), stop_after=1):
+                            if note.payload in wanted:
+                                return True
                     return True
-                if row["next_due_in"] is not None:
-                    deadline = min(deadline, time.monotonic() + max(0.0, row["next_due_in"]))
-                while self._wake_generation == generation:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        return False
-                    # Short slices so wake() (shutdown) is noticed without a round trip.
-                    for note in conn.notifies(timeout=min(remaining, 0.1), stop_after=1):
-                        if note.payload in wanted:
-                            return True
-                return True
+            except StoreUnavailable:
+                self._drop_listener()
+                raise
             except psycopg.Error as exc:
                 self._drop_listener()
                 raise _translate(exc) from exc
 
-    def _listen_connection(self) -> psycopg.Connection[dict[str, Any]]:
+    def _listen_connection(self, until: float) -> psycopg.Connection[dict[str, Any]]:
         if self._listener is None or self._listener.closed:
-            conn = psycopg.connect(self._conninfo, autocommit=True, row_factory=dict_row)
-            _configure(conn)
-            conn.execute(f"LISTEN {CHANNEL}")
+            conn = psycopg.connect(self._conninfo, autocommit=True, row_factory=dict_row)  # connect_timeout
             self._listener = conn
+            with _Guard(conn, until, close=True):
+                _configure(conn)
+                conn.execute(f"LISTEN {CHANNEL}")
         return self._listener
 
     def _drop_listener(self) -> None:
         if self._listener is not None:
             try:
                 self._listener.close()
+            except psycopg.Error:
+                pass
             finally:
                 self._listener = None
 
@@ -623,14 +829,17 @@ class PostgresBackend(Backend):
     def completion_connection(self) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection with an open transaction, for a task's writes plus its ack."""
         try:
-            with self._live_connection() as conn:
+            # The task holds it as long as it runs: only our own uses of it are bounded (the
+            # probe here, ack/record_step/enqueue/get on it, and the rollback below).
+            with self._live_connection(hold=False) as conn:
                 conn.autocommit = False
                 try:
                     yield conn
                 finally:
                     if not conn.closed:
-                        conn.rollback()  # no-op after a commit
-                        conn.autocommit = True
+                        with _bounded(conn, close=True):
+                            conn.rollback()  # no-op after a commit
+                            conn.autocommit = True
         except psycopg.Error as exc:
             raise _translate(exc) from exc
 
