@@ -44,7 +44,7 @@ check: test lint typecheck
 bench: $(BIN)/conveyor
 	$(BIN)/python benchmarks/run.py --rounds 3 $(BENCH_ARGS)
 
-# A smoke run of the same harness: 1000 jobs, 1 round, short latency phases (about 3 minutes).
+# A smoke run of the same harness: 500 jobs, 1 round, short latency phases (about 3 minutes).
 bench-quick: $(BIN)/conveyor
 	$(BIN)/python benchmarks/run.py --quick $(BENCH_ARGS)
 

@@ -62,10 +62,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--jobs",
         type=int,
         default=None,
-        help="jobs per throughput scenario (default 20000, --quick 1000)",
+        help="jobs per throughput scenario (default 20000, --quick 500)",
     )
     p.add_argument(
-        "--quick", action="store_true", help="a smoke run: 1 round, 1000 jobs, short latency phases"
+        "--quick", action="store_true", help="a smoke run: 1 round, 500 jobs, 20 idle probes, 1.5 s of load"
     )
     p.add_argument(
         "--systems",
@@ -79,13 +79,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--latency-samples",
         type=int,
         default=None,
-        help="idle latency probes per round (default 300, --quick 30)",
+        help="idle latency probes per round (default 300, --quick 20)",
     )
     p.add_argument(
         "--load-seconds",
         type=float,
         default=None,
-        help="steady-load phase length (default 10, --quick 2)",
+        help="steady-load phase length (default 10, --quick 1.5)",
     )
     p.add_argument(
         "--load-probes",
@@ -130,9 +130,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
         p.error(f"--stores: choose from {','.join(STORES)}")
     a.systems = [s.strip() for s in a.systems.split(",") if s.strip()] if a.systems else None
     a.rounds = a.rounds or (1 if a.quick else 3)
-    a.jobs = a.jobs or (1000 if a.quick else 20000)
-    a.latency_samples = a.latency_samples or (30 if a.quick else 300)
-    a.load_seconds = a.load_seconds or (2.0 if a.quick else 10.0)
+    a.jobs = a.jobs or (500 if a.quick else 20000)
+    a.latency_samples = a.latency_samples or (20 if a.quick else 300)
+    a.load_seconds = a.load_seconds or (1.5 if a.quick else 10.0)
     a.slow_jobs = a.slow_jobs or max(1, a.jobs // 4)
     if min(a.rounds, a.jobs, a.latency_samples, a.concurrency, a.load_probes, a.slow_jobs) < 1:
         p.error("counts must be >= 1")
