@@ -31,9 +31,10 @@
 --   P:q:<queue>:succeeded|dead|cancelled  ZSET id, score = finished_at
 --   P:q:<queue>:jobs       ZSET id, score = id (listing by queue)
 --   P:q:<queue>:wake       LIST of wake-up markers that idle workers BLPOP
---   P:q:<queue>:fair       HASH of fair sharing: 'vtime' -> the queue's virtual time,
---                          'k:<fair key>' -> that key's last tag, 'scan' -> prune's HSCAN cursor;
---                          and 'gated' -> how many available jobs have a concurrency or rate key
+--   P:q:<queue>:fair       HASH of fair sharing, one round per priority (see fair_tags):
+--                          'v:<priority>' -> that round's virtual time, 't:<priority>:<fair key>'
+--                          -> that key's last tag in it, 'scan' -> prune's HSCAN cursor; and
+--                          'gated' -> how many available jobs have a concurrency or rate key
 --                          (see enter_available)
 --   P:q:<queue>:due        ZSET of the available ids, score = run_at: the oldest waiting job
 -- then any keys of the script's own (xkey(i)).
@@ -178,7 +179,8 @@ local function enter(q, id, key, state, score)
   redis.call('HSET', key, 'state', state)
 end
 
--- tag: the job's fair_tag (kept through retries, lease expiry, release and redrive).
+-- tag: the job's fair_tag (kept through retries, lease expiry and release; redrive gives a
+-- fresh one).
 -- ck, rk: see limit_keys. A job with either key is counted in the queue's 'gated' field (of
 -- P:q:<queue>:fair): while that is 0, claim knows no waiting job has a limit and pops without
 -- reading the jobs. Only enter_available adds to it; leave() and claim take away.
@@ -190,6 +192,58 @@ local function enter_available(q, id, key, run_at, priority, tag, ck, rk)
   redis.call('HSET', key, 'state', 'available', 'm', m)
   ck, rk = limit_keys(id, ck, rk)
   if ck or rk then redis.call('HINCRBY', q.fair, 'gated', 1) end
+end
+
+-- Fair sharing (start-time fair queuing, backends/base.py). Each (queue, priority) is a round
+-- of its own: in P:q:<queue>:fair, 'v:<priority>' is its virtual time (claim raises it to the
+-- largest tag it hands out at that priority) and 't:<priority>:<fair key>' the tag of that
+-- key's last job in it. pkey writes a priority the same way whether it comes from ARGV, a job
+-- hash or a ZSET score (+ 0 turns a -0 into 0). Fields 'vtime' and 'k:<fair key>' are the
+-- layout before rounds were per priority: nothing reads them, and prune drops them.
+local function pkey(p) return string.format('%.0f', tonumber(p) + 0) end
+
+-- The tags one script hands out (enqueue to new jobs, redrive to revived ones): each field is
+-- read once, tags are given in call order (a batch takes consecutive tags per key), and save()
+-- writes the last tags back.
+local function fair_tags()
+  local cache, dirty = {}, {}
+  local function get(q, f)
+    local c = cache[q.name]
+    if c == nil then
+      c = {}
+      cache[q.name] = c
+      dirty[q.name] = {}
+    end
+    local v = c[f]
+    if v == nil then
+      v = tonumber(redis.call('HGET', q.fair, f) or 0)
+      c[f] = v
+    end
+    return v
+  end
+  local tags = {}
+  -- fk: the job's fair key, or false. Without one, a job is a round of its own: vtime + 1.
+  function tags.take(q, priority, fk)
+    local p = pkey(priority)
+    local v = get(q, 'v:' .. p)
+    if not fk then return v + 1 end
+    local f = 't:' .. p .. ':' .. fk
+    local tag = math.max(get(q, f), v) + 1
+    cache[q.name][f] = tag
+    dirty[q.name][f] = true
+    return tag
+  end
+  function tags.save()
+    for qn, fields in pairs(dirty) do
+      local args = {}
+      for f in pairs(fields) do
+        args[#args + 1] = f
+        args[#args + 1] = string.format('%.0f', cache[qn][f])
+      end
+      call_many('HSET', Q[qn].fair, args)
+    end
+  end
+  return tags
 end
 
 -- A finished job gives its unique key back, unless a newer job holds it already. (A job that

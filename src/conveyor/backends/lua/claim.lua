@@ -1,7 +1,8 @@
 -- claim: lease up to `limit` jobs of one queue, lowest (priority, fair_tag, run_at, id) first,
--- after promoting the queue's scheduled jobs that are due, and raise the queue's virtual time
--- to the largest fair tag handed out. A claimed job stays in Redis (in the running ZSET, scored
--- by lease expiry) until it is finished, so a crash loses nothing.
+-- after promoting the queue's scheduled jobs that are due, and raise the virtual time of each
+-- priority claimed ('v:<priority>' of P:q:<queue>:fair) to the largest fair tag handed out at
+-- that priority. A claimed job stays in Redis (in the running ZSET, scored by lease expiry)
+-- until it is finished, so a crash loses nothing.
 -- Concurrency and rate limits (backends/base.py): the fast path pops the head of the queue. If
 -- the queue has jobs with a concurrency or rate key waiting (its 'gated' count) and any popped
 -- job has one, the pops are put back as they were and the queue is walked in order instead, up
@@ -20,17 +21,23 @@ local expires = now + tonumber(arg(3))
 local worker_id = arg(4)
 local scan = tonumber(arg(5))
 promote_queue(q, now, 1000)
-local fair = redis.call('HMGET', q.fair, 'vtime', 'gated')
-local vtime, gated_n = tonumber(fair[1] or 0), tonumber(fair[2] or 0)
 local popped = redis.call('ZPOPMIN', q.available, limit)
 if #popped == 0 then
-  if gated_n ~= 0 then redis.call('HDEL', q.fair, 'gated') end  -- nothing waits: nothing is gated
+  redis.call('HDEL', q.fair, 'gated')  -- nothing waits: nothing is gated
   return {}
 end
 
+-- The ZSET score is the job's priority. The virtual time of the first popped job's priority
+-- is read with the gated count: a claim seldom spans priorities, and the rounds of any others
+-- it meets are read at the end.
+local p1 = popped[2]
+local vf1 = 'v:' .. pkey(p1)
+local fair = redis.call('HMGET', q.fair, 'gated', vf1)
+local gated_n, v1 = tonumber(fair[1] or 0), tonumber(fair[2] or 0)
+
 -- Fast path: the members popped. The jobs' hashes are read only when some waiting job of the
--- queue has a limit.
-local picked = {}
+-- queue has a limit. picked: the members claimed; scores: their priorities (ZSET scores).
+local picked, scores = {}, {}
 local gated = false
 for k = 1, #popped, 2 do
   local m = popped[k]
@@ -42,6 +49,7 @@ for k = 1, #popped, 2 do
     end
   end
   picked[#picked + 1] = m
+  scores[#picked] = popped[k + 1]
 end
 
 local limits = {}
@@ -79,15 +87,16 @@ if gated then
   -- has fewer running jobs than its limit and its rate key fewer open claims than its limit
   -- (counting the jobs admitted here). `limits` holds, by pick index, {concurrency key, rate
   -- key, rate period} of the admitted jobs that have limits.
-  picked = {}
+  picked, scores = {}, {}
   local running_n, rate_n = {}, {}
   local seen, page = 0, limit
   while #picked < limit and seen < scan do
     local n = math.min(page, scan - seen)
-    local batch = redis.call('ZRANGE', q.available, seen, seen + n - 1)
-    seen = seen + #batch
-    for _, m in ipairs(batch) do
+    local batch = redis.call('ZRANGE', q.available, seen, seen + n - 1, 'WITHSCORES')
+    seen = seen + #batch / 2
+    for b = 1, #batch, 2 do
       if #picked >= limit then break end
+      local m = batch[b]
       local f = redis.call('HMGET', P_JOB .. id_of(m), 'concurrency_key', 'concurrency_limit', 'rate_key',
         'rate_limit', 'rate_period')
       local ck, rk = f[1], f[3]
@@ -102,6 +111,7 @@ if gated then
       end
       if ok then
         picked[#picked + 1] = m
+        scores[#picked] = batch[b + 1]
         if ck or rk then
           limits[#picked] = {ck, rk, tonumber(f[5])}
           if ck then running_n[ck] = running_n[ck] + 1 end
@@ -109,7 +119,7 @@ if gated then
         end
       end
     end
-    if #batch < n then break end
+    if #batch < 2 * n then break end
     page = math.max(page, 200)  -- past the head, look further in bigger steps
   end
   if #picked == 0 then return {} end
@@ -120,12 +130,18 @@ end
 
 local out, ids, running, states = {}, {}, {}, {}
 local rated, n_gated = {}, 0
-local top = -1
+-- The largest tag claimed at priority p1, and at any other priority (by ZSET score).
+local top1, tops = -1, nil
 local n_at, e_at = num(now), num(expires)
 for i, m in ipairs(picked) do
   local id = id_of(m)
-  local tag = tag_of(m)
-  if tag > top then top = tag end
+  local tag, score = tag_of(m), scores[i]
+  if score == p1 then
+    if tag > top1 then top1 = tag end
+  else
+    tops = tops or {}
+    if tops[score] == nil or tag > tops[score] then tops[score] = tag end
+  end
   local key = P_JOB .. id
   local token = arg(5 + i)
   redis.call('HINCRBY', key, 'attempt', 1)
@@ -160,5 +176,13 @@ call_many('ZREM', K_STATE.available, ids)
 call_many('ZREM', q.due, ids)
 call_many('ZADD', q.running, running)
 call_many('ZADD', K_STATE.running, states)
-if top > vtime then redis.call('HSET', q.fair, 'vtime', string.format('%.0f', top)) end
+if top1 > v1 then redis.call('HSET', q.fair, vf1, string.format('%.0f', top1)) end
+if tops then
+  for score, tag in pairs(tops) do
+    local vf = 'v:' .. pkey(score)
+    if tag > tonumber(redis.call('HGET', q.fair, vf) or 0) then
+      redis.call('HSET', q.fair, vf, string.format('%.0f', tag))
+    end
+  end
+end
 return out

@@ -62,33 +62,8 @@ end
 
 if cron ~= '' then redis.call('HSET', K_CRON, cron, num(tick)) end
 
--- Fair tags (start-time fair queuing, see backends/base.py): read each queue's vtime and each
--- fair key's last tag once, hand out tags in batch order, write the last tags back at the end.
-local vtimes, last, dirty = {}, {}, {}
-local function vtime_of(q)
-  local v = vtimes[q.name]
-  if v == nil then
-    v = tonumber(redis.call('HGET', q.fair, 'vtime') or 0)
-    vtimes[q.name] = v
-  end
-  return v
-end
-local function take_tag(q, has_fair, fk)
-  local v = vtime_of(q)
-  if has_fair ~= '1' then return v + 1 end
-  local per = last[q.name]
-  if per == nil then
-    per = {}
-    last[q.name] = per
-    dirty[q.name] = {}
-  end
-  local lt = per[fk]
-  if lt == nil then lt = tonumber(redis.call('HGET', q.fair, 'k:' .. fk) or 0) end
-  local tag = math.max(lt, v) + 1
-  per[fk] = tag
-  dirty[q.name][fk] = true
-  return tag
-end
+-- Fair tags (start-time fair queuing per (queue, priority), see fair_tags in the prelude).
+local tags = fair_tags()
 
 local i = FIRST
 while i <= #ARGV do
@@ -110,7 +85,7 @@ while i <= #ARGV do
     local q = Q[qn]
     local run_at
     if run_at_s ~= '' then run_at = tonumber(run_at_s) else run_at = now + math.max(tonumber(delay), 0) end
-    local tag = take_tag(q, has_fair, fk)
+    local tag = tags.take(q, prio, has_fair == '1' and fk)
     redis.call('HSET', key, 'task', task, 'queue', qn, 'args', args, 'priority', prio,
       'run_at', num(run_at), 'attempt', 0, 'max_attempts', maxa, 'timeout_s', timeout,
       'meta', meta, 'created_at', t, 'fair_tag', string.format('%.0f', tag))
@@ -136,13 +111,6 @@ while i <= #ARGV do
     out[#out + 1] = 1
   end
 end
-for qn, keys in pairs(dirty) do
-  local pairs_ = {}
-  for fk in pairs(keys) do
-    pairs_[#pairs_ + 1] = 'k:' .. fk
-    pairs_[#pairs_ + 1] = string.format('%.0f', last[qn][fk])
-  end
-  call_many('HSET', Q[qn].fair, pairs_)
-end
+tags.save()
 for qn, n in pairs(made) do wake(Q[qn], n) end
 return out

@@ -1,9 +1,11 @@
 -- prune: delete up to limit finished jobs of the given states whose finished_at is more than
 -- older_than seconds before now, oldest first within each state. Deleting a job deletes its
 -- hash (with its step records), errors and index entries, and frees a unique key it held.
--- Then, per queue, one HSCAN step of up to limit fields of P:q:<queue>:fair drops the fair
--- keys whose last tag is at or below the queue's vtime (they mean nothing any more); the
--- cursor is kept in the hash's 'scan' field, so successive prunes walk the whole hash.
+-- Then, per queue, one HSCAN step of up to limit fields of P:q:<queue>:fair drops the last tags
+-- 't:<priority>:<fair key>' at or below the vtime 'v:<priority>' of their round (they mean
+-- nothing any more), and the fields of the layout before rounds were per priority ('vtime',
+-- 'k:<fair key>'); the cursor is kept in the hash's 'scan' field, so successive prunes walk
+-- the whole hash.
 -- KEYS: the common header, then the blocks of every queue in P:queues.
 -- ARGV: n, queue names; now ('' = the store's clock), older_than, limit, then states (each one
 --   of succeeded, dead, cancelled: the client refuses the others)
@@ -31,12 +33,22 @@ end
 local budget = math.max(tonumber(arg(3)), 1)
 for _, qn in ipairs(QNAMES) do
   local fair = Q[qn].fair
-  local vtime = tonumber(redis.call('HGET', fair, 'vtime') or 0)
   local cursor = redis.call('HGET', fair, 'scan') or '0'
-  local r = redis.call('HSCAN', fair, cursor, 'MATCH', 'k:*', 'COUNT', budget)
-  local drop = {}
+  local r = redis.call('HSCAN', fair, cursor, 'COUNT', budget)
+  local vt, drop = {}, {}
   for k = 1, #r[2], 2 do
-    if tonumber(r[2][k + 1]) <= vtime then drop[#drop + 1] = r[2][k] end
+    local f = r[2][k]
+    local p = string.match(f, '^t:(%-?%d+):')
+    if p then
+      local v = vt[p]
+      if v == nil then
+        v = tonumber(redis.call('HGET', fair, 'v:' .. p) or 0)
+        vt[p] = v
+      end
+      if tonumber(r[2][k + 1]) <= v then drop[#drop + 1] = f end
+    elseif f == 'vtime' or string.sub(f, 1, 2) == 'k:' then
+      drop[#drop + 1] = f
+    end
   end
   call_many('HDEL', fair, drop)
   if r[1] ~= '0' then
