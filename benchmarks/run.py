@@ -65,7 +65,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="jobs per throughput scenario (default 20000, --quick 500)",
     )
     p.add_argument(
-        "--quick", action="store_true", help="a smoke run: 1 round, 500 jobs, 20 idle probes, 1.5 s of load"
+        "--quick",
+        action="store_true",
+        help="a smoke run: 1 round, 500 jobs, 20 idle probes, 1.5 s of load",
     )
     p.add_argument(
         "--systems",

@@ -47,14 +47,14 @@ def machine() -> dict[str, Any]:
             ["git", "rev-parse", "--short", "HEAD"],
             capture_output=True,
             text=True,
-            cwd=Path(__file__).resolve().parent,
+            cwd=Path(__file__).resolve().parents[2],
             timeout=5,
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--", "src"],
             capture_output=True,
             text=True,
-            cwd=Path(__file__).resolve().parent,
+            cwd=Path(__file__).resolve().parents[2],
             timeout=5,
         ).stdout.strip()
         env["conveyor commit"] = rev + (" (with uncommitted changes under src/)" if dirty else "")
