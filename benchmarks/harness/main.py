@@ -104,7 +104,8 @@ def main(a: argparse.Namespace) -> int:
         env["elapsed"] = f"{time.perf_counter() - started:.0f} s"
         env["date"] = time.strftime("%Y-%m-%d %H:%M %Z")
         summary: list[Row] = summarize(rounds)
-        stem = f"{date}-{store}"
+        # a smoke run must not overwrite the real run of the same day
+        stem = f"{date}-{store}" + ("-quick" if a.quick else "")
         paths = charts(store, summary, a.out_dir, stem)
         params = {
             "command": command,
