@@ -7,7 +7,7 @@
 * ``before_ack``: the task returned, its ack is not sent;
 * ``after_ack``: an ack's store call returned (committed).
 
-For each point, K jobs wait on a queue of their own; A (concurrency K, lease 2 s) claims all K
+For each point, K jobs wait on a queue of their own; A (concurrency K, lease 1 s) claims all K
 in one claim, and the K attempts meet (a barrier) after their side effect, so every one of
 them has done it before the first reaches the kill point. Then worker B, without the hook,
 takes over. The four points run side by side, one A per queue, one B for all four.
@@ -47,7 +47,7 @@ pytestmark = [pytest.mark.faults, pytest.mark.process]
 
 POINTS = ("after_claim", "in_handler", "before_ack", "after_ack")
 K = pick(25, 100)
-LEASE = 2.0
+LEASE = 1.0
 
 
 @pytest.mark.timeout(120)
