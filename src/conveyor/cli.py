@@ -238,7 +238,9 @@ def cron_list(obj: Ctx, as_json: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("schedule", "cron", "timezone", "task", "queue", "last tick", "next run")
+    table = Table()
+    for col in ("schedule", "cron", "timezone", "task", "queue", "last tick", "next run"):
+        table.add_column(col, overflow="fold")  # wrap, never cut: these are names and times to copy
     for r in rows:
         table.add_row(r["name"], r["expression"], r["timezone"], r["task"], r["queue"],
                       r["last_tick"] or "-", r["next_run"])

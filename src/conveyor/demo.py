@@ -139,6 +139,14 @@ async def refresh_feed(user_id: int) -> dict[str, Any]:
     return {"user_id": user_id, "items": random.Random(user_id).randint(5, 50)}
 
 
+@app.cron("* * * * *", name="minutely-digest", queue="low")
+def send_digest() -> dict[str, Any]:
+    """A cron job: every minute, one digest however many workers run the scheduler."""
+    ctx = current_job()
+    tick = ctx.cron_tick.isoformat() if ctx is not None and ctx.cron_tick is not None else None
+    return {"tick": tick, "sent": random.randint(10, 40)}
+
+
 def use_database(path: str | os.PathLike[str]) -> str:
     """Point the demo app at the SQLite file ``path``; returns the store URL."""
     url = sqlite_url(path)
