@@ -184,11 +184,29 @@ SCRIPT_NAMES = (
 )
 
 
+def _exposure_warnings(redis_url: str, where: str) -> list[str]:
+    """A Redis off this machine reached without TLS or without credentials: anyone on the path
+    can read the jobs, and anyone who can connect can change or delete them."""
+    parts = urlsplit(redis_url)
+    host = (parts.hostname or "localhost").lower()
+    if host in ("localhost", "::1") or host.startswith("127.") or parts.scheme == "unix":
+        return []
+    found = []
+    if parts.scheme != "rediss":
+        found.append(f"Redis at {where} is reached without TLS: job arguments and results cross the network "
+                     "in clear. Use rediss:// (see docs/security.md).")
+    if not parts.password:
+        found.append(f"Redis at {where} is reached without a password: anyone who can connect to it can read, "
+                     "change or delete jobs. Use an ACL user with a password (redis://user:pass@host).")
+    return found
+
+
 class RedisBackend(Backend):
     def __init__(self, url: str) -> None:
         self.url = url
         self.prefix, redis_url, timeouts = parse_redis_url(url)
         self._where = _redact(redis_url)
+        self._redis_url = redis_url
         self.keys = _Keys(self.prefix)
         self.socket_timeout = timeouts["socket_timeout"]
         tls = urlsplit(redis_url).scheme == "rediss"
@@ -780,6 +798,7 @@ class RedisBackend(Backend):
                 f"Redis at {self._where} uses appendfsync no: an OS crash or power loss can lose the last "
                 "~30 s of writes. Use appendfsync everysec or always (see docs/redis.md)."
             )
+        warnings += _exposure_warnings(self._redis_url, self._where)
         policy = str(memory.get("maxmemory_policy", "noeviction"))
         if policy != "noeviction":
             warnings.append(
