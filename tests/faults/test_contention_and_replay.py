@@ -69,23 +69,26 @@ def test_r7_exactly_max_attempts_then_one_replay_per_double_click(make_app: obje
     job = always_fails.enqueue(1)
     with running_worker(app):
         dead = wait_for_job(app, job.id, "dead", timeout=30)
-        assert runs[1] == max_attempts and dead.attempts == max_attempts
-        assert [e["attempt"] for e in dead.errors] == list(range(1, max_attempts + 1))
+    assert runs[1] == max_attempts and dead.attempts == max_attempts
+    assert [e["attempt"] for e in dead.errors] == list(range(1, max_attempts + 1))
 
-        # Two operators (or one double click) replay it at the same moment.
-        barrier = threading.Barrier(2)
-        replayed: list[int] = []
+    # Two operators (or one double click) replay it at the same moment. No worker runs
+    # meanwhile: one that finished the replayed round between the clicks would make the second
+    # click a real second replay, which it would be.
+    barrier = threading.Barrier(2)
+    replayed: list[int] = []
 
-        def replay() -> None:
-            barrier.wait()
-            replayed.append(app.backend.redrive([job.id]))
+    def replay() -> None:
+        barrier.wait()
+        replayed.append(app.backend.redrive([job.id]))
 
-        clicks = [threading.Thread(target=replay) for _ in range(2)]
-        for c in clicks:
-            c.start()
-        for c in clicks:
-            c.join(10)
-        assert sorted(replayed) == [0, 1]
+    clicks = [threading.Thread(target=replay) for _ in range(2)]
+    for c in clicks:
+        c.start()
+    for c in clicks:
+        c.join(10)
+    assert sorted(replayed) == [0, 1]
+    with running_worker(app):
         again = wait_for_job(app, job.id, "dead", timeout=30)
     assert runs[1] == 2 * max_attempts  # one new round of max_attempts, not two
     assert again.attempts == max_attempts and again.meta.get("redriven") == 1
