@@ -585,7 +585,7 @@ class Worker:
                 await self._call(self._maint, scheduler.run_pending)
             except Exception:
                 log.exception("cron scheduler failed; trying again")
-            # Ticks are whole minutes or coarser: a check every ~0.5 s keeps them on time.
+            # A check every ~0.5 s keeps minute ticks on time and per-second (6-field) ones close.
             await asyncio.sleep(self._rng.uniform(0.25, 0.75))
 
     async def _prune(self) -> None:
