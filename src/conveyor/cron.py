@@ -35,6 +35,7 @@ from croniter import croniter
 from . import payload, signing
 from .backends.base import Backend, EnqueueResult, NewJob
 from .errors import ConfigurationError, QueueFull
+from .job import Job
 
 if TYPE_CHECKING:
     from .app import Conveyor
@@ -42,6 +43,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("conveyor.cron")
 
 _SEARCH_LIMIT = 8  # repeated wall-clock times skipped in a row: at most a few per DST change
+
+
+def tick_of(job: Job) -> dt.datetime | None:
+    """For a job a cron schedule made: the tick it was meant for, in the schedule's timezone."""
+    info = job.meta.get("cron")
+    if not isinstance(info, dict):
+        return None
+    try:
+        return dt.datetime.fromtimestamp(float(info["tick"]), ZoneInfo(str(info.get("timezone", "UTC"))))
+    except (KeyError, TypeError, ValueError, ZoneInfoNotFoundError):
+        return None  # meta written by hand or by another version: no tick to show
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,10 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
-from zoneinfo import ZoneInfo
 
 from . import payload, tracing
 from .backends.base import Backend, ErrorInfo, Lease
+from .cron import tick_of
 from .errors import ArgumentsError, ConfigurationError, PayloadError, Reject, Retry
 from .job import Job
 
@@ -76,10 +76,7 @@ class JobContext:
     @property
     def cron_tick(self) -> dt.datetime | None:
         """For a job made by a cron schedule: the tick it was meant for, in the schedule's timezone."""
-        info = self.job.meta.get("cron")
-        if not isinstance(info, dict):
-            return None
-        return dt.datetime.fromtimestamp(float(info["tick"]), ZoneInfo(str(info.get("timezone", "UTC"))))
+        return tick_of(self.job)
 
     def once(self, step: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn(*args, **kwargs)`` at most once per job *to completion*, and remember its result.

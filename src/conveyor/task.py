@@ -77,17 +77,11 @@ def _check_options(opts: EnqueueOptions) -> EnqueueOptions:
         raise ConfigurationError(f"delay must be a non-negative number of seconds, got {opts.delay!r}")
     if opts.run_at is not None and not _finite(opts.run_at):
         raise ConfigurationError(f"run_at must be a datetime or unix time, got {opts.run_at!r}")
-    if opts.unique_key is not None and (
-        not isinstance(opts.unique_key, str) or not 0 < len(opts.unique_key) <= UNIQUE_KEY_MAX
-    ):
-        raise ConfigurationError(f"unique_key must be a non-empty str of at most {UNIQUE_KEY_MAX} characters")
-    if opts.unique_key is not None:
-        payload.encode(opts.unique_key, what="unique_key")
     if opts.unique_for is not None and (not _finite(opts.unique_for) or opts.unique_for <= 0):
         raise ConfigurationError(f"unique_for must be a positive number of seconds, got {opts.unique_for!r}")
     if opts.unique_for is not None and opts.unique_key is None:
         raise ConfigurationError("unique_for needs a unique_key: it is how long that key stays taken after success")
-    for what in ("fair_key", "concurrency_key", "rate_key"):
+    for what in ("unique_key", "fair_key", "concurrency_key", "rate_key"):
         _check_key(what, getattr(opts, what))
     if (opts.concurrency_key is None) != (opts.concurrency_limit is None):
         raise ConfigurationError("concurrency_key and concurrency_limit go together (a task's default key is its name)")

@@ -24,9 +24,10 @@ configured timeouts of a call (what "its timeout" means above):
   (``connect_timeout``, 2 s in CI) and each statement (``statement_timeout``, 30 s; shortened to
   2 s in CI through the module constant): at most the largest of the three.
 
-PostgreSQL breaks that bound when the peer stops answering: ``statement_timeout`` is enforced by
-the server, which never sees the statement (blackhole) or whose reply is lost (half-open), and
-the client has no deadline of its own, so the call waits for ever (see the xfail tests).
+``statement_timeout`` alone cannot hold that bound when the peer stops answering: the server
+never sees the statement (blackhole) or its reply is lost (half-open). The PostgreSQL backend's
+client-side deadline (one watchdog thread shuts the socket down) does; these tests first found
+the hang and now check the bound.
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ reads the store through ``list_jobs``, ``get`` and ``stats``; every action is ``
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import logging
 import re
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -18,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import jinja2
 from starlette.applications import Starlette
@@ -35,6 +33,7 @@ from ..alerts import Rule
 from ..app import Conveyor
 from ..backends import redact_url
 from ..backends.base import Backend, QueueStats, Stats, WorkerInfo
+from ..cron import tick_of
 from ..job import Job, JobState
 from ..payload import NAME_RE, TASK_NAME_RE
 from . import charts
@@ -589,7 +588,7 @@ class Pages:
                            result_json=fmt.to_json(job.result, pretty=True) if job.result is not None else None,
                            meta_json=fmt.to_json(job.meta, pretty=True) if job.meta else None,
                            steps_json=fmt.to_json(job.steps, pretty=True) if job.steps else None,
-                           cron_tick=_cron_tick(job), known_task=job.task in self.d.conveyor.tasks)
+                           cron_tick=(tick.isoformat() if (tick := tick_of(job)) else None), known_task=job.task in self.d.conveyor.tasks)
 
     def job_action(self, request: Request, form: dict[str, list[str]]) -> Response:
         job_id = int(request.path_params["job_id"])
@@ -750,14 +749,3 @@ def _version() -> str:
     except PackageNotFoundError:  # pragma: no cover - running from a source tree
         return "dev"
 
-
-def _cron_tick(job: Job) -> str | None:
-    """The tick a cron job was made for, in its schedule's timezone (ISO 8601)."""
-    info = job.meta.get("cron")
-    if not isinstance(info, dict):
-        return None
-    try:
-        tz = ZoneInfo(str(info.get("timezone", "UTC")))
-        return dt.datetime.fromtimestamp(float(info["tick"]), tz).isoformat()
-    except (KeyError, TypeError, ValueError, ZoneInfoNotFoundError):
-        return None
