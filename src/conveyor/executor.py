@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextvars
 import datetime as dt
 import functools
-import threading
 import traceback
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager
@@ -19,6 +17,7 @@ from .backends.base import Backend, ErrorInfo, Lease
 from .cron import tick_of
 from .errors import ArgumentsError, ConfigurationError, PayloadError, Reject, Retry
 from .job import Job
+from .threads import TaskThreads, ThreadCall
 
 if TYPE_CHECKING:
     from .signing import Signer
@@ -48,7 +47,7 @@ class JobContext:
         self.job = job
         self._backend = backend
         self.completed = False  # set once transaction() committed the job's success
-        self._stop = threading.Event()
+        self._stop = False  # a plain flag: set once, read by the task's thread (no Event per job)
         self._connection: Any = None  # the open transaction() connection, if any
         self._steps: dict[str, Any] = dict(job.steps)
 
@@ -57,11 +56,11 @@ class JobContext:
         """True once this attempt should stop: the job was cancelled, this worker lost its
         lease, or the worker is shutting down past its grace period. Async tasks are cancelled
         outright; a sync task cannot be, so it should check this in its loops and return."""
-        return self._stop.is_set()
+        return self._stop
 
     def cancel(self) -> None:
         """Tell this attempt to stop (sets ``cancelled``); the worker calls it, tasks need not."""
-        self._stop.set()
+        self._stop = True
 
     @property
     def id(self) -> int:
@@ -205,7 +204,7 @@ class Execution:
     """One attempt of one job. ``thread`` is set for sync tasks: it may outlive a timeout."""
 
     def __init__(
-        self, job: Job, tasks: Mapping[str, Task[Any, Any]], pool: concurrent.futures.Executor,
+        self, job: Job, tasks: Mapping[str, Task[Any, Any]], pool: TaskThreads,
         backend: Backend | None = None, signer: Signer | None = None,
     ) -> None:
         self.job = job
@@ -213,7 +212,7 @@ class Execution:
         self.backend = backend
         self.tasks = tasks
         self.pool = pool
-        self.thread: concurrent.futures.Future[Any] | None = None
+        self.thread: ThreadCall | None = None
         self.context: JobContext | None = None
         self.span: Any = None
 
@@ -248,7 +247,7 @@ class Execution:
                 message=f"stored arguments are a {type(stored).__name__}, not an object",
             ))
         try:
-            args, kwargs = payload.rebuild_call(task.fn, stored, task.signature)
+            args, kwargs = task.rebuild_call(stored)
         except ArgumentsError as exc:
             return Outcome("dead", error=error_from(exc, "bad_arguments"))
 
@@ -263,8 +262,8 @@ class Execution:
                     result = await asyncio.get_running_loop().create_task(coro, context=ctx)
                 else:
                     call = functools.partial(_guard_sync, functools.partial(task.fn, *args, **kwargs))
-                    self.thread = self.pool.submit(ctx.run, call)
-                    result = await asyncio.shield(asyncio.wrap_future(self.thread))
+                    self.thread = self.pool.submit(functools.partial(ctx.run, call))
+                    result = await self.thread.future
         except Retry as exc:
             delay = exc.delay if exc.delay is not None else task.retry_policy.delay(job.attempts)
             return Outcome("retry", error=error_from(exc, "retry"), delay=delay)
@@ -284,7 +283,7 @@ class Execution:
         except Exception as exc:
             return Outcome("retry", error=error_from(exc), delay=task.retry_policy.delay(job.attempts))
         try:
-            encoded = payload.encode(result, what=f"result of {job.task}")
+            encoded = "null" if result is None else payload.encode(result, what=f"result of {job.task}")
         except PayloadError as exc:
             # Running it again would produce the same unstorable result.
             return Outcome("dead", error=error_from(exc, "bad_result"))

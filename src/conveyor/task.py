@@ -298,6 +298,12 @@ class Task(_Enqueuer[P, R]):
         self.retry_policy = retry
         self.is_async = inspect.iscoroutinefunction(fn)
         self.signature = inspect.signature(fn)
+        params = list(self.signature.parameters.values())
+        # The common shape, plain positional-or-keyword parameters, gets a fast rebuild of its
+        # stored arguments (see rebuild_call); anything else goes through payload.rebuild_call.
+        self._plain = tuple(p.name for p in params) if all(
+            p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params) else None
+        self._required = sum(1 for p in params if p.default is inspect.Parameter.empty)
         self.task = self
         rate = parse_rate(rate_limit) if rate_limit is not None else None
         self._opts = _check_options(EnqueueOptions(
@@ -328,6 +334,20 @@ class Task(_Enqueuer[P, R]):
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)
+
+    def rebuild_call(self, stored: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Stored named arguments as ``(args, kwargs)`` for the function, as
+        ``payload.rebuild_call`` makes them; raises ArgumentsError if they no longer fit.
+        Stored arguments that are the first k plain parameters (k at least the required ones)
+        are simply those values in order: no per-job ``Signature.bind``."""
+        order = self._plain
+        k = len(stored)
+        if order is not None and self._required <= k <= len(order):
+            try:
+                return tuple([stored[name] for name in order[:k]]), {}
+            except KeyError:
+                pass  # not a prefix: the general rules decide
+        return payload.rebuild_call(self.fn, stored, self.signature)
 
     def options(
         self, *, delay: float | dt.timedelta | None = None, run_at: float | dt.datetime | None = None,

@@ -19,7 +19,7 @@ import socket
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -32,6 +32,7 @@ from .job import Job, JobState
 from .metrics import Metrics
 from .payload import check_queue_name
 from .redact import mask_text
+from .threads import TaskThreads
 
 log = logging.getLogger("conveyor.worker")
 ACK_BATCH = 256  # most acks written in one store transaction
@@ -94,6 +95,7 @@ class _Running:
     execution: Execution | None = None
     lost: bool = False
     finishing: bool = False  # the task is done; its outcome is being written
+    freed: bool = False  # its slot went back when the task finished, before the outcome landed
     settled: bool = False  # the outcome was written (or refused): no more heartbeats
 
 
@@ -168,6 +170,10 @@ class Worker:
         self._slot_freed: asyncio.Event | None = None
         self._ack_ready: asyncio.Event | None = None
         self._acks: list[tuple[Lease, str | None, asyncio.Future[bool]]] = []
+        # While the claim loop is about to claim (or waits for a slot, which a finishing job
+        # frees just before it acks), acks ride with its next claim; when it is parked (idle,
+        # backing off, stopped), the ack loop writes them on its own.
+        self._claimer_parked = True
         self._stopped: asyncio.Event | None = None
         self._started = asyncio.Event()  # replaced in run_async
         self._on_started: list[Callable[[], None]] = []
@@ -223,7 +229,7 @@ class Worker:
         self._beat = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="conveyor-heartbeat")
         self._maint = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="conveyor-maintenance")
         self._waiter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="conveyor-wait")
-        self._pool = concurrent.futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix="conveyor-task")
+        self._pool = TaskThreads(self.concurrency, loop)
         if self.install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._request_stop)
@@ -258,8 +264,9 @@ class Worker:
                 await self._call(self._store, self.backend.remove_worker, self.id)
             except Exception:
                 log.exception("could not remove worker row")
-            for ex in (self._store, self._beat, self._maint, self._waiter, self._pool):
+            for ex in (self._store, self._beat, self._maint, self._waiter):
                 ex.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown()
             log.info("worker %s stopped: %d succeeded, %d retried, %d dead, %d released",
                      self.id, self.counters.succeeded, self.counters.retried, self.counters.dead,
                      self.counters.released)
@@ -274,21 +281,45 @@ class Worker:
             pid=os.getpid(), started_at=self.started_at, last_seen=0.0, running=len(self._running),
         )
 
+    async def _park(self, waiting: Awaitable[T]) -> T:
+        """Wait on something that may take a while, handing any pending acks to the ack loop."""
+        assert self._ack_ready is not None
+        self._claimer_parked = True
+        if self._acks:
+            self._ack_ready.set()
+        try:
+            return await waiting
+        finally:
+            self._claimer_parked = False
+
     async def _claim_loop(self) -> None:
+        try:
+            await self._claim_until_stopped()
+        finally:
+            self._claimer_parked = True
+            if self._acks and self._ack_ready is not None:
+                self._ack_ready.set()
+
+    async def _claim_until_stopped(self) -> None:
         assert self._slot_freed is not None
+        self._claimer_parked = False
         queues = list(self.weights)
         woken, idle_claims = False, 0
         while not self._stopping:
             free = self.concurrency - self._busy
             if free <= 0:
                 self._slot_freed.clear()
-                await self._slot_freed.wait()
+                if self._acks:
+                    # Acks without a slot freed for them (cannot happen today): don't hold them.
+                    await self._park(self._slot_freed.wait())
+                else:
+                    await self._slot_freed.wait()
                 continue
             try:
                 jobs = await self._claim(free)
             except Exception:
                 log.exception("claim failed; retrying in %gs", self.poll_interval)
-                await asyncio.sleep(self.poll_interval)
+                await self._park(asyncio.sleep(self.poll_interval))
                 continue
             if jobs:
                 faultpoints.hit("after_claim")
@@ -313,13 +344,14 @@ class Worker:
                 idle_claims += 1
                 self._slot_freed.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._slot_freed.wait(),
-                                           min(0.005 * 2 ** min(idle_claims, 10), 0.25, self.poll_interval))
+                    await self._park(asyncio.wait_for(
+                        self._slot_freed.wait(), min(0.005 * 2 ** min(idle_claims, 10), 0.25, self.poll_interval)))
             try:
-                woken = await self._call(self._waiter, self.backend.wait_for_jobs, queues, self.poll_interval)
+                woken = await self._park(
+                    self._call(self._waiter, self.backend.wait_for_jobs, queues, self.poll_interval))
             except Exception:
                 log.exception("waiting for jobs failed")
-                await asyncio.sleep(self.poll_interval)
+                await self._park(asyncio.sleep(self.poll_interval))
 
     async def _claim(self, free: int) -> list[Job]:
         claimed: list[Job] = []
@@ -331,9 +363,12 @@ class Worker:
             if want <= 0 or self._stopping:
                 continue
             try:
-                jobs = await self._call(
-                    self._store, self.backend.claim, queue, want, worker_id=self.id, lease_s=self.lease_s
-                )
+                if not claimed and self._acks:
+                    jobs = await self._ack_and_claim(queue, want)
+                else:
+                    jobs = await self._call(
+                        self._store, self.backend.claim, queue, want, worker_id=self.id, lease_s=self.lease_s
+                    )
             except Exception:
                 if not claimed:
                     raise
@@ -361,6 +396,22 @@ class Worker:
             carry -= len(jobs)
         return claimed
 
+    async def _ack_and_claim(self, queue: str, want: int) -> list[Job]:
+        """The pending acks and a claim in one store call; the acks go back to the ack loop if it fails."""
+        batch, self._acks = self._acks[:ACK_BATCH], self._acks[ACK_BATCH:]
+        try:
+            held, jobs = await self._call(
+                self._store, self.backend.ack_and_claim, [(lease, r) for lease, r, _ in batch], queue, want,
+                worker_id=self.id, lease_s=self.lease_s)
+        except BaseException:
+            self._acks[:0] = [a for a in batch if not a[2].done()]
+            raise
+        faultpoints.hit("after_ack")
+        for (*_, done), ok in zip(batch, held, strict=True):
+            if not done.done():
+                done.set_result(ok)
+        return jobs
+
     def _start(self, job: Job) -> None:
         assert self._loop is not None and job.lease_token is not None
         self.counters.claimed += 1
@@ -381,6 +432,11 @@ class Worker:
         try:
             outcome = await execution.run()
             running.finishing = True  # only its outcome is left to write
+            if execution.thread is None or execution.thread.done():
+                # The slot is free for the next job while this one's outcome is written (the
+                # job counts as done only once that write is durable).
+                running.freed = True
+                self._free_slot()
             if self.metrics is not None:
                 self.metrics.run_seconds.labels(job.queue, job.task).observe(time.perf_counter() - started)
             await self._settle(running, outcome)
@@ -394,7 +450,9 @@ class Worker:
             running.settled = True
             self._running.pop(job.id, None)
             thread = execution.thread
-            if thread is not None and not thread.done():
+            if running.freed:
+                pass
+            elif thread is not None and not thread.done():
                 # A sync task can't be stopped (timeout, lost lease, shutdown): its slot stays
                 # busy until the thread returns, so capacity shown is capacity real.
                 log.warning("job %d: its thread is still running (%s); the slot stays busy until it returns",
@@ -485,7 +543,7 @@ class Worker:
         while True:
             await self._ack_ready.wait()
             self._ack_ready.clear()
-            while self._acks:
+            while self._acks and self._claimer_parked:
                 batch, self._acks = self._acks[:ACK_BATCH], self._acks[ACK_BATCH:]
                 try:
                     held = await self._record(self.backend.ack_many, [(lease, r) for lease, r, _ in batch])

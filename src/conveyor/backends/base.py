@@ -286,6 +286,18 @@ class Backend(abc.ABC):
                 done.append(False)
         return done
 
+    def ack_and_claim(
+        self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *,
+        worker_id: str, lease_s: float, now: float | None = None,
+    ) -> tuple[list[bool], list[Job]]:
+        """``ack_many(acks)`` then ``claim(queue, limit)``, in one round trip where the store
+        allows (a busy worker's finished jobs ride with its next claim, as BullMQ's
+        moveToFinished fetches the next job). The acks are durable before, or together with,
+        the claim. If it raises, write the acks again with ``ack_many``; jobs it may have
+        claimed without saying so come back when their leases expire."""
+        held = self.ack_many(acks, now=now) if acks else []
+        return held, self.claim(queue, limit, worker_id=worker_id, lease_s=lease_s, now=now)
+
     @abc.abstractmethod
     def retry(self, lease: Lease, error: ErrorInfo, *, delay: float, now: float | None = None) -> JobState:
         """Record the failure and make the job due again at ``now + delay``. Raises LeaseLost.

@@ -277,6 +277,13 @@ class RedisBackend(Backend):
                     raise StorageFull(
                         f"Redis at {self._where} is out of memory (maxmemory): {what} refused, nothing was written"
                     ) from exc
+                if text.startswith("MISCONF"):
+                    # Redis refuses writes while it cannot write its AOF or RDB file (a full
+                    # disk, most often), before running the script: nothing was written.
+                    raise StorageFull(
+                        f"Redis at {self._where} cannot persist ({text}): {what} refused, nothing was "
+                        "written; free disk space where Redis keeps its files, and it resumes by itself"
+                    ) from exc
                 if isinstance(exc, redis.ReadOnlyError):
                     text += " (this server is a read-only replica: point the URL at the primary)"
                 elif isinstance(exc, redis.exceptions.NoPermissionError):
@@ -481,6 +488,46 @@ class RedisBackend(Backend):
         if len(acks) < 2:
             return super().ack_many(acks, now=now)
         pipe = self._r.pipeline(transaction=False)
+        self._queue_acks(pipe, acks, now)
+        try:
+            replies = pipe.execute(raise_on_error=False)
+        except (redis.ConnectionError, redis.TimeoutError):
+            replies = [None] * len(acks)  # some may have landed: the fallback checks each
+        return self._acks_held(acks, replies, now)
+
+    def ack_and_claim(
+        self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *,
+        worker_id: str, lease_s: float, now: float | None = None,
+    ) -> tuple[list[bool], list[Job]]:
+        """The acks' scripts and the claim's in one pipelined round trip (the acks run first:
+        Redis runs a connection's commands in order)."""
+        if limit <= 0:
+            return super().ack_and_claim(acks, queue, limit, worker_id=worker_id, lease_s=lease_s, now=now)
+        pipe = self._r.pipeline(transaction=False)
+        self._queue_acks(pipe, acks, now)
+        tokens = [uuid.uuid4().hex for _ in range(limit)]
+        self._pipe_script(pipe, "claim", [*self.keys.header, *self.keys.block(queue)],
+                          [1, queue, self._now_arg(now), limit, repr(float(lease_s)), worker_id, CLAIM_SCAN, *tokens])
+        try:
+            replies = pipe.execute(raise_on_error=False)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            # A claim that landed unseen expires and is reaped; the acks are checked one by one.
+            held = self._acks_held(acks, [None] * len(acks), now)
+            raise StoreUnavailable(f"Redis at {self._where} is unreachable: claim failed ({exc}); "
+                                   f"{sum(held)} of {len(acks)} acks written") from exc
+        held = self._acks_held(acks, replies[:-1], now)
+        res = replies[-1]
+        if isinstance(res, list) and (not res or isinstance(res[0], list)):
+            jobs = [self._job(raw) for raw in res]
+            for job in jobs:
+                self._remember(job)
+            return held, jobs
+        if isinstance(res, Exception) and not isinstance(res, redis.ResponseError):
+            raise StoreError(f"Redis at {self._where}: claim failed: {res}")
+        # 'need'/'stale' (the queue's blocks changed), or an error reply: the careful path.
+        return held, self.claim(queue, limit, worker_id=worker_id, lease_s=lease_s, now=now)
+
+    def _queue_acks(self, pipe: Any, acks: Sequence[tuple[Lease, str | None]], now: float | None) -> None:
         for lease, result in acks:
             qs = self._guess([lease.job_id])
             keys = list(self.keys.header)
@@ -488,11 +535,16 @@ class RedisBackend(Backend):
                 keys += self.keys.block(q)
             argv = [len(qs), *qs, self._now_arg(now), lease.job_id, lease.token,
                     "0" if result is None else "1", result or ""]
-            self._scripts["ack"](keys=keys, args=argv, client=pipe)
-        try:
-            replies = pipe.execute(raise_on_error=False)
-        except (redis.ConnectionError, redis.TimeoutError):
-            replies = [None] * len(acks)  # some may have landed: the fallback checks each
+            self._pipe_script(pipe, "ack", keys, argv)
+
+    def _pipe_script(self, pipe: Any, name: str, keys: Sequence[str], args: Sequence[Any]) -> None:
+        """EVALSHA straight into the pipeline. (Script objects would make execute() ask SCRIPT
+        EXISTS first: a second round trip each time.) A NOSCRIPT reply, after a restart or a
+        SCRIPT FLUSH, sends that call down the careful path, whose Script reloads it."""
+        pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+
+    def _acks_held(self, acks: Sequence[tuple[Lease, str | None]], replies: Sequence[Any],
+                   now: float | None) -> list[bool]:
         held: list[bool] = []
         for (lease, result), reply in zip(acks, replies, strict=True):
             if isinstance(reply, list) and reply and reply[0] in ("ok", "lost"):

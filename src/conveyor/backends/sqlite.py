@@ -239,19 +239,17 @@ class SqliteBackend(Backend):
         if limit <= 0:
             return []
         with self._write(now) as (conn, t):
-            conn.execute(Q["promote_queue"], {"queue": queue, "now": t, "limit": 1000})
-            params = {"queue": queue, "limit": limit, "now": t, "worker_id": worker_id, "lease_s": lease_s}
-            # Fast path: claim the head of the queue; if limits apply to any of it, undo that
-            # and pick job by job.
-            conn.execute("SAVEPOINT claim")
-            rows = conn.execute(Q["claim"], params).fetchall()
-            if any(r["concurrency_key"] is not None or r["rate_key"] is not None for r in rows):
-                conn.execute("ROLLBACK TO claim")
-                rows = _claim_limited(conn, params)
-            conn.execute("RELEASE claim")
-            _raise_vtime(conn, queue, rows)
-        rows.sort(key=lambda r: (r["priority"], r["fair_tag"], r["run_at"], r["id"]))
-        return [_row_to_job(r) for r in rows]
+            return _claim_in(conn, t, queue, limit, worker_id, lease_s)
+
+    def ack_and_claim(
+        self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *,
+        worker_id: str, lease_s: float, now: float | None = None,
+    ) -> tuple[list[bool], list[Job]]:
+        """One transaction: a commit (and its fsync under synchronous=full) for both."""
+        with self._write(now) as (conn, t):
+            held = _ack_in(conn, t, acks)
+            jobs = _claim_in(conn, t, queue, limit, worker_id, lease_s) if limit > 0 else []
+        return held, jobs
 
     def heartbeat(self, leases: Sequence[Lease], *, lease_s: float, now: float | None = None) -> set[int]:
         if not leases:
@@ -276,11 +274,7 @@ class SqliteBackend(Backend):
         if not acks:
             return []
         with self._write(now) as (conn, t):
-            return [
-                conn.execute(Q["ack"], {"id": lease.job_id, "token": lease.token, "now": t, "result": result}).rowcount
-                == 1
-                for lease, result in acks
-            ]
+            return _ack_in(conn, t, acks)
 
     def retry(self, lease: Lease, error: ErrorInfo, *, delay: float, now: float | None = None) -> JobState:
         with self._write(now) as (conn, t):
@@ -564,6 +558,30 @@ def _enqueue_in(conn: sqlite3.Connection, jobs: Sequence[NewJob], t: float) -> l
     tags.save()
     _check_depth(conn, jobs, results)
     return results
+
+
+def _claim_in(conn: sqlite3.Connection, t: float, queue: str, limit: int, worker_id: str,
+              lease_s: float) -> list[Job]:
+    conn.execute(Q["promote_queue"], {"queue": queue, "now": t, "limit": 1000})
+    params = {"queue": queue, "limit": limit, "now": t, "worker_id": worker_id, "lease_s": lease_s}
+    # Fast path: claim the head of the queue; if limits apply to any of it, undo that and pick
+    # job by job.
+    conn.execute("SAVEPOINT claim")
+    rows = conn.execute(Q["claim"], params).fetchall()
+    if any(r["concurrency_key"] is not None or r["rate_key"] is not None for r in rows):
+        conn.execute("ROLLBACK TO claim")
+        rows = _claim_limited(conn, params)
+    conn.execute("RELEASE claim")
+    _raise_vtime(conn, queue, rows)
+    rows.sort(key=lambda r: (r["priority"], r["fair_tag"], r["run_at"], r["id"]))
+    return [_row_to_job(r) for r in rows]
+
+
+def _ack_in(conn: sqlite3.Connection, t: float, acks: Sequence[tuple[Lease, str | None]]) -> list[bool]:
+    return [
+        conn.execute(Q["ack"], {"id": lease.job_id, "token": lease.token, "now": t, "result": result}).rowcount == 1
+        for lease, result in acks
+    ]
 
 
 def _claim_limited(conn: sqlite3.Connection, params: dict[str, Any]) -> list[sqlite3.Row]:
