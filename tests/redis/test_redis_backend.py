@@ -237,6 +237,25 @@ def test_script_flush_between_calls_is_transparent(backend: RedisBackend, privat
     assert backend.get(claimed.id).state is JobState.SUCCEEDED  # type: ignore[union-attr]
 
 
+def test_script_flush_before_the_pipelined_ack_and_claim(backend: RedisBackend, private_redis: RedisServer) -> None:
+    """ack_many and ack_and_claim send EVALSHA in a pipeline: NOSCRIPT there must take the
+    careful path (the acks land, the claim is made) and load the scripts for the next call."""
+    for _ in range(6):
+        backend.enqueue_many([job()], now=T0)
+    first = backend.claim("default", 2, worker_id="w", lease_s=30, now=T0)
+    c = private_redis.client()
+    c.script_flush()
+    held, second = backend.ack_and_claim([(Lease(j.id, j.lease_token or ""), "1") for j in first], "default", 2,
+                                         worker_id="w", lease_s=30, now=T0 + 1)
+    assert held == [True, True] and len(second) == 2
+    assert c.script_exists(backend._scripts["ack_many"].sha, backend._scripts["claim"].sha) == [True, True]
+    c.script_flush()
+    c.close()
+    assert backend.ack_many([(Lease(j.id, j.lease_token or ""), "2") for j in second], now=T0 + 2) == [True, True]
+    for j in [*first, *second]:
+        assert backend.get(j.id).state is JobState.SUCCEEDED  # type: ignore[union-attr]
+
+
 # -- persistence warnings -------------------------------------------------------------------
 
 

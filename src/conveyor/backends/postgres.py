@@ -31,6 +31,7 @@ import itertools
 import json
 import logging
 import os
+import select
 import socket
 import threading
 import time
@@ -261,6 +262,19 @@ def _bounded(conn: Any, *, close: bool = False) -> _Guard:
     return _Guard(conn, time.monotonic() + _statement_budget(), close=close)
 
 
+def _quiet(conn: psycopg.Connection[Any]) -> bool:
+    """An idle connection with nothing waiting on its socket. A terminated backend or a server
+    that went away leaves an error message or an end of file there, so only a connection whose
+    socket is readable needs the probe's round trip (pool connections never LISTEN, so nothing
+    else arrives unasked)."""
+    try:
+        if conn.info.transaction_status != TransactionStatus.IDLE:
+            return False
+        return not select.select([conn.pgconn.socket], [], [], 0)[0]
+    except (psycopg.Error, OSError, ValueError):
+        return False
+
+
 def _configure(conn: psycopg.Connection[Any]) -> None:
     # A pool's worker runs this on each new connection: bounded too, or a stall right after
     # connecting would hold that worker for ever.
@@ -347,7 +361,8 @@ class PostgresBackend(Backend):
                     guard = _Guard(conn, min(until, time.monotonic() + _statement_budget()), close=True)
                     with guard:
                         try:
-                            conn.execute("")
+                            if not _quiet(conn):
+                                conn.execute("")
                         except psycopg.OperationalError:
                             if guard.fired:
                                 raise

@@ -179,7 +179,7 @@ def _load_script(name: str) -> str:
 
 
 SCRIPT_NAMES = (
-    "enqueue", "claim", "heartbeat", "ack", "retry", "kill", "release", "reap", "promote", "prune",
+    "enqueue", "claim", "heartbeat", "ack", "ack_many", "retry", "kill", "release", "reap", "promote", "prune",
     "cancel", "redrive", "purge", "record_worker", "remove_worker", "stats", "list_jobs", "record_step",
 )
 
@@ -483,25 +483,25 @@ class RedisBackend(Backend):
             raise LeaseLost(lease.job_id, "ack refused")
 
     def ack_many(self, acks: Sequence[tuple[Lease, str | None]], *, now: float | None = None) -> list[bool]:
-        """The ack scripts of a batch in one pipelined round trip. Anything unusual (a queue
-        not guessed, an error reply, a broken connection) falls back to one careful ack each."""
+        """The batch in one ack_many script call. Anything unusual (a queue not guessed, an
+        error reply, a broken connection) falls back to one careful ack each."""
         if len(acks) < 2:
             return super().ack_many(acks, now=now)
         pipe = self._r.pipeline(transaction=False)
         self._queue_acks(pipe, acks, now)
         try:
-            replies = pipe.execute(raise_on_error=False)
+            replies = self._execute_scripts(pipe)
         except (redis.ConnectionError, redis.TimeoutError):
-            replies = [None] * len(acks)  # some may have landed: the fallback checks each
-        return self._acks_held(acks, replies, now)
+            replies = [None]  # it may have landed: the fallback checks each
+        return self._acks_held(acks, replies[0], now)
 
     def ack_and_claim(
         self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *,
         worker_id: str, lease_s: float, now: float | None = None,
     ) -> tuple[list[bool], list[Job]]:
-        """The acks' scripts and the claim's in one pipelined round trip (the acks run first:
+        """The acks' script and the claim's in one pipelined round trip (the acks run first:
         Redis runs a connection's commands in order)."""
-        if limit <= 0:
+        if limit <= 0 or not acks:
             return super().ack_and_claim(acks, queue, limit, worker_id=worker_id, lease_s=lease_s, now=now)
         pipe = self._r.pipeline(transaction=False)
         self._queue_acks(pipe, acks, now)
@@ -509,14 +509,14 @@ class RedisBackend(Backend):
         self._pipe_script(pipe, "claim", [*self.keys.header, *self.keys.block(queue)],
                           [1, queue, self._now_arg(now), limit, repr(float(lease_s)), worker_id, CLAIM_SCAN, *tokens])
         try:
-            replies = pipe.execute(raise_on_error=False)
+            replies = self._execute_scripts(pipe)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             # A claim that landed unseen expires and is reaped; the acks are checked one by one.
-            held = self._acks_held(acks, [None] * len(acks), now)
+            held = self._acks_held(acks, None, now)
             raise StoreUnavailable(f"Redis at {self._where} is unreachable: claim failed ({exc}); "
                                    f"{sum(held)} of {len(acks)} acks written") from exc
-        held = self._acks_held(acks, replies[:-1], now)
-        res = replies[-1]
+        held = self._acks_held(acks, replies[0], now)
+        res = replies[1]
         if isinstance(res, list) and (not res or isinstance(res[0], list)):
             jobs = [self._job(raw) for raw in res]
             for job in jobs:
@@ -528,14 +528,19 @@ class RedisBackend(Backend):
         return held, self.claim(queue, limit, worker_id=worker_id, lease_s=lease_s, now=now)
 
     def _queue_acks(self, pipe: Any, acks: Sequence[tuple[Lease, str | None]], now: float | None) -> None:
+        """One ack_many call for the batch, with the blocks of every queue its jobs may be in."""
+        qs: list[str] = []
+        for lease, _ in acks:
+            for q in self._guess([lease.job_id]):
+                if q not in qs:
+                    qs.append(q)
+        keys = list(self.keys.header)
+        for q in qs:
+            keys += self.keys.block(q)
+        argv: list[Any] = [len(qs), *qs, self._now_arg(now)]
         for lease, result in acks:
-            qs = self._guess([lease.job_id])
-            keys = list(self.keys.header)
-            for q in qs:
-                keys += self.keys.block(q)
-            argv = [len(qs), *qs, self._now_arg(now), lease.job_id, lease.token,
-                    "0" if result is None else "1", result or ""]
-            self._pipe_script(pipe, "ack", keys, argv)
+            argv += [lease.job_id, lease.token, "0" if result is None else "1", result or ""]
+        self._pipe_script(pipe, "ack_many", keys, argv)
 
     def _pipe_script(self, pipe: Any, name: str, keys: Sequence[str], args: Sequence[Any]) -> None:
         """EVALSHA straight into the pipeline. (Script objects would make execute() ask SCRIPT
@@ -543,15 +548,27 @@ class RedisBackend(Backend):
         SCRIPT FLUSH, sends that call down the careful path, whose Script reloads it."""
         pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
 
-    def _acks_held(self, acks: Sequence[tuple[Lease, str | None]], replies: Sequence[Any],
-                   now: float | None) -> list[bool]:
+    def _execute_scripts(self, pipe: Any) -> list[Any]:
+        """Run a pipeline of _pipe_script calls. On NOSCRIPT (a new server, a restart, a SCRIPT
+        FLUSH) every script is loaded again, and the calls it refused take the careful path."""
+        replies: list[Any] = pipe.execute(raise_on_error=False)
+        if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
+            for script in self._scripts.values():
+                script.sha = self._call("load scripts", functools.partial(self._r.script_load, script.script),
+                                        safe=True)
+        return replies
+
+    def _acks_held(self, acks: Sequence[tuple[Lease, str | None]], reply: Any, now: float | None) -> list[bool]:
+        """ack_many's replies as held or not; any ack it could not settle is acked on its own."""
+        if not (isinstance(reply, list) and len(reply) == len(acks)):
+            reply = [None] * len(acks)  # an error reply, or none: it may have landed
         held: list[bool] = []
-        for (lease, result), reply in zip(acks, replies, strict=True):
-            if isinstance(reply, list) and reply and reply[0] in ("ok", "lost"):
+        for (lease, result), r in zip(acks, reply, strict=True):
+            if r in ("ok", "lost"):
                 self._forget(lease.job_id)
-                held.append(reply[0] == "ok")
-                continue
-            held.append(self._ack_or_landed(lease, result, now))
+                held.append(r == "ok")
+            else:  # 'need:<queue>' (nothing done) or unknown: the careful path checks
+                held.append(self._ack_or_landed(lease, result, now))
         return held
 
     def _ack_or_landed(self, lease: Lease, result: str | None, now: float | None) -> bool:

@@ -311,4 +311,17 @@ local function fenced(key, token, now)
   return f[4], f[5]
 end
 
+-- A fenced job's success (ack and ack_many): leave running, keep the result, free the unique
+-- key unless it has a unique_for (then enqueue reads finished_at + unique_for, and prune or
+-- purge give the key back when they delete the job). last_token lets a client whose reply was
+-- lost tell "my ack landed" from "lease lost".
+local function succeed(q, id, key, token, ck, now, has_result, result)
+  leave(q, id, 'running', nil, ck)
+  redis.call('HDEL', key, 'lease_token', 'lease_expires_at')
+  if has_result == '1' then redis.call('HSET', key, 'result', result) end
+  redis.call('HSET', key, 'finished_at', num(now), 'last_token', token, 'last_outcome', 'succeeded')
+  enter(q, id, key, 'succeeded', now)
+  if not redis.call('HGET', key, 'unique_for') then free_unique(key, id) end
+end
+
 -- ---- end of prelude ----

@@ -1,0 +1,25 @@
+-- ack_many: ack.lua for a batch of jobs in one call (a busy worker's finished jobs), each
+-- fenced on its own: one job's lost lease changes nothing for the others.
+-- KEYS: the common header, then the blocks of the jobs' queues (guesses; see 'need').
+-- ARGV: n, queue names; now ('' = the store's clock), then per job: id, token, has_result
+--   ('1'/'0'), result.
+-- Returns one reply per job, in order: 'ok', 'lost' (nothing changed) or the name of the job's
+-- queue when its block was not sent (nothing changed for that job; ack it alone).
+local now = clock(arg(1))
+local out = {}
+local i = 2
+while arg(i) do
+  local id, token = arg(i), arg(i + 1)
+  local key = P_JOB .. id
+  local qn, ck = fenced(key, token, now)
+  if not qn then
+    out[#out + 1] = 'lost'
+  elseif not Q[qn] then
+    out[#out + 1] = 'need:' .. qn
+  else
+    succeed(Q[qn], id, key, token, ck, now, arg(i + 2), arg(i + 3))
+    out[#out + 1] = 'ok'
+  end
+  i = i + 4
+end
+return out
