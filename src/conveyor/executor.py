@@ -200,6 +200,15 @@ async def _guard_async(coro: Coroutine[Any, Any, Any]) -> Any:
         raise TaskExit(f"task raised SystemExit({exc.code!r}) (sys.exit)") from None
 
 
+class _Expired(Exception):
+    """A sync task's timeout ran out (set on its thread's future; the thread runs on)."""
+
+
+def _expire(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_exception(_Expired())
+
+
 class Execution:
     """One attempt of one job. ``thread`` is set for sync tasks: it may outlive a timeout."""
 
@@ -255,22 +264,28 @@ class Execution:
         context = self.context = JobContext(job, self.backend)
         ctx.run(_current.set, context)
         ctx.run(tracing.activate, self.span)
+        deadline: asyncio.Timeout | None = None
         try:
-            async with asyncio.timeout(job.timeout) as deadline:
-                if task.is_async:
+            if task.is_async:
+                async with asyncio.timeout(job.timeout) as deadline:
                     coro = _guard_async(task.fn(*args, **kwargs))
                     result = await asyncio.get_running_loop().create_task(coro, context=ctx)
-                else:
-                    call = functools.partial(_guard_sync, functools.partial(task.fn, *args, **kwargs))
-                    self.thread = self.pool.submit(functools.partial(ctx.run, call))
-                    result = await self.thread.future
+            else:
+                call = functools.partial(_guard_sync, functools.partial(task.fn, *args, **kwargs))
+                thread = self.thread = self.pool.submit(functools.partial(ctx.run, call))
+                # A plain timer on the thread's future: lighter than asyncio.timeout per job.
+                timer = asyncio.get_running_loop().call_later(job.timeout, _expire, thread.future)
+                try:
+                    result = await thread.future
+                finally:
+                    timer.cancel()
         except Retry as exc:
             delay = exc.delay if exc.delay is not None else task.retry_policy.delay(job.attempts)
             return Outcome("retry", error=error_from(exc, "retry"), delay=delay)
         except Reject as exc:
             return Outcome("dead", error=error_from(exc, "rejected"))
-        except TimeoutError as exc:
-            if deadline.expired():
+        except (TimeoutError, _Expired) as exc:
+            if isinstance(exc, _Expired) or (deadline is not None and deadline.expired()):
                 context.cancel()  # a sync task that checks current_job().cancelled stops now
                 return Outcome("retry", delay=task.retry_policy.delay(job.attempts), error=ErrorInfo(
                     kind="timeout", type="TimeoutError",

@@ -97,6 +97,7 @@ class _Running:
     finishing: bool = False  # the task is done; its outcome is being written
     freed: bool = False  # its slot went back when the task finished, before the outcome landed
     settled: bool = False  # the outcome was written (or refused): no more heartbeats
+    acking: bool = False  # succeeded: its ack is queued or being written (then _acked settles it)
 
 
 @dataclass
@@ -169,7 +170,9 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._slot_freed: asyncio.Event | None = None
         self._ack_ready: asyncio.Event | None = None
-        self._acks: list[tuple[Lease, str | None, asyncio.Future[bool]]] = []
+        # Succeeded jobs whose ack is not written yet: each stays in _running (heartbeated)
+        # until _acked settles it.
+        self._acks: list[tuple[_Running, str | None]] = []
         # While the claim loop is about to claim (or waits for a slot, which a finishing job
         # frees just before it acks), acks ride with its next claim; when it is parked (idle,
         # backing off, stopped), the ack loop writes them on its own.
@@ -401,15 +404,14 @@ class Worker:
         batch, self._acks = self._acks[:ACK_BATCH], self._acks[ACK_BATCH:]
         try:
             held, jobs = await self._call(
-                self._store, self.backend.ack_and_claim, [(lease, r) for lease, r, _ in batch], queue, want,
+                self._store, self.backend.ack_and_claim, [(r.lease, result) for r, result in batch], queue, want,
                 worker_id=self.id, lease_s=self.lease_s)
         except BaseException:
-            self._acks[:0] = [a for a in batch if not a[2].done()]
+            self._acks[:0] = batch
             raise
         faultpoints.hit("after_ack")
-        for (*_, done), ok in zip(batch, held, strict=True):
-            if not done.done():
-                done.set_result(ok)
+        for (running, _), ok in zip(batch, held, strict=True):
+            self._acked(running, ok)
         return jobs
 
     def _start(self, job: Job) -> None:
@@ -439,6 +441,15 @@ class Worker:
                 self._free_slot()
             if self.metrics is not None:
                 self.metrics.run_seconds.labels(job.queue, job.task).observe(time.perf_counter() - started)
+            if outcome.kind == "succeeded":
+                # Its ack is queued; _acked settles the job once the ack's write returns (the
+                # job stays in _running, heartbeated, until then).
+                faultpoints.hit("before_ack")
+                running.acking = True
+                self._acks.append((running, outcome.result))
+                assert self._ack_ready is not None
+                self._ack_ready.set()
+                return
             await self._settle(running, outcome)
             running.settled = True  # before anything else runs: no heartbeat may count it lost now
         except asyncio.CancelledError:
@@ -447,8 +458,9 @@ class Worker:
         except Exception:
             log.exception("job %d: unexpected error in the worker", job.id)
         finally:
-            running.settled = True
-            self._running.pop(job.id, None)
+            if not running.acking:
+                running.settled = True
+                self._running.pop(job.id, None)
             thread = execution.thread
             if running.freed:
                 pass
@@ -489,12 +501,6 @@ class Worker:
                 self._count(job, "succeeded")
                 self._job_log(logging.DEBUG, job, "succeeded", "job %d %s succeeded in its own transaction",
                               job.id, job.task)
-            elif outcome.kind == "succeeded":
-                faultpoints.hit("before_ack")
-                await self._ack(lease, outcome.result)
-                self.counters.succeeded += 1
-                self._count(job, "succeeded")
-                self._job_log(logging.DEBUG, job, "succeeded", "job %d %s succeeded", job.id, job.task)
             elif outcome.kind == "retry":
                 assert outcome.error is not None
                 state = await self._record(self.backend.retry, lease, outcome.error, delay=outcome.delay)
@@ -527,14 +533,40 @@ class Worker:
                           "job %d %s: outcome %r discarded, the lease was lost (%s)", job.id, job.task,
                           outcome.kind, "the job was cancelled" if why == "cancelled" else "the job is re-run")
 
-    async def _ack(self, lease: Lease, result: str | None) -> None:
-        """Queue an ack for the next group commit; raises LeaseLost if the store refused it."""
-        assert self._loop is not None and self._ack_ready is not None
-        done: asyncio.Future[bool] = self._loop.create_future()
-        self._acks.append((lease, result, done))
-        self._ack_ready.set()
-        if not await done:
-            raise LeaseLost(lease.job_id, "ack refused")
+    def _acked(self, running: _Running, ok: bool) -> None:
+        """The store answered a job's ack: it succeeded (durably), or its lease was lost."""
+        running.acking = False
+        if running.settled:
+            return
+        running.settled = True
+        self._running.pop(running.job.id, None)
+        job = running.job
+        if ok:
+            self.counters.succeeded += 1
+            self._count(job, "succeeded")
+            self._job_log(logging.DEBUG, job, "succeeded", "job %d %s succeeded", job.id, job.task)
+        elif not running.lost:  # (a heartbeat that found the lease lost counted it already)
+            assert self._loop is not None
+            self._loop.create_task(self._ack_refused(running))
+
+    async def _ack_refused(self, running: _Running) -> None:
+        job = running.job
+        why = await self._why_lost(job)
+        if why == "lease_lost":
+            self.counters.lease_lost += 1
+        self._count(job, why)
+        self._job_log(logging.WARNING, job, why, "job %d %s: its success was discarded, the lease was lost (%s)",
+                      job.id, job.task, "the job was cancelled" if why == "cancelled" else "the job is re-run")
+
+    def _ack_failed(self, batch: Sequence[tuple[_Running, str | None]], exc: BaseException) -> None:
+        for running, _ in batch:
+            running.acking = False
+            if not running.settled:
+                running.settled = True
+                self._running.pop(running.job.id, None)
+                self._job_log(logging.ERROR, running.job, "ack_failed",
+                              "job %d %s: could not record its success (%s); it runs again after its lease expires",
+                              running.job.id, running.job.task, exc)
 
     async def _ack_loop(self) -> None:
         """Group commit: acks that arrive while a batch is being written go in the next one,
@@ -546,16 +578,13 @@ class Worker:
             while self._acks and self._claimer_parked:
                 batch, self._acks = self._acks[:ACK_BATCH], self._acks[ACK_BATCH:]
                 try:
-                    held = await self._record(self.backend.ack_many, [(lease, r) for lease, r, _ in batch])
+                    held = await self._record(self.backend.ack_many, [(r.lease, result) for r, result in batch])
                     faultpoints.hit("after_ack")
                 except Exception as exc:
-                    for *_, done in batch:
-                        if not done.done():
-                            done.set_exception(exc)
+                    self._ack_failed(batch, exc)
                     continue
-                for (*_, done), ok in zip(batch, held, strict=True):
-                    if not done.done():
-                        done.set_result(ok)
+                for (running, _), ok in zip(batch, held, strict=True):
+                    self._acked(running, ok)
 
     async def _record(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
         """Write a job's outcome, retrying a store that is briefly away (a restart, a killed
@@ -676,6 +705,9 @@ class Worker:
         finishing = [r.task for r in self._running.values() if r.finishing and not r.settled and r.task]
         if finishing:
             await asyncio.wait(finishing, timeout=min(5.0, self.lease_s))
+        ack_deadline = time.monotonic() + min(5.0, self.lease_s)
+        while any(r.acking for r in self._running.values()) and time.monotonic() < ack_deadline:
+            await asyncio.sleep(0.005)  # the ack loop writes them (the claim loop has stopped)
         left_over = [r for r in self._running.values() if not r.settled and not r.finishing]
         if not left_over:
             return

@@ -54,13 +54,23 @@ def test_a_life_of_jobs_sends_no_dangerous_command(tmp_path: Path, monkeypatch: 
     spec = next(s for s in BACKENDS if s.name == "redis")
     sent: Counter[str] = Counter()
     original = redis.Redis.execute_command
+    queued = redis.client.Pipeline.pipeline_execute_command
 
-    def spy(self: redis.Redis, *args: Any, **options: Any) -> Any:
+    def count(args: tuple[Any, ...]) -> None:
         name = str(args[0]).upper()
         if name in ("CONFIG", "SCRIPT", "CLIENT") and len(args) > 1:
             name = f"{name} {str(args[1]).upper()}"
         sent[name] += 1
+
+    def spy(self: redis.Redis, *args: Any, **options: Any) -> Any:
+        count(args)
         return original(self, *args, **options)
+
+    def pipeline_spy(self: redis.client.Pipeline, *args: Any, **options: Any) -> Any:
+        count(args)  # a command queued in a pipeline (the worker's acks and claims)
+        return queued(self, *args, **options)
+
+    monkeypatch.setattr(redis.client.Pipeline, "pipeline_execute_command", pipeline_spy)
 
     with contextlib.ExitStack() as stack:
         try:
