@@ -458,7 +458,7 @@ def sqlite_mode(shim: Path, tmp_path: Path, sync: str) -> tuple[int, list[Verdic
 def emit(name: str, backend: str, seed: int, verdicts: list[Verdict], runs: list[TracedRun],
          figures: dict[str, Any], lost_is_problem: bool) -> Report:
     rep = Report(name=name, backend=backend, seed=seed)
-    rep.attempted = rep.ok = sum(v.acked_enqueues for v in verdicts)
+    rep.attempted = rep.ok = sum(1 for r in runs for a in r.acks if a.kind == "E")  # acknowledged, per run
     rep.recovered = [0] * sum(v.unacked_present for v in verdicts)
     if lost_is_problem:
         rep.lost = [n for v in verdicts for n in v.lost_enqueues]
@@ -466,6 +466,7 @@ def emit(name: str, backend: str, seed: int, verdicts: list[Verdict], runs: list
     lost = [len(v.lost_enqueues) for v in verdicts]
     rep.figures = {
         "profile": PROFILE,
+        "acknowledgements_checked": sum(v.acked_enqueues + v.acked_completions for v in verdicts),
         "acked_enqueues_lost_per_cut": f"max {max(lost, default=0)}, cuts with a loss {sum(1 for x in lost if x)}",
         "acked_completions_undone": sum(len(v.lost_completions) for v in verdicts),
         "max_lost_window_s": max((v.lost_window_s for v in verdicts), default=0.0),
