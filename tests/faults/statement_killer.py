@@ -56,7 +56,8 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-OPS = ("enqueue_many", "cron_enqueue", "claim", "heartbeat", "ack_many", "ack", "retry", "release", "reap",
+OPS = ("enqueue_many", "cron_enqueue", "claim", "heartbeat", "ack_many", "ack_and_claim", "ack", "retry", "release",
+       "reap",
        "promote")
 
 _LITERAL = re.compile(r"'(?:[^']|'')*'")
@@ -112,7 +113,10 @@ class Tracker:
             return False  # nested (redis ack_many -> ack): the outer call is the one followed
         self._local.op = op
         with self._lock:
-            if op == self.op and not self.done and self.owner is None:
+            # "any_ack": the first call that writes acks (a worker acks through ack_and_claim
+            # while it is claiming, through ack_many while idle).
+            wanted = op in ("ack_many", "ack_and_claim") if self.op == "any_ack" else op == self.op
+            if wanted and not self.done and self.owner is None:
                 self.owner = threading.get_ident()
                 self.began, self.stmts = False, []
                 self.ids, self.tokens = [i for i, _ in leases], [t for _, t in leases]
@@ -166,7 +170,7 @@ class Tracker:
 
 def _leases_of(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[int, str]]:
     """The (job id, lease token) pairs a call works on, in its order."""
-    if op == "ack_many":
+    if op in ("ack_many", "ack_and_claim"):
         leases = [lease for lease, _ in (args[0] if args else kwargs["acks"])]
     elif op in ("ack", "retry"):
         leases = [args[0] if args else kwargs["lease"]]
