@@ -586,28 +586,23 @@ class PostgresBackend(Backend):
         self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *,
         worker_id: str, lease_s: float, now: float | None = None,
     ) -> tuple[list[bool], list[Job]]:
-        """BEGIN, the acks, the claim and COMMIT sent as one pipeline: one round trip and one
-        commit where ack_many and claim take two of each."""
-        if limit <= 0 or queue in self._limited_queues:
+        """The acks, a promotion of the queue's due jobs and the claim in one statement: one
+        round trip and one commit where ack_many and claim take two transactions of several."""
+        if limit <= 0 or not acks or queue in self._limited_queues:
             return super().ack_and_claim(acks, queue, limit, worker_id=worker_id, lease_s=lease_s, now=now)
-        params = {"queue": queue, "limit": limit, "now": now, "worker_id": worker_id, "lease_s": lease_s}
+        params = {"queue": queue, "limit": limit, "now": now, "worker_id": worker_id, "lease_s": lease_s,
+                  "ids": [x.job_id for x, _ in acks], "tokens": [x.token for x, _ in acks],
+                  "results": [r for _, r in acks]}
         try:
             with self._live_connection(self._control) as conn:
-                with conn.pipeline(), conn.transaction():
-                    acked = conn.execute(Q["ack_many"], {
-                        "ids": [x.job_id for x, _ in acks], "tokens": [x.token for x, _ in acks],
-                        "results": [r for _, r in acks], "now": now,
-                    }) if acks else None
-                    conn.execute(Q["promote_queue"], {"queue": queue, "now": now, "limit": 1000})
-                    claimed = conn.execute(_claim_sql(limit), params)
-                ack_rows = acked.fetchall() if acked is not None else []
-                rows = claimed.fetchall()
-                if any(r["concurrency_key"] is not None for r in ack_rows):
+                rows = conn.execute(_ack_claim_sql(limit), params).fetchall()
+                freed = [r for r in rows[0]["acked"] if r["concurrency_key"] is not None]
+                if freed:
                     with conn.transaction():
-                        self._notify_freed(conn, ack_rows)
+                        self._notify_freed(conn, freed)
         except psycopg.Error as exc:
             raise _translate(exc) from exc
-        held_ids = {r["id"] for r in ack_rows}
+        held_ids = {r["id"] for r in rows[0]["acked"]}
         held = [lease.job_id in held_ids for lease, _ in acks]
         if rows[0]["head_limited"]:
             # Limits apply at the head of the queue: this claim took nothing; the limited path does.
@@ -925,6 +920,24 @@ def _claim_sql(limit: int) -> bytes:
     (one per distinct limit: a worker asks for 1 to its number of slots), PostgreSQL switches
     to the generic plan, the same index scan and nested loop, and stops planning it."""
     return Q["claim"].replace("%(limit)s", str(int(limit))).encode()
+
+
+@functools.lru_cache(maxsize=256)
+def _ack_claim_sql(limit: int) -> bytes:
+    """The claim statement (as _claim_sql) with ack_many and promote_queue in front as CTEs,
+    and the acked jobs as a column of every row (the claim always returns at least one row).
+    The claim's snapshot does not see what those two change: jobs promoted here are claimed by
+    the next claim, and acked jobs were never candidates."""
+    claim = _claim_sql(limit).decode()
+    head, select = "WITH picked AS MATERIALIZED (", "\nSELECT claimed.*,"
+    if claim.count(head) != 1 or claim.count(select) != 1:
+        raise AssertionError("the claim statement changed shape: update _ack_claim_sql")
+    promote = Q["promote_queue"].replace("%(limit)s", "1000")  # %(limit)s is the claim's here
+    claim = claim.replace(head, f"WITH acked AS ({Q['ack_many']}), promoted AS ({promote}), {head[5:]}")
+    claim = claim.replace(select, "\nSELECT (SELECT coalesce(json_agg(json_build_object('id', a.id, "
+                                  "'concurrency_key', a.concurrency_key, 'queue', a.queue)), '[]') "
+                                  "FROM acked AS a) AS acked, claimed.*,")
+    return claim.encode()
 
 
 def _claimed_jobs(rows: list[dict[str, Any]]) -> list[Job]:
