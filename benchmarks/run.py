@@ -26,8 +26,9 @@ PEER_VENV = HERE / ".venv-peers"
 STAMP = PEER_VENV / ".harness-pins"
 STORES = ("sqlite", "postgres", "redis")
 # The peers at the versions of the documented run. arq 0.28 declares redis<6, so redis-py is
-# installed in a second step at the version Conveyor's own tests use (arq works with it); hiredis
-# is removed so every system parses RESP with the same pure-Python parser.
+# installed in a second step at the version Conveyor's own tests use (arq works with it). hiredis
+# (in Conveyor's redis extra) is pinned too: redis-py uses it for every system here, so all of
+# them parse RESP with the same C parser.
 PEERS = [
     "celery==5.7.0",
     "kombu==5.7.0",
@@ -39,7 +40,7 @@ PEERS = [
     "saq==0.26.4",
     "matplotlib==3.11.2",
 ]
-AFTER = ["redis==8.1.0"]
+AFTER = ["redis==8.1.0", "hiredis==3.5.0"]
 DEFAULT_PG = os.environ.get("CONVEYOR_BENCH_POSTGRES_URL", "postgresql://root@127.0.0.1:5432/test")
 
 
@@ -156,9 +157,6 @@ def ensure_peer_venv() -> Path:
     pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     subprocess.run([*pip, *PEERS, "-e", f"{ROOT}[postgres,redis]"], check=True)
     subprocess.run([*pip, *AFTER], check=True)  # prints arq's redis<6 conflict: expected
-    subprocess.run(
-        [str(python), "-m", "pip", "uninstall", "--quiet", "--yes", "hiredis"], check=False
-    )
     STAMP.write_text(wanted)
     return python
 
