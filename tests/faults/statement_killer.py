@@ -80,6 +80,12 @@ def _is_commit(text: str) -> bool:
     return text.strip().upper() == "COMMIT"
 
 
+def _is_single_statement_ack(text: str) -> bool:
+    """PostgreSQL's ack_and_claim: acks, promotion and claim in one autocommit statement, its own
+    transaction (no BEGIN/COMMIT): killed before it is sent, none of it happened."""
+    return text.lstrip().upper().startswith("WITH ACKED AS")
+
+
 def _append(path: str, rec: dict[str, Any]) -> None:
     """One write() with O_APPEND: the line survives the SIGKILL that follows."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -141,6 +147,11 @@ class Tracker:
         if not self.mine():
             return
         if not self.began:
+            if _is_single_statement_ack(text):
+                self.stmts.append(normalize(text))
+                if self.at == "commit":
+                    self.fire("before its one-statement transaction was sent", 0, text)
+                return
             if not _is_begin(text):
                 return  # before the transaction: connection setup, the pool's liveness probe
             self.began = True
