@@ -48,6 +48,11 @@ bench: $(BIN)/conveyor
 bench-quick: $(BIN)/conveyor
 	$(BIN)/python benchmarks/run.py --quick $(BENCH_ARGS)
 
+# Scale curves (benchmarks/scale.py): claim, drain and enqueue at 1k/100k/1M waiting jobs, worker RSS
+# over 1M jobs, per store. Uses benchmarks/.venv-peers if it exists (matplotlib draws the chart).
+bench-scale: $(BIN)/conveyor
+	$(or $(wildcard benchmarks/.venv-peers/bin/python),$(BIN)/python) benchmarks/scale.py $(BENCH_ARGS)
+
 # The documentation site (mkdocs.yml): built into build/site, failing on any warning.
 $(BIN)/mkdocs: pyproject.toml $(BIN)/conveyor
 	$(BIN)/pip install --quiet -e '.[dev,docs]'
