@@ -81,8 +81,9 @@ def _is_commit(text: str) -> bool:
 
 
 def _is_single_statement_ack(text: str) -> bool:
-    """PostgreSQL's ack_and_claim: acks, promotion and claim in one autocommit statement, its own
-    transaction (no BEGIN/COMMIT): killed before it is sent, none of it happened."""
+    """PostgreSQL's claim and ack_and_claim: acks, promotion and claim in one autocommit
+    statement, its own transaction (no BEGIN/COMMIT). Its kill points: before it is sent
+    ("commit") and after it returned ("after_commit")."""
     return text.lstrip().upper().startswith("WITH ACKED AS")
 
 
@@ -148,7 +149,8 @@ class Tracker:
             return
         if not self.began:
             if _is_single_statement_ack(text):
-                self.stmts.append(normalize(text))
+                if not self.stmts:
+                    self.stmts.append(normalize(text))
                 if self.at == "commit":
                     self.fire("before its one-statement transaction was sent", 0, text)
                 return
@@ -159,6 +161,11 @@ class Tracker:
         self.stmts.append(normalize(text))
         if self.at == index or (self.at == "commit" and _is_commit(text)):
             self.fire(f"before statement {index} ran", index, text)
+
+    def single_statement_returned(self, text: str) -> None:
+        """PostgreSQL: a one-statement transaction (see _is_single_statement_ack) returned."""
+        if self.mine() and not self.began and _is_single_statement_ack(text) and self.at == "after_commit":
+            self.fire("after its one-statement transaction returned", 0, text)
 
     def committed(self) -> None:
         """A COMMIT of the transaction returned (SQLite) or its reply was read (PostgreSQL)."""
@@ -248,8 +255,11 @@ def _install_postgres(tracker: Tracker) -> None:
     execute, executemany = cursor.execute, cursor.executemany
 
     def traced_execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
-        tracker.statement(_query_text(query))
-        return execute(self, query, *args, **kwargs)
+        text = _query_text(query)
+        tracker.statement(text)
+        result = execute(self, query, *args, **kwargs)
+        tracker.single_statement_returned(text)
+        return result
 
     def traced_executemany(self: Any, query: Any, params_seq: Any, *args: Any, **kwargs: Any) -> Any:
         params_seq = list(params_seq)

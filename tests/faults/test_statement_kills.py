@@ -15,8 +15,10 @@ point of that call's transaction:
 * SQLite and PostgreSQL: one case per statement of the transaction, from the first statement
   after ``BEGIN`` to the ``COMMIT`` itself (killed before it runs, or is sent), plus after the
   ``COMMIT`` returned; on PostgreSQL also after ``COMMIT`` was sent and before its reply was
-  read. The statements come from a traced run of the same call (the control case: nothing
-  killed), so a change in the store's SQL changes the points, and each is printed;
+  read. PostgreSQL's claim is one autocommit statement (acks, promotion and claim as CTEs):
+  killed before it is sent and after it returned. The statements come from a traced run of
+  the same call (the control case: nothing killed), so a change in the store's SQL changes
+  the points, and each is printed;
 * Redis (one Lua script per transition): before the ``EVALSHA`` was written, after it was
   written and before its reply was read, and with the socket cut in the middle of it (a
   batch of acks is one ``ack_many`` script);
@@ -646,6 +648,8 @@ def kill_points(backend: str, op: str, trace: list[str]) -> list[tuple[Any, int]
         assert len(scripts) == 1, f"{op}: expected one write with the script(s), traced {trace}"
         cuts = range(scripts[0].count("EVALSHA")) if op == "ack_many" else range(1)
         return [("before_send", 0), ("after_send", 0), *(("cut", m) for m in cuts)]
+    if backend == "postgres" and len(trace) == 1 and trace[0].startswith("WITH acked AS"):
+        return [("commit", 0), ("after_commit", 0)]  # one autocommit statement: before it, after it
     assert len(trace) >= 3 and trace[0].upper().startswith("BEGIN") and trace[-1] == "COMMIT", (op, trace)
     points: list[tuple[Any, int]] = [(i, 0) for i in range(1, len(trace))]
     points.append(("after_commit", 0))

@@ -514,23 +514,12 @@ class PostgresBackend(Backend):
     ) -> list[Job]:
         if limit <= 0:
             return []
-        params = {"queue": queue, "limit": limit, "now": now, "worker_id": worker_id, "lease_s": lease_s}
-        promoted = False
-        until = time.monotonic() + _call_budget()  # one bound for both transactions
-        if queue not in self._limited_queues:
-            # The fast path: one statement, which claims nothing if a limit applies to any of
-            # the jobs it picked (then their row locks go at this commit).
-            with self._tx(control=True, until=until) as conn:
-                conn.execute(Q["promote_queue"], {"queue": queue, "now": now, "limit": 1000})
-                rows = conn.execute(_claim_sql(limit), params).fetchall()
-            if not rows[0]["head_limited"]:
-                return _claimed_jobs([r for r in rows if r["id"] is not None])
-            self._limited_queues.add(queue)
-            promoted = True
-        with self._tx(control=True, until=until) as conn:
-            if not promoted:
-                conn.execute(Q["promote_queue"], {"queue": queue, "now": now, "limit": 1000})
-            rows, saw_limited = _claim_limited(conn, params)
+        return self.ack_and_claim([], queue, limit, worker_id=worker_id, lease_s=lease_s, now=now)[1]
+
+    def _claim_limited_path(self, queue: str, limit: int, params: dict[str, Any]) -> list[Job]:
+        with self._tx(control=True) as conn:
+            conn.execute(Q["promote_queue"], {"queue": queue, "now": params["now"], "limit": 1000})
+            rows, saw_limited = _claim_limited(conn, {**params, "limit": limit})
         if not saw_limited:
             self._limited_queues.discard(queue)  # no limits at the head any more: fast path again
         return _claimed_jobs(rows)
@@ -586,29 +575,44 @@ class PostgresBackend(Backend):
         self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *,
         worker_id: str, lease_s: float, now: float | None = None,
     ) -> tuple[list[bool], list[Job]]:
-        """The acks, a promotion of the queue's due jobs and the claim in one statement: one
-        round trip and one commit where ack_many and claim take two transactions of several."""
-        if limit <= 0 or not acks or queue in self._limited_queues:
-            return super().ack_and_claim(acks, queue, limit, worker_id=worker_id, lease_s=lease_s, now=now)
-        params = {"queue": queue, "limit": limit, "now": now, "worker_id": worker_id, "lease_s": lease_s,
-                  "ids": [x.job_id for x, _ in acks], "tokens": [x.token for x, _ in acks],
-                  "results": [r for _, r in acks]}
-        try:
-            with self._live_connection(self._control) as conn:
-                rows = conn.execute(_ack_claim_sql(limit), params).fetchall()
-                freed = [r for r in rows[0]["acked"] if r["concurrency_key"] is not None]
-                if freed:
-                    with conn.transaction():
-                        self._notify_freed(conn, freed)
-        except psycopg.Error as exc:
-            raise _translate(exc) from exc
-        held_ids = {r["id"] for r in rows[0]["acked"]}
-        held = [lease.job_id in held_ids for lease, _ in acks]
-        if rows[0]["head_limited"]:
-            # Limits apply at the head of the queue: this claim took nothing; the limited path does.
-            self._limited_queues.add(queue)
-            return held, self.claim(queue, limit, worker_id=worker_id, lease_s=lease_s, now=now)
-        return held, _claimed_jobs([r for r in rows if r["id"] is not None])
+        """The acks, a promotion of the queue's due jobs and the claim in one statement, in
+        autocommit: one round trip and one commit. The claim's snapshot does not see the jobs
+        the statement promotes, so when it promoted some and still has room, it claims again.
+        If a limit applies at the head of the queue, it claims nothing and the limited path
+        (a transaction of several statements) does."""
+        if limit <= 0:
+            return (self.ack_many(acks, now=now) if acks else []), []
+        params = {"queue": queue, "now": now, "worker_id": worker_id, "lease_s": lease_s}
+        held: list[bool] = []
+        jobs: list[Job] = []
+        for _ in range(3):
+            if queue in self._limited_queues:
+                if acks:
+                    held = self.ack_many(acks, now=now)
+                return held, jobs + self._claim_limited_path(queue, limit - len(jobs), params)
+            want = limit - len(jobs)
+            args = {**params, "limit": want, "ids": [x.job_id for x, _ in acks], "tokens": [x.token for x, _ in acks],
+                    "results": [r for _, r in acks]}
+            try:
+                with self._live_connection(self._control) as conn:
+                    rows = conn.execute(_ack_claim_sql(want), args).fetchall()
+                    freed = [r for r in rows[0]["acked"] if r["concurrency_key"] is not None]
+                    if freed:
+                        with conn.transaction():
+                            self._notify_freed(conn, freed)
+            except psycopg.Error as exc:
+                raise _translate(exc) from exc
+            if acks:
+                held_ids = {r["id"] for r in rows[0]["acked"]}
+                held = [lease.job_id in held_ids for lease, _ in acks]
+                acks = []
+            if rows[0]["head_limited"]:
+                self._limited_queues.add(queue)  # nothing was claimed: the limited path next
+                continue
+            jobs += _claimed_jobs([r for r in rows if r["id"] is not None])
+            if len(jobs) >= limit or not rows[0]["promoted"]:
+                break
+        return held, jobs
 
     def retry(self, lease: Lease, error: ErrorInfo, *, delay: float, now: float | None = None) -> JobState:
         with self._tx(control=True) as conn:
@@ -932,11 +936,12 @@ def _ack_claim_sql(limit: int) -> bytes:
     head, select = "WITH picked AS MATERIALIZED (", "\nSELECT claimed.*,"
     if claim.count(head) != 1 or claim.count(select) != 1:
         raise AssertionError("the claim statement changed shape: update _ack_claim_sql")
-    promote = Q["promote_queue"].replace("%(limit)s", "1000")  # %(limit)s is the claim's here
+    promote = Q["promote_queue"].replace("%(limit)s", "1000") + " RETURNING id"  # %(limit)s: the claim's
     claim = claim.replace(head, f"WITH acked AS ({Q['ack_many']}), promoted AS ({promote}), {head[5:]}")
     claim = claim.replace(select, "\nSELECT (SELECT coalesce(json_agg(json_build_object('id', a.id, "
                                   "'concurrency_key', a.concurrency_key, 'queue', a.queue)), '[]') "
-                                  "FROM acked AS a) AS acked, claimed.*,")
+                                  "FROM acked AS a) AS acked, (SELECT count(*) FROM promoted) AS promoted, "
+                                  "claimed.*,")
     return claim.encode()
 
 
