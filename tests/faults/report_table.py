@@ -18,7 +18,7 @@ SURVIVED = {
     "sigkill": "process SIGKILLs", "sigstop": "worker SIGSTOPs", "sigstop_3x_lease": "worker SIGSTOPs",
     "worker_crashes": "worker crashes (poison)", "redis_sigkill": "Redis SIGKILL restarts",
     "pg_immediate_stop": "PostgreSQL crash restarts", "sessions_terminated": "sessions terminated",
-    "disk_full_s": "disk-full episodes",
+    "disk_full_s": "disk-full episodes", "server_sigstop": "server SIGSTOPs", "clients_killed": "Redis clients killed",
 }
 
 
