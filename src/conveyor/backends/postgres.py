@@ -575,17 +575,16 @@ class PostgresBackend(Backend):
         self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *,
         worker_id: str, lease_s: float, now: float | None = None,
     ) -> tuple[list[bool], list[Job]]:
-        """The acks, a promotion of the queue's due jobs and the claim in one statement, in
-        autocommit: one round trip and one commit. The claim's snapshot does not see the jobs
-        the statement promotes, so when it promoted some and still has room, it claims again.
-        If a limit applies at the head of the queue, it claims nothing and the limited path
-        (a transaction of several statements) does."""
+        """The queue's due jobs promoted (a statement of its own, so the claim sees them in
+        their place in claim order), then the acks and the claim in one statement, both in
+        autocommit: two round trips and no BEGIN/COMMIT. If a limit applies at the head of
+        the queue, it claims nothing and the limited path (a transaction) does."""
         if limit <= 0:
             return (self.ack_many(acks, now=now) if acks else []), []
         params = {"queue": queue, "now": now, "worker_id": worker_id, "lease_s": lease_s}
         held: list[bool] = []
         jobs: list[Job] = []
-        for _ in range(3):
+        for _ in range(2):
             if queue in self._limited_queues:
                 if acks:
                     held = self.ack_many(acks, now=now)
@@ -595,6 +594,7 @@ class PostgresBackend(Backend):
                     "results": [r for _, r in acks]}
             try:
                 with self._live_connection(self._control) as conn:
+                    conn.execute(Q["promote_queue"], {"queue": queue, "now": now, "limit": 1000})
                     rows = conn.execute(_ack_claim_sql(want), args).fetchall()
                     freed = [r for r in rows[0]["acked"] if r["concurrency_key"] is not None]
                     if freed:
@@ -610,8 +610,7 @@ class PostgresBackend(Backend):
                 self._limited_queues.add(queue)  # nothing was claimed: the limited path next
                 continue
             jobs += _claimed_jobs([r for r in rows if r["id"] is not None])
-            if len(jobs) >= limit or not rows[0]["promoted"]:
-                break
+            break
         return held, jobs
 
     def retry(self, lease: Lease, error: ErrorInfo, *, delay: float, now: float | None = None) -> JobState:
@@ -928,20 +927,17 @@ def _claim_sql(limit: int) -> bytes:
 
 @functools.lru_cache(maxsize=256)
 def _ack_claim_sql(limit: int) -> bytes:
-    """The claim statement (as _claim_sql) with ack_many and promote_queue in front as CTEs,
-    and the acked jobs as a column of every row (the claim always returns at least one row).
-    The claim's snapshot does not see what those two change: jobs promoted here are claimed by
-    the next claim, and acked jobs were never candidates."""
+    """The claim statement (as _claim_sql) with ack_many in front as a CTE, and the acked jobs
+    as a column of every row (the claim always returns at least one row). Acked jobs are
+    running, never candidates of the claim."""
     claim = _claim_sql(limit).decode()
     head, select = "WITH picked AS MATERIALIZED (", "\nSELECT claimed.*,"
     if claim.count(head) != 1 or claim.count(select) != 1:
         raise AssertionError("the claim statement changed shape: update _ack_claim_sql")
-    promote = Q["promote_queue"].replace("%(limit)s", "1000") + " RETURNING id"  # %(limit)s: the claim's
-    claim = claim.replace(head, f"WITH acked AS ({Q['ack_many']}), promoted AS ({promote}), {head[5:]}")
+    claim = claim.replace(head, f"WITH acked AS ({Q['ack_many']}), {head[5:]}")
     claim = claim.replace(select, "\nSELECT (SELECT coalesce(json_agg(json_build_object('id', a.id, "
                                   "'concurrency_key', a.concurrency_key, 'queue', a.queue)), '[]') "
-                                  "FROM acked AS a) AS acked, (SELECT count(*) FROM promoted) AS promoted, "
-                                  "claimed.*,")
+                                  "FROM acked AS a) AS acked, claimed.*,")
     return claim.encode()
 
 
