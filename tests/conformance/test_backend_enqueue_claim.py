@@ -34,6 +34,34 @@ def test_enqueue_many_returns_ids_in_order(backend: Backend) -> None:
         assert job.args == {"n": i}
 
 
+def test_enqueue_many_keeps_every_field_of_a_mixed_batch(backend: Backend) -> None:
+    """A batch of jobs without unique or fair keys (PostgreSQL writes it in one statement):
+    each job keeps its own queue, priority, timing, limits and meta, in batch order."""
+    batch = [
+        new_job(args={"n": 0}, queue="q1", priority=2, meta='{"m": 0}'),
+        new_job(args={"n": 1}, queue="q2", delay=30.0, max_attempts=7, timeout=4.5),
+        new_job(args={"n": 2}, queue="q1", run_at=T0 - 5, concurrency_key="c", concurrency_limit=2),
+        new_job(args={"n": 3}, queue="q2", run_at=T0 + 60, rate_key="r", rate_limit=3, rate_period=1.5),
+        new_job(args={"n": 4}, queue="q1", priority=-1),
+    ]
+    results = backend.enqueue_many(batch, now=T0)
+    ids = [r.id for r in results]
+    assert ids == sorted(ids) and len(set(ids)) == 5 and all(r.created for r in results)
+    jobs = [backend.get(i) for i in ids]
+    assert [j.args for j in jobs if j] == [{"n": i} for i in range(5)]
+    got = [(j.queue, j.priority, j.state, j.run_at, j.max_attempts, j.timeout, j.meta, j.concurrency_key,
+            j.concurrency_limit, j.rate_key, j.rate_limit, j.rate_period, j.created_at) for j in jobs if j]
+    assert got == [
+        ("q1", 2, JobState.AVAILABLE, T0, 3, 30.0, {"m": 0}, None, None, None, None, None, T0),
+        ("q2", 0, JobState.SCHEDULED, T0 + 30, 7, 4.5, {}, None, None, None, None, None, T0),
+        ("q1", 0, JobState.AVAILABLE, T0 - 5, 3, 30.0, {}, "c", 2, None, None, None, T0),
+        ("q2", 0, JobState.SCHEDULED, T0 + 60, 3, 30.0, {}, None, None, "r", 3, 1.5, T0),
+        ("q1", -1, JobState.AVAILABLE, T0, 3, 30.0, {}, None, None, None, None, None, T0),
+    ]
+    claimed = backend.claim("q1", 3, worker_id="w", lease_s=30, now=T0)
+    assert [j.id for j in claimed] == [ids[4], ids[2], ids[0]]
+
+
 def test_enqueue_many_of_nothing_writes_nothing(backend: Backend) -> None:
     assert backend.enqueue_many([], now=T0) == []
     assert all_jobs(backend) == []

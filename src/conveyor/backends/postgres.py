@@ -967,6 +967,17 @@ def _plain(job: NewJob) -> bool:
     return job.unique_key is None and job.max_depth is None and job.fair_key is None
 
 
+_PLAIN_COLUMNS = ("queue", "task", "args", "priority", "run_at", "delay", "max_attempts", "timeout_s", "meta",
+                  "concurrency_key", "concurrency_limit", "rate_key", "rate_limit", "rate_period")
+
+
+def _plain_values(job: NewJob) -> tuple[Any, ...]:
+    """A plain job's values in the order of _PLAIN_COLUMNS (the arrays of insert_plain)."""
+    return (job.queue, job.task, job.args, job.priority, job.run_at, max(job.delay, 0.0), job.max_attempts,
+            job.timeout, job.meta, job.concurrency_key, job.concurrency_limit, job.rate_key, job.rate_limit,
+            job.rate_period)
+
+
 def _insert_params(job: NewJob, now: float | None, fair_tag: int | None) -> dict[str, Any]:
     return {
         "queue": job.queue, "task": job.task, "args": job.args, "priority": job.priority,
@@ -1192,6 +1203,18 @@ def _enqueue_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[Enqueu
         # Serialise enqueuers of a limited queue (sorted: no deadlock between batches), so
         # two of them cannot both see room for the last slot.
         yield _Stmt("none", DEPTH_LOCK, [queue])
+    if len(jobs) > 1 and all(_plain(job) for job in jobs):
+        # One statement for the whole batch, instead of one insert per job.
+        columns = _PLAIN_COLUMNS
+        arrays: dict[str, Any] = {c: [] for c in columns}
+        for job in jobs:
+            for c, v in zip(columns, _plain_values(job), strict=True):
+                arrays[c].append(v)
+        inserted = yield _Stmt("all", Q["insert_plain"], {**arrays, "now": now})
+        ids = sorted(inserted, key=lambda r: r["id"])
+        results = [EnqueueResult(r["id"], True, r["at"]) for r in ids]
+        yield _Stmt("none", Q["notify"], {"channel": CHANNEL, "queues": sorted({j.queue for j in jobs})})
+        return results
     tags = yield from _fair_tags_plan(jobs, now)
     params = [_insert_params(job, now, tag) for job, tag in zip(jobs, tags, strict=True)]
     rows: list[dict[str, Any] | None] = yield _Stmt("many", Q["insert"], params)

@@ -30,6 +30,33 @@ ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('scheduled',
 DO NOTHING
 RETURNING id, extract(epoch FROM created_at)::float8 AS at;
 
+-- name: insert_plain
+-- A batch of plain jobs (no unique key, no fair key: see _plain in postgres.py) in one statement,
+-- one array per column. Rows go in in array order and take ascending ids, so the ids sorted
+-- ascending pair with the batch in order. The fair tag as in insert: vtime + 1 of the round.
+INSERT INTO conveyor_jobs (queue, task, args, state, priority, run_at, max_attempts, timeout_s,
+                           meta, created_at, fair_tag, concurrency_key, concurrency_limit,
+                           rate_key, rate_limit, rate_period)
+SELECT b.queue, b.task, b.args::json,
+       CASE WHEN r.run_at > t.now THEN 'scheduled' ELSE 'available' END,
+       b.priority, r.run_at, b.max_attempts, b.timeout_s, b.meta::jsonb, t.now,
+       coalesce((SELECT c.vtime + 1 FROM conveyor_queue_clock AS c
+                 WHERE c.queue = b.queue AND c.priority = b.priority), 1),
+       b.concurrency_key, b.concurrency_limit, b.rate_key, b.rate_limit, b.rate_period
+FROM (SELECT :NOW AS now) AS t,
+     unnest(%(queue)s::text[], %(task)s::text[], %(args)s::text[], %(priority)s::smallint[],
+            %(run_at)s::float8[], %(delay)s::float8[], %(max_attempts)s::integer[],
+            %(timeout_s)s::float8[], %(meta)s::text[], %(concurrency_key)s::text[],
+            %(concurrency_limit)s::integer[], %(rate_key)s::text[], %(rate_limit)s::integer[],
+            %(rate_period)s::float8[])
+       WITH ORDINALITY AS b(queue, task, args, priority, run_at, delay, max_attempts, timeout_s,
+                            meta, concurrency_key, concurrency_limit, rate_key, rate_limit,
+                            rate_period, ord),
+     LATERAL (SELECT coalesce(to_timestamp(b.run_at),
+                              t.now + make_interval(secs => b.delay)) AS run_at) AS r
+ORDER BY b.ord
+RETURNING id, extract(epoch FROM created_at)::float8 AS at;
+
 -- name: unique_held
 -- Which of these keys a job holds now: an unfinished one, or a succeeded one in its window.
 SELECT DISTINCT unique_key FROM conveyor_jobs
