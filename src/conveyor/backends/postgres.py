@@ -1204,17 +1204,7 @@ def _enqueue_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[Enqueu
         # two of them cannot both see room for the last slot.
         yield _Stmt("none", DEPTH_LOCK, [queue])
     if len(jobs) > 1 and all(_plain(job) for job in jobs):
-        # One statement for the whole batch, instead of one insert per job.
-        columns = _PLAIN_COLUMNS
-        arrays: dict[str, Any] = {c: [] for c in columns}
-        for job in jobs:
-            for c, v in zip(columns, _plain_values(job), strict=True):
-                arrays[c].append(v)
-        inserted = yield _Stmt("all", Q["insert_plain"], {**arrays, "now": now})
-        ids = sorted(inserted, key=lambda r: r["id"])
-        results = [EnqueueResult(r["id"], True, r["at"]) for r in ids]
-        yield _Stmt("none", Q["notify"], {"channel": CHANNEL, "queues": sorted({j.queue for j in jobs})})
-        return results
+        return (yield from _plain_batch_plan(jobs, now))
     tags = yield from _fair_tags_plan(jobs, now)
     params = [_insert_params(job, now, tag) for job, tag in zip(jobs, tags, strict=True)]
     rows: list[dict[str, Any] | None] = yield _Stmt("many", Q["insert"], params)
@@ -1240,6 +1230,18 @@ def _enqueue_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[Enqueu
         # Delivered at commit, so a woken worker always finds the job.
         yield _Stmt("none", Q["notify"], {"channel": CHANNEL, "queues": queues})
     return results
+
+
+def _plain_batch_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[EnqueueResult]]:
+    """A batch of plain jobs (see _plain) in one statement, instead of one insert per job."""
+    arrays: dict[str, Any] = {c: [] for c in _PLAIN_COLUMNS}
+    for job in jobs:
+        for c, v in zip(_PLAIN_COLUMNS, _plain_values(job), strict=True):
+            arrays[c].append(v)
+    inserted = yield _Stmt("all", Q["insert_plain"], {**arrays, "now": now})
+    rows = sorted(inserted, key=lambda r: r["id"])
+    yield _Stmt("none", Q["notify"], {"channel": CHANNEL, "queues": sorted({j.queue for j in jobs})})
+    return [EnqueueResult(r["id"], True, r["at"]) for r in rows]
 
 
 def _fair_tags_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[int | None]]:
