@@ -65,6 +65,21 @@ if cron ~= '' then redis.call('HSET', K_CRON, cron, num(tick)) end
 -- Fair tags (start-time fair queuing per (queue, priority), see fair_tags in the prelude).
 local tags = fair_tags()
 
+-- The write pass. Each job's hash is written as it is made (a later job of the batch may read
+-- it: a repeated unique key); the index entries of the whole batch are gathered and written
+-- after the loop, a few calls per queue instead of several per job.
+local all_ids, queues_used, per_q = {}, {}, {}
+local function batch_of(qn)
+  local b = per_q[qn]
+  if b == nil then
+    b = {jobs = {}, scheduled = {}, scheduled_ids = {}, available = {}, due = {}, gated = 0}
+    per_q[qn] = b
+    queues_used[#queues_used + 1] = qn
+  end
+  return b
+end
+local state_ids = {scheduled = {}, available = {}}
+
 local i = FIRST
 while i <= #ARGV do
   local qn, task, args, prio, delay, run_at_s, maxa, timeout, has_u, uk, meta = unpack(ARGV, i, i + 10)
@@ -83,34 +98,89 @@ while i <= #ARGV do
     local id = tostring(redis.call('INCR', K_IDS))
     local key = P_JOB .. id
     local q = Q[qn]
+    local b = batch_of(qn)
     local run_at
     if run_at_s ~= '' then run_at = tonumber(run_at_s) else run_at = now + math.max(tonumber(delay), 0) end
     local tag = tags.take(q, prio, has_fair == '1' and fk)
-    redis.call('HSET', key, 'task', task, 'queue', qn, 'args', args, 'priority', prio,
+    local fields = {'task', task, 'queue', qn, 'args', args, 'priority', prio,
       'run_at', num(run_at), 'attempt', 0, 'max_attempts', maxa, 'timeout_s', timeout,
-      'meta', meta, 'created_at', t, 'fair_tag', string.format('%.0f', tag))
-    if has_u == '1' then
-      redis.call('HSET', key, 'unique_key', uk)
-      if ufor ~= '' then redis.call('HSET', key, 'unique_for', ufor) end
-      redis.call('HSET', K_UNIQUE, uk, id)
+      'meta', meta, 'created_at', t, 'fair_tag', string.format('%.0f', tag)}
+    local function field(name, value)
+      fields[#fields + 1] = name
+      fields[#fields + 1] = value
     end
-    if has_fair == '1' then redis.call('HSET', key, 'fair_key', fk) end
-    if climit ~= '' then redis.call('HSET', key, 'concurrency_key', ck, 'concurrency_limit', climit) end
-    if rlimit ~= '' then redis.call('HSET', key, 'rate_key', rk, 'rate_limit', rlimit, 'rate_period', rperiod) end
-    redis.call('ZADD', K_ALL, id, id)
-    redis.call('ZADD', q.jobs, id, id)
-    redis.call('SADD', K_QUEUES, qn)
+    if has_u == '1' then
+      field('unique_key', uk)
+      if ufor ~= '' then field('unique_for', ufor) end
+    end
+    if has_fair == '1' then field('fair_key', fk) end
+    if climit ~= '' then
+      field('concurrency_key', ck)
+      field('concurrency_limit', climit)
+    end
+    if rlimit ~= '' then
+      field('rate_key', rk)
+      field('rate_limit', rlimit)
+      field('rate_period', rperiod)
+    end
+    -- As enter() and enter_available() would write them, with the rest of the hash.
     if run_at > now then
-      enter(q, id, key, 'scheduled', run_at)
-      wake_if_first_scheduled(q, id)
+      field('state', 'scheduled')
+      local sch = b.scheduled
+      sch[#sch + 1] = num(run_at)
+      sch[#sch + 1] = id
+      b.scheduled_ids[id] = true
+      local ids = state_ids.scheduled
+      ids[#ids + 1] = id
+      ids[#ids + 1] = id
     else
-      enter_available(q, id, key, run_at, tonumber(prio), tag, climit ~= '' and ck, rlimit ~= '' and rk)
+      local m = member(tag, run_at, id)
+      field('state', 'available')
+      field('m', m)
+      local av, due = b.available, b.due
+      av[#av + 1] = prio
+      av[#av + 1] = m
+      due[#due + 1] = num(run_at)
+      due[#due + 1] = id
+      local ids = state_ids.available
+      ids[#ids + 1] = id
+      ids[#ids + 1] = id
+      if climit ~= '' or rlimit ~= '' then b.gated = b.gated + 1 end
       made[qn] = (made[qn] or 0) + 1
     end
+    redis.call('HSET', key, unpack(fields))
+    if has_u == '1' then redis.call('HSET', K_UNIQUE, uk, id) end
+    all_ids[#all_ids + 1] = id
+    all_ids[#all_ids + 1] = id
+    local jobs = b.jobs
+    jobs[#jobs + 1] = id
+    jobs[#jobs + 1] = id
     out[#out + 1] = id
     out[#out + 1] = 1
   end
 end
 tags.save()
+if #all_ids > 0 then
+  call_many('ZADD', K_ALL, all_ids)
+  call_many('SADD', K_QUEUES, queues_used)
+end
+for state, ids in pairs(state_ids) do
+  if #ids > 0 then call_many('ZADD', K_STATE[state], ids) end
+end
+for _, qn in ipairs(queues_used) do
+  local q, b = Q[qn], per_q[qn]
+  call_many('ZADD', q.jobs, b.jobs)
+  if #b.available > 0 then
+    call_many('ZADD', q.available, b.available)
+    call_many('ZADD', q.due, b.due)
+  end
+  if b.gated > 0 then redis.call('HINCRBY', q.fair, 'gated', b.gated) end
+  if #b.scheduled > 0 then
+    call_many('ZADD', q.scheduled, b.scheduled)
+    -- A new job that is now the queue's earliest scheduled one moves idle workers' next due time.
+    local head = redis.call('ZRANGE', q.scheduled, 0, 0)
+    if b.scheduled_ids[head[1]] then wake(q, 1) end
+  end
+end
 for qn, n in pairs(made) do wake(Q[qn], n) end
 return out
