@@ -20,6 +20,7 @@ import postgres_bench as pb
 import psycopg
 from sqlite_bench import BATCH, Proc, drain_timeout, wait_until
 
+from harness import raw_writes
 from harness.common import Row, from_result, latency_row, load_note, paced, rotate, running_all, say
 
 SYSTEMS = ["conveyor", "procrastinate"]
@@ -92,6 +93,9 @@ def run(
             for name in order:  # A: the existing scenarios
                 with system(a, name) as s:
                     rows += [from_result(r) for r in pb.scenarios(s, tmp, a, rng)]
+            if "conveyor" in order:  # the baseline of Conveyor's bulk target
+                rows.append(raw_writes.postgres(a))
+                say(rows[-1])
             for name in order:  # B
                 with system(a, name) as s:
                     rows.append(drain_2p(s, tmp, a))

@@ -20,6 +20,7 @@ from bench_redis_common import PROBE_KEY
 from bench_split_clock import read_split
 from sqlite_bench import Proc, wait_until
 
+from harness import raw_writes
 from harness.common import (
     Row,
     from_result,
@@ -177,6 +178,8 @@ def run(
                             if s.has_bulk
                             else na(n, "enqueue_many", s.bulk_na)
                         )
+                if "conveyor" in order:  # the baseline of Conveyor's bulk target
+                    add(raw_writes.redis(a, f"{objs['conveyor'].url}?prefix=raw-{rnd}"))
                 for n in order:
                     add(from_result(rb.scenario_drain(objs[n], a, tmp)))
                 for n in order:

@@ -23,6 +23,7 @@ from bench_conveyor_app import make_app
 from bench_split_clock import read_split
 from sqlite_bench import BATCH, Proc, drain_timeout, sqlite_url, wait_until
 
+from harness import raw_writes
 from harness.common import Row, from_result, latency_row, load_note, paced, rotate, running_all, say
 
 SYSTEMS = ["conveyor", "conveyor-syncfull", "huey"]
@@ -184,6 +185,9 @@ def run(
                     else sb.conveyor_scenarios(s, tmp, a, rng, QUERY[s])
                 )
                 rows += [from_result(r) for r in res]
+            if "conveyor" in order:  # the baseline of Conveyor's bulk target
+                rows.append(raw_writes.sqlite(tmp, a))
+                say(rows[-1])
             for s in order:  # B: drain with two processes
                 rows.append(huey_drain_2p(tmp, a) if s == "huey" else conveyor_drain_2p(s, tmp, a))
                 say(rows[-1])

@@ -3,6 +3,8 @@ so these run unchanged on every backend. Every time-dependent call gets an injec
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from support import T0, enqueue_one, new_job
 
@@ -60,6 +62,21 @@ def test_enqueue_many_keeps_every_field_of_a_mixed_batch(backend: Backend) -> No
     ]
     claimed = backend.claim("q1", 3, worker_id="w", lease_s=30, now=T0)
     assert [j.id for j in claimed] == [ids[4], ids[2], ids[0]]
+
+
+def test_enqueue_many_round_trips_awkward_values(backend: Backend) -> None:
+    awkward = [
+        {"s": 'quote " backslash \\ slash / tab \t newline \n', "u": "é ü 漢字 😀 \u2028 \u2029 \x7f"},
+        {"big": 2**63 - 1, "neg": -(2**63), "f": 1e308, "tiny": 5e-324, "z": -0.0, "n": None},
+        {"nested": [[[{"k": [True, False, None]}]]], "empty": {}, "e": [], "esc": "\\u0041"},
+    ]
+    # As the app writes them: UTF-8 as is (ensure_ascii=False), not \\u escapes.
+    batch = [NewJob(task="t.task", queue="default", args=json.dumps(a, ensure_ascii=False), max_attempts=3,
+                    timeout=30.0) for a in awkward]
+    results = backend.enqueue_many(batch, now=T0)
+    for a, r in zip(awkward, results, strict=True):
+        job = backend.get(r.id)
+        assert job is not None and job.args == a
 
 
 def test_enqueue_many_of_nothing_writes_nothing(backend: Backend) -> None:

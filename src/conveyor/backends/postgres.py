@@ -967,12 +967,8 @@ def _plain(job: NewJob) -> bool:
     return job.unique_key is None and job.max_depth is None and job.fair_key is None
 
 
-_PLAIN_COLUMNS = ("queue", "task", "args", "priority", "run_at", "delay", "max_attempts", "timeout_s", "meta",
-                  "concurrency_key", "concurrency_limit", "rate_key", "rate_limit", "rate_period")
-
-
 def _plain_values(job: NewJob) -> tuple[Any, ...]:
-    """A plain job's values in the order of _PLAIN_COLUMNS (the arrays of insert_plain)."""
+    """A plain job's values in the order insert_plain reads them from its JSON document."""
     return (job.queue, job.task, job.args, job.priority, job.run_at, max(job.delay, 0.0), job.max_attempts,
             job.timeout, job.meta, job.concurrency_key, job.concurrency_limit, job.rate_key, job.rate_limit,
             job.rate_period)
@@ -1234,11 +1230,8 @@ def _enqueue_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[Enqueu
 
 def _plain_batch_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[EnqueueResult]]:
     """A batch of plain jobs (see _plain) in one statement, instead of one insert per job."""
-    arrays: dict[str, Any] = {c: [] for c in _PLAIN_COLUMNS}
-    for job in jobs:
-        for c, v in zip(_PLAIN_COLUMNS, _plain_values(job), strict=True):
-            arrays[c].append(v)
-    inserted = yield _Stmt("all", Q["insert_plain"], {**arrays, "now": now})
+    doc = json.dumps([_plain_values(job) for job in jobs], allow_nan=False)
+    inserted = yield _Stmt("all", Q["insert_plain"], {"jobs": doc, "now": now})
     rows = sorted(inserted, key=lambda r: r["id"])
     yield _Stmt("none", Q["notify"], {"channel": CHANNEL, "queues": sorted({j.queue for j in jobs})})
     return [EnqueueResult(r["id"], True, r["at"]) for r in rows]

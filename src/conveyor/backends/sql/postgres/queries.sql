@@ -31,9 +31,12 @@ DO NOTHING
 RETURNING id, extract(epoch FROM created_at)::float8 AS at;
 
 -- name: insert_plain
--- A batch of plain jobs (no unique key, no fair key: see _plain in postgres.py) in one statement,
--- one array per column. Rows go in in array order and take ascending ids, so the ids sorted
--- ascending pair with the batch in order. The fair tag as in insert: vtime + 1 of the round.
+-- A batch of plain jobs (no unique key, no fair key: see _plain in postgres.py) in one statement:
+-- %(jobs)s is a JSON array with one array per job, its values in the order of _PLAIN_COLUMNS
+-- (one parameter: no per-column array to build and send). Rows go in in batch order and take
+-- ascending ids, so the ids sorted ascending pair with the batch in order. The args text is a
+-- JSON string inside the document and comes back out byte for byte. The fair tag as in insert:
+-- vtime + 1 of the round.
 INSERT INTO conveyor_jobs (queue, task, args, state, priority, run_at, max_attempts, timeout_s,
                            meta, created_at, fair_tag, concurrency_key, concurrency_limit,
                            rate_key, rate_limit, rate_period)
@@ -44,14 +47,14 @@ SELECT b.queue, b.task, b.args::json,
                  WHERE c.queue = b.queue AND c.priority = b.priority), 1),
        b.concurrency_key, b.concurrency_limit, b.rate_key, b.rate_limit, b.rate_period
 FROM (SELECT :NOW AS now) AS t,
-     unnest(%(queue)s::text[], %(task)s::text[], %(args)s::text[], %(priority)s::smallint[],
-            %(run_at)s::float8[], %(delay)s::float8[], %(max_attempts)s::integer[],
-            %(timeout_s)s::float8[], %(meta)s::text[], %(concurrency_key)s::text[],
-            %(concurrency_limit)s::integer[], %(rate_key)s::text[], %(rate_limit)s::integer[],
-            %(rate_period)s::float8[])
-       WITH ORDINALITY AS b(queue, task, args, priority, run_at, delay, max_attempts, timeout_s,
-                            meta, concurrency_key, concurrency_limit, rate_key, rate_limit,
-                            rate_period, ord),
+     LATERAL (SELECT e.ord,
+                     e.j->>0 AS queue, e.j->>1 AS task, e.j->>2 AS args,
+                     (e.j->>3)::smallint AS priority, (e.j->>4)::float8 AS run_at,
+                     (e.j->>5)::float8 AS delay, (e.j->>6)::integer AS max_attempts,
+                     (e.j->>7)::float8 AS timeout_s, e.j->>8 AS meta, e.j->>9 AS concurrency_key,
+                     (e.j->>10)::integer AS concurrency_limit, e.j->>11 AS rate_key,
+                     (e.j->>12)::integer AS rate_limit, (e.j->>13)::float8 AS rate_period
+              FROM json_array_elements(%(jobs)s::json) WITH ORDINALITY AS e(j, ord)) AS b,
      LATERAL (SELECT coalesce(to_timestamp(b.run_at),
                               t.now + make_interval(secs => b.delay)) AS run_at) AS r
 ORDER BY b.ord
