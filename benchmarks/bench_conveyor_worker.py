@@ -18,6 +18,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("url")
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--prefetch", type=int, default=0, help="Worker(prefetch=...)")
     parser.add_argument("--queues", default="default")
     args = parser.parse_args()
     logging.basicConfig(
@@ -25,7 +26,7 @@ def main() -> None:
     )
     app, _ = make_app(args.url)
     try:
-        Worker(app, queues=args.queues, concurrency=args.concurrency).run()
+        Worker(app, queues=args.queues, concurrency=args.concurrency, prefetch=args.prefetch).run()
     finally:
         app.close()
 

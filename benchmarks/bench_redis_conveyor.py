@@ -40,6 +40,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("url")
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--prefetch", type=int, default=0, help="Worker(prefetch=...)")
     args = parser.parse_args()
     # WARNING: the worker logs nothing per job at this level (start/stop lines only at INFO).
     logging.basicConfig(
@@ -47,7 +48,7 @@ def main() -> None:
     )
     app, _, _ = make_app(args.url)
     try:
-        Worker(app, queues="default", concurrency=args.concurrency).run()
+        Worker(app, queues="default", concurrency=args.concurrency, prefetch=args.prefetch).run()
     finally:
         app.close()
 

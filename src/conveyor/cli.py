@@ -111,6 +111,10 @@ def main() -> None:
               "(default: every queue the app's tasks use).")
 @click.option("--concurrency", "-c", default=8, show_default=True, type=click.IntRange(min=1),
               help="Jobs run at once per process.")
+@click.option("--prefetch", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Jobs to claim beyond the free slots and hold, leased, until a slot frees: faster for "
+                   "short jobs; held jobs wait behind running ones (even urgent ones), and no other worker "
+                   "can take them.")
 @click.option("--processes", "-p", default=1, show_default=True, type=click.IntRange(min=1),
               help="Worker processes; more than 1 runs them under a supervisor that restarts crashed ones.")
 @click.option("--visibility-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -127,7 +131,7 @@ def main() -> None:
 @click.option("--no-scheduler", is_flag=True,
               help="Don't run the app's cron schedules in this worker (any number of workers may run them).")
 @pass_ctx
-def worker(obj: Ctx, queues: str | None, concurrency: int, processes: int, visibility_timeout: float | None,
+def worker(obj: Ctx, queues: str | None, concurrency: int, prefetch: int, processes: int, visibility_timeout: float | None,
            grace_period: float, poll_interval: float, strict: bool, metrics_port: int | None,
            metrics_addr: str, no_scheduler: bool) -> None:
     """Run jobs. SIGTERM or Ctrl-C stops gracefully; a second one hurries."""
@@ -139,7 +143,7 @@ def worker(obj: Ctx, queues: str | None, concurrency: int, processes: int, visib
     # Built here even when children will run it: a bad option fails now, not in a restart loop.
     w = Worker(app, queues=queues, concurrency=concurrency, visibility_timeout=visibility_timeout,
                grace_period=grace_period, poll_interval=poll_interval, strict=strict,
-               scheduler=not no_scheduler)
+               scheduler=not no_scheduler, prefetch=prefetch)
     if processes > 1:
         from .supervisor import Supervisor
 
@@ -149,7 +153,7 @@ def worker(obj: Ctx, queues: str | None, concurrency: int, processes: int, visib
             os.environ["CONVEYOR_URL"] = obj.url
         argv += ["--log-level", logging.getLevelName(logging.getLogger().level), "--log-format", obj.log_format,
                  "worker", "--queues", queues,
-                 "--concurrency", str(concurrency), "--grace", str(grace_period),
+                 "--concurrency", str(concurrency), "--prefetch", str(prefetch), "--grace", str(grace_period),
                  "--poll-interval", str(poll_interval)]
         if strict:
             argv.append("--strict")
@@ -165,7 +169,8 @@ def worker(obj: Ctx, queues: str | None, concurrency: int, processes: int, visib
         w.metrics.serve(metrics_port, metrics_addr)
 
     click.echo(f"conveyor worker {w.id} on {redact_url(app.url)}: queues {queues}, "
-               f"concurrency {concurrency}, lease {w.lease_s:g}s", err=True)
+               f"concurrency {concurrency}" + (f" (+{prefetch} prefetched)" if prefetch else "")
+               + f", lease {w.lease_s:g}s", err=True)
     w.run()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -8,6 +8,7 @@ their leases expire; stopped with SIGTERM, it finishes what it can and releases 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import logging
@@ -117,6 +118,13 @@ class Worker:
 
     ``queues`` is ``"high:6,default:3,low:1"``, a list of names, or a dict of weights. Sync
     tasks run on a thread pool of ``concurrency`` threads, ``async def`` tasks on the loop.
+
+    ``prefetch`` (default 0): claim up to this many jobs beyond the free slots and hold them,
+    leased and heartbeated, to start the moment a slot frees; the next claim's round trip then
+    overlaps running jobs instead of waiting between them. It pays for short jobs. The cost:
+    a held job is this worker's (other workers cannot take it) and waits behind the running
+    ones, and a job enqueued later, even a higher-priority one, can start only after the held
+    ones. Leases, fencing and acks are unchanged; at stop, held jobs are released unrun.
     """
 
     def __init__(
@@ -135,14 +143,18 @@ class Worker:
         metrics: Metrics | None = None,
         strict: bool = False,
         scheduler: bool = True,
+        prefetch: int = 0,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be >= 1, got {concurrency}")
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise ConfigurationError(f"prefetch must be an int >= 0, got {prefetch!r}")
         self.app = app
         self.weights = parse_queues(queues)
         self.strict = strict  # strict priority between queues instead of weighted sharing
         self.scheduler = scheduler  # run the app's cron schedules here too (safe in every worker)
         self.concurrency = concurrency
+        self.prefetch = prefetch
         self.lease_s = float(app.visibility_timeout if visibility_timeout is None else visibility_timeout)
         if not self.lease_s > 0:
             raise ConfigurationError(f"visibility_timeout must be > 0 seconds, got {visibility_timeout!r}")
@@ -165,6 +177,7 @@ class Worker:
         self._rng = random.Random()
         self._running: dict[int, _Running] = {}
         self._busy = 0  # slots taken, including threads still running past a timeout
+        self._held: collections.deque[_Running] = collections.deque()  # claimed, waiting for a slot (prefetch)
         self._stopping = False
         self._forced = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -309,11 +322,13 @@ class Worker:
         queues = list(self.weights)
         woken, idle_claims = False, 0
         while not self._stopping:
-            free = self.concurrency - self._busy
-            if free <= 0:
+            free = self.concurrency + self.prefetch - self._busy - len(self._held)
+            # While held jobs keep the slots busy, claim in batches of half the prefetch or more,
+            # not a job per round trip.
+            if free <= 0 or (self._held and free < (self.prefetch + 1) // 2):
                 self._slot_freed.clear()
                 if self._acks:
-                    # Acks without a slot freed for them (cannot happen today): don't hold them.
+                    # Acks that no claim will carry soon: the ack loop writes them meanwhile.
                     await self._park(self._slot_freed.wait())
                 else:
                     await self._slot_freed.wait()
@@ -415,12 +430,29 @@ class Worker:
         return jobs
 
     def _start(self, job: Job) -> None:
-        assert self._loop is not None and job.lease_token is not None
+        assert job.lease_token is not None
         self.counters.claimed += 1
         running = _Running(job=job, lease=Lease(job.id, job.lease_token))
-        self._running[job.id] = running
+        self._running[job.id] = running  # heartbeated from now on, held or running
+        if self._busy < self.concurrency and not self._held:
+            self._launch(running)
+        else:
+            self._held.append(running)
+
+    def _launch(self, running: _Running) -> None:
+        assert self._loop is not None
         self._busy += 1
-        running.task = self._loop.create_task(self._run_job(running), name=f"conveyor-job-{job.id}")
+        running.task = self._loop.create_task(self._run_job(running), name=f"conveyor-job-{running.job.id}")
+
+    def _launch_held(self) -> None:
+        """Start held (prefetched) jobs in the free slots; drop those whose lease was lost."""
+        while self._held and self._busy < self.concurrency and not self._stopping:
+            running = self._held.popleft()
+            if running.lost or running.settled:
+                running.settled = True
+                self._running.pop(running.job.id, None)
+                continue
+            self._launch(running)
 
     async def _run_job(self, running: _Running) -> None:
         job = running.job
@@ -476,6 +508,8 @@ class Worker:
 
     def _free_slot(self) -> None:
         self._busy -= 1
+        if self._held:
+            self._launch_held()
         if self._slot_freed is not None:
             self._slot_freed.set()
 
@@ -617,6 +651,10 @@ class Worker:
                 if r.job.id in lost and not r.settled:
                     r.lost = True
                     self._stop_attempt(r)
+                    if r.task is None and r in self._held:  # held, never started: nothing to stop
+                        self._held.remove(r)
+                        r.settled = True
+                        self._running.pop(r.job.id, None)
                     outcome = await self._why_lost(r.job)
                     if outcome == "lease_lost":
                         self.counters.lease_lost += 1

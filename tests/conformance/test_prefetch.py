@@ -1,0 +1,122 @@
+"""Worker prefetch: jobs claimed beyond the free slots are held (leased, heartbeated) and start
+when a slot frees; never more than ``concurrency`` run at once; a stop releases the held ones
+unrun; a held job that is cancelled never runs. On every backend."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from support import WorkerThread, running_worker, wait_for_job, wait_until
+
+from conveyor import Conveyor, ConveyorError, JobState
+from conveyor.worker import Worker
+
+
+def running_in_store(app: Conveyor) -> int:
+    return sum(q.running for q in app.backend.stats(finished=False).queues)
+
+
+def test_prefetch_runs_every_job_once_and_never_more_than_concurrency(app: Conveyor) -> None:
+    lock = threading.Lock()
+    now_running = 0
+    peak = 0
+    peak_leased = 0
+
+    @app.task(name="counted")
+    def counted(i: int) -> int:
+        nonlocal now_running, peak, peak_leased
+        with lock:
+            now_running += 1
+            peak = max(peak, now_running)
+        peak_leased = max(peak_leased, running_in_store(app))  # running + held, as the store sees them
+        time.sleep(0.02)
+        with lock:
+            now_running -= 1
+        return i
+
+    jobs = counted.enqueue_many([(i,) for i in range(30)])
+    with running_worker(app, concurrency=2, prefetch=4) as wt:
+        done = [wait_for_job(app, j.id, timeout=30) for j in jobs]
+    assert [j.state for j in done] == [JobState.SUCCEEDED] * 30
+    assert [j.result for j in done] == list(range(30))
+    assert all(j.attempts == 1 for j in done)
+    assert peak <= 2
+    assert peak_leased > 2, "no job was ever held beyond the running ones: prefetch did nothing"
+    assert peak_leased <= 2 + 4
+    assert wt.worker.counters.claimed == 30
+
+
+def test_a_stop_releases_the_held_jobs_unrun(app: Conveyor) -> None:
+    started = threading.Event()
+    go_on = threading.Event()
+    ran: list[int] = []
+
+    @app.task(name="first_blocks")
+    def first_blocks(i: int) -> int:
+        ran.append(i)
+        if i == 0:
+            started.set()
+            go_on.wait(10)
+        return i
+
+    first = first_blocks.enqueue(0)
+    held = first_blocks.enqueue_many([(i,) for i in (1, 2, 3)])
+    wt = WorkerThread(app, concurrency=1, prefetch=3).start()
+    try:
+        assert started.wait(10)
+        wait_until(lambda: running_in_store(app) == 4, message="the three jobs held beside the running one")
+        wt.stop()  # graceful: the running job finishes, the held ones go back
+        time.sleep(0.2)
+        go_on.set()
+        wt.join()
+    finally:
+        go_on.set()
+    assert ran == [0]
+    assert app.get_job(first.id).state is JobState.SUCCEEDED
+    for job in held:
+        back = app.get_job(job.id)
+        assert back.state is JobState.AVAILABLE
+        assert back.attempts == 0  # released unrun: the attempt does not count
+    assert wt.worker.counters.released == 3
+
+
+def test_a_cancelled_held_job_never_runs(app: Conveyor) -> None:
+    started = threading.Event()
+    go_on = threading.Event()
+    ran: list[str] = []
+
+    @app.task(name="blocker")
+    def blocker() -> None:
+        ran.append("blocker")
+        started.set()
+        go_on.wait(10)
+
+    @app.task(name="victim")
+    def victim() -> None:
+        ran.append("victim")
+
+    @app.task(name="after")
+    def after() -> None:
+        ran.append("after")
+
+    first = blocker.enqueue()
+    doomed = victim.enqueue()
+    with running_worker(app, concurrency=1, prefetch=1, visibility_timeout=0.6) as wt:
+        assert started.wait(10)
+        wait_until(lambda: running_in_store(app) == 2, message="the victim held beside the blocker")
+        assert app.backend.cancel(doomed.id)
+        wait_until(lambda: wt.worker.counters.by_task["victim:cancelled"] == 1,
+                   message="the heartbeat to drop the cancelled held job")
+        go_on.set()
+        wait_for_job(app, first.id)
+        wait_for_job(app, after.enqueue().id)
+    assert ran == ["blocker", "after"]
+    assert app.get_job(doomed.id).state is JobState.CANCELLED
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])
+def test_prefetch_must_be_a_count(app: Conveyor, bad: object) -> None:
+    with pytest.raises(ConveyorError, match="prefetch"):
+        Worker(app, prefetch=bad)  # type: ignore[arg-type]
