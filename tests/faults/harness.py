@@ -463,6 +463,7 @@ class WorkerSpec:
     queues: str = "default"
     scheduler: bool = False
     processes: int = 1  # > 1: under the product's supervisor (--processes), which restarts crashed ones
+    prefetch: int = 0  # --prefetch: jobs held (leased) beyond the free slots
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -500,6 +501,8 @@ class Cluster:
                 "--grace", str(spec.grace), "--poll-interval", str(spec.poll)]
         if not spec.scheduler:
             argv.append("--no-scheduler")
+        if spec.prefetch:
+            argv += ["--prefetch", str(spec.prefetch)]
         if spec.processes > 1:
             argv += ["--processes", str(spec.processes)]
         env = {**self.env, **spec.env}

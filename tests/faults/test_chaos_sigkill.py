@@ -1,7 +1,8 @@
 """R1: random SIGKILL of worker processes over thousands of jobs, on every backend.
 
-Worker processes (concurrency 4, lease 2 s, heartbeat every lease/3) run jobs that sleep
-U(5, 50) ms; 1 % sleep 3 s, longer than the lease, so they live on heartbeats. A nemesis
+Worker processes (concurrency 4, every other one with --prefetch 4; lease 2 s, heartbeat
+every lease/3) run jobs that sleep U(5, 50) ms; 1 % sleep 3 s, longer than the lease, so
+they live on heartbeats. A nemesis
 SIGKILLs a random started worker every U(a, b) s and starts a new one, for as long as the
 producer enqueues. Then the store drains and the checker judges the history.
 
@@ -39,6 +40,7 @@ pytestmark = [pytest.mark.faults, pytest.mark.process]
 JOBS = pick(1000, 10_000)
 WORKERS = pick(3, 5)
 CONCURRENCY = 4
+PREFETCH = 4
 LEASE = 2.0
 KILL_EVERY = pick((0.3, 0.8), (0.2, 0.8))
 RATE = pick(200.0, 120.0)  # enqueues per second, so the kills interleave with the producer
@@ -50,8 +52,10 @@ def test_random_sigkill_loses_nothing(fault_store: FaultStore, make_cluster) -> 
     seed, rng = make_rng(f"R1 sigkill chaos / {fault_store.name}")
     jobs = [(n, 3.0 if rng.random() < 0.01 else round(rng.uniform(0.005, 0.05), 4)) for n in range(JOBS)]
     cluster = make_cluster(fault_store.url)
-    spec = WorkerSpec(concurrency=CONCURRENCY, lease=LEASE, poll=0.2)
-    cluster.wait_started(*[cluster.spawn(spec, wait=False) for _ in range(WORKERS)])
+    # Every other worker prefetches: a killed one also takes down jobs it held unstarted.
+    specs = [WorkerSpec(concurrency=CONCURRENCY, lease=LEASE, poll=0.2, prefetch=PREFETCH if k % 2 else 0)
+             for k in range(WORKERS)]
+    cluster.wait_started(*[cluster.spawn(spec, wait=False) for spec in specs])
     app = client_app(fault_store.url)
     try:
         history = History()
