@@ -75,8 +75,8 @@ from sqlite_bench import GAP_S, Proc, fmt, percentile, wait_until  # noqa: E402
 
 BATCH = 1000
 MARKER = "conveyor-redis-bench:owner"
-SYSTEMS = ("conveyor", "celery", "rq", "dramatiq", "huey", "arq", "arq-default", "saq")
-DBS = {"celery": 10, "rq": 11, "dramatiq": 12, "huey": 13, "arq": 14, "arq-default": 14, "conveyor": 15, "saq": 9}
+SYSTEMS = ("conveyor", "conveyor-prefetch", "celery", "rq", "dramatiq", "huey", "arq", "arq-default", "saq")
+DBS = {"celery": 10, "rq": 11, "dramatiq": 12, "huey": 13, "arq": 14, "arq-default": 14, "conveyor": 15, "saq": 9, "conveyor-prefetch": 8}
 SLOW = {"rq", "arq-default"}  # drain --slow-jobs of the backlog; arq-default also fewer probes
 LATENCY_SLOW_SAMPLES = 60  # arq-default idles 0.5 s between polls: 300 probes would take ~2.5 min
 
@@ -84,6 +84,8 @@ CAVEATS = {
     "conveyor": "lease = visibility timeout (claim sets running + lease token + expiry from Redis TIME); "
     "ack/retry/heartbeat fenced by the token; a killed worker's jobs come back when the lease expires; "
     "the job hash (state, timestamps, result) is kept after success. Every transition is one Lua script.",
+    "conveyor-prefetch": "as conveyor, with Worker(prefetch=concurrency): up to that many more jobs claimed and held, "
+    "leased and heartbeated, until a slot frees (opt-in; held jobs are this worker's and wait behind running ones).",
     "celery": "acks_late=False (default): the message is acked when the worker receives it, so a worker "
     "crash mid-task loses that task; prefetched-but-unstarted messages come back after the kombu "
     "visibility timeout (1 h). No result backend here (ignore_result).",
@@ -287,6 +289,15 @@ class ConveyorSystem(System):
     def close(self) -> None:
         self.app.close()
         super().close()
+
+
+class ConveyorPrefetchSystem(ConveyorSystem):
+    """Conveyor with ``--prefetch`` = concurrency: claims overlap running jobs (opt-in)."""
+
+    name = "conveyor-prefetch"
+
+    def worker_argv(self) -> list[str]:
+        return [*super().worker_argv(), "--prefetch", str(self.args.concurrency)]
 
 
 class CelerySystem(System):
@@ -514,7 +525,7 @@ class SaqSystem(System):
 
 
 SYSTEM_CLASSES: dict[str, type[System]] = {
-    "conveyor": ConveyorSystem, "celery": CelerySystem, "rq": RQSystem, "dramatiq": DramatiqSystem,
+    "conveyor": ConveyorSystem, "conveyor-prefetch": ConveyorPrefetchSystem, "celery": CelerySystem, "rq": RQSystem, "dramatiq": DramatiqSystem,
     "huey": HueySystem, "arq": ArqSystem, "arq-default": ArqDefaultSystem, "saq": SaqSystem,
 }
 

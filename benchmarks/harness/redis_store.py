@@ -2,7 +2,7 @@
 
 Uses ``redis_bench``'s system classes and its phase functions (enqueue, bulk enqueue, drain with
 one process, idle latency) as they are, and adds drain with two processes and latency under load.
-Every phase runs every system in turn, the order rotating every round. Databases 9-15 of the
+Every phase runs every system in turn, the order rotating every round. Databases 8-15 of the
 Redis are FLUSHed (and only those; ``redis_bench.claim_databases`` refuses foreign keys).
 """
 
@@ -35,6 +35,7 @@ from harness.common import (
 
 SYSTEMS = [
     "conveyor",
+    "conveyor-prefetch",
     "celery",
     "rq",
     "dramatiq",
