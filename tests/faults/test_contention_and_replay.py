@@ -1,14 +1,21 @@
 """R15: the claim is atomic under contention (32 claimers, 5,000 jobs, each job handed out
 once); R7: a job that always fails runs exactly max_attempts times and goes dead with every
 error kept, and replaying it from the dead-letter queue twice at once (a double click) makes
-exactly one new round. On every backend."""
+exactly one new round; R17: 50 concurrent enqueues with one unique key make exactly one job,
+and the other 49 get its id. On every backend. R16 (PostgreSQL, the store with transactional
+enqueue): a job enqueued in a transaction that rolls back never exists and never runs (a
+worker watches for 5 s); committed, it runs exactly once."""
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 from collections import Counter
 
+import psycopg
 import pytest
+from pgrig import fresh_schema
 from support import running_worker, wait_for_job
 
 from conveyor import Conveyor
@@ -96,3 +103,66 @@ def test_r7_exactly_max_attempts_then_one_replay_per_double_click(make_app: obje
     ok = app.get_task("always_fails").options(max_attempts=1).enqueue(2)
     assert app.backend.redrive([ok.id]) == 0
     assert app.get_job(ok.id).state is JobState.AVAILABLE
+
+
+def test_r17_fifty_concurrent_enqueues_of_one_key_make_one_job(backend: Backend) -> None:
+    barrier = threading.Barrier(50)
+    results = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def enqueue(i: int) -> None:
+        job = NewJob(task="t", queue="default", args=json.dumps({"caller": i}), max_attempts=3, timeout=30,
+                     unique_key="r17")
+        barrier.wait()
+        try:
+            [res] = backend.enqueue_many([job])
+        except BaseException as exc:
+            errors.append(exc)
+            return
+        with lock:
+            results.append(res)
+
+    threads = [threading.Thread(target=enqueue, args=(i,)) for i in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors[:3]
+    assert len(results) == 50
+    assert sum(r.created for r in results) == 1, "exactly one call creates the job"
+    assert len({r.id for r in results}) == 1, "the other 49 get the existing job's id"
+    page = backend.list_jobs(limit=100)
+    assert [j.id for j in page.jobs] == [results[0].id]
+
+
+def test_r16_rolled_back_enqueue_never_runs_and_committed_runs_once() -> None:
+    with fresh_schema() as url:  # fails in CI, skips locally, without PostgreSQL
+        app = Conveyor(url, visibility_timeout=5)
+        runs: list[str] = []
+
+        @app.task(name="r16")
+        def r16(tag: str) -> None:
+            runs.append(tag)
+
+        try:
+            app.backend.schema_version()  # migrate outside the callers' transactions
+            with running_worker(app, concurrency=4, poll_interval=0.05):
+                with psycopg.connect(url) as conn:
+                    rolled = r16.enqueue("rolled back", connection=conn)
+                    conn.rollback()
+                time.sleep(5)  # the plan's window: a worker polling all along finds nothing
+                assert runs == []
+                assert app.backend.get(rolled.id) is None
+                assert app.backend.list_jobs(limit=10).jobs == []
+                with psycopg.connect(url) as conn:
+                    kept = r16.enqueue("committed", connection=conn)
+                    time.sleep(0.5)  # not committed yet: invisible to the worker
+                    assert runs == []
+                    conn.commit()
+                done = wait_for_job(app, kept.id)
+                time.sleep(1)  # room for a second run, should there be one
+            assert done.state is JobState.SUCCEEDED and done.attempts == 1
+            assert runs == ["committed"]
+        finally:
+            app.close()
