@@ -294,7 +294,8 @@ class Worker:
     def _info(self) -> WorkerInfo:
         return WorkerInfo(
             id=self.id, queues=list(self.weights), concurrency=self.concurrency, host=socket.gethostname(),
-            pid=os.getpid(), started_at=self.started_at, last_seen=0.0, running=len(self._running),
+            pid=os.getpid(), started_at=self.started_at, last_seen=0.0,
+            running=len(self._running) - len(self._held),  # held (prefetched) jobs are not running yet
         )
 
     async def _park(self, waiting: Awaitable[T]) -> T:
