@@ -354,7 +354,9 @@ class Worker:
             for job in jobs:
                 self._start(job)
             if jobs:
-                idle_claims = 0
+                # The wake-up is used: an empty claim after this one means the queue ran dry,
+                # not that limits hold its jobs back.
+                idle_claims, woken = 0, False
                 continue
             if woken:
                 # Told there was work, yet the claim got none: concurrency or rate limits hold

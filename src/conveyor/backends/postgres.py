@@ -838,9 +838,18 @@ class PostgresBackend(Backend):
                         if remaining <= 0:
                             return False
                         # Short slices so wake() (shutdown) is noticed without a round trip.
-                        for note in conn.notifies(timeout=min(remaining, 0.1), stop_after=1):
-                            if note.payload in wanted:
-                                return True
+                        if not any(note.payload in wanted
+                                   for note in conn.notifies(timeout=min(remaining, 0.1), stop_after=1)):
+                            continue
+                        # A notification can be stale (its job already claimed, or already seen by
+                        # the query above): report work only if there is some, as "woken" tells
+                        # the worker that an empty claim means limits hold the jobs back.
+                        row = conn.execute(Q["ready"], {"queues": list(queues)}).fetchone()
+                        assert row is not None
+                        if row["ready"]:
+                            return True
+                        if row["next_due_in"] is not None:
+                            deadline = min(deadline, time.monotonic() + max(0.0, row["next_due_in"]))
                     return True
             except StoreUnavailable:
                 self._drop_listener()
