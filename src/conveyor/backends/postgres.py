@@ -827,29 +827,25 @@ class PostgresBackend(Backend):
             try:
                 conn = self._listen_connection(until)
                 with _Guard(conn, until, close=True):
-                    row = conn.execute(Q["ready"], {"queues": list(queues)}).fetchone()
-                    assert row is not None
-                    if row["ready"]:
-                        return True
-                    if row["next_due_in"] is not None:
-                        deadline = min(deadline, time.monotonic() + max(0.0, row["next_due_in"]))
+                    look = True
                     while self._wake_generation == generation:
+                        if look:
+                            row = conn.execute(Q["ready"], {"queues": list(queues)}).fetchone()
+                            assert row is not None
+                            if row["ready"]:
+                                return True
+                            if row["next_due_in"] is not None:
+                                deadline = min(deadline, time.monotonic() + max(0.0, row["next_due_in"]))
                         remaining = deadline - time.monotonic()
                         if remaining <= 0:
                             return False
-                        # Short slices so wake() (shutdown) is noticed without a round trip.
-                        if not any(note.payload in wanted
-                                   for note in conn.notifies(timeout=min(remaining, 0.1), stop_after=1)):
-                            continue
-                        # A notification can be stale (its job already claimed, or already seen by
-                        # the query above): report work only if there is some, as "woken" tells
-                        # the worker that an empty claim means limits hold the jobs back.
-                        row = conn.execute(Q["ready"], {"queues": list(queues)}).fetchone()
-                        assert row is not None
-                        if row["ready"]:
-                            return True
-                        if row["next_due_in"] is not None:
-                            deadline = min(deadline, time.monotonic() + max(0.0, row["next_due_in"]))
+                        # Short slices so wake() (shutdown) is noticed without a round trip. A
+                        # notification only means "look again": it can be stale (its job claimed
+                        # already, or seen by the last look), and reporting work that is not
+                        # there would make the worker read its empty claim as limits holding
+                        # jobs back, and back off.
+                        look = any(note.payload in wanted
+                                   for note in conn.notifies(timeout=min(remaining, 0.1), stop_after=1))
                     return True
             except StoreUnavailable:
                 self._drop_listener()
