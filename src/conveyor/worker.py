@@ -452,10 +452,14 @@ class Worker:
         while self._held and self._busy < self.concurrency and not self._stopping:
             running = self._held.popleft()
             if running.lost or running.settled:
-                running.settled = True
-                self._running.pop(running.job.id, None)
+                self._drop_held(running)
                 continue
             self._launch(running)
+
+    def _drop_held(self, running: _Running) -> None:
+        """A held job that will not run here (its lease is gone): forget it."""
+        running.settled = True
+        self._running.pop(running.job.id, None)
 
     async def _run_job(self, running: _Running) -> None:
         job = running.job
@@ -656,8 +660,7 @@ class Worker:
                     self._stop_attempt(r)
                     if r.task is None and r in self._held:  # held, never started: nothing to stop
                         self._held.remove(r)
-                        r.settled = True
-                        self._running.pop(r.job.id, None)
+                        self._drop_held(r)
                     outcome = await self._why_lost(r.job)
                     if outcome == "lease_lost":
                         self.counters.lease_lost += 1
