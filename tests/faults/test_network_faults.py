@@ -56,7 +56,7 @@ from conveyor.job import JobState
 FULL = os.environ.get("CONVEYOR_FAULT_PROFILE", "ci") == "full"
 LATENCY_MS = 500 if FULL else 50  # per direction (a PostgreSQL enqueue is ~10 round trips)
 LATENCY_S = 30.0 if FULL else 3.0
-BLACKHOLE_S = 10.0 if FULL else 4.0  # at least the longest bound (6 s on PostgreSQL) for the xfail cases
+BLACKHOLE_S = 10.0 if FULL else 4.0  # at least the longest bound (6 s on PostgreSQL) of a call against a silent server
 RESET_REFUSE_S = 5.0 if FULL else 1.0
 # Worker lease (visibility timeout). At 500 ms each way a heartbeat cycle takes longer than 2 s.
 LEASE = 10.0 if FULL else 2.0
@@ -156,7 +156,7 @@ def net(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iter
         try:
             yield n
         finally:
-            # Free any call still stuck on a connection (see the xfail tests), then close.
+            # Free any call still stuck on a connection, then close.
             proxy.heal()
             proxy.reset()
             for app in n.apps:
