@@ -283,3 +283,61 @@ def test_sigkilled_worker_job_completes_on_attempt_two(pg_rig: PgRig) -> None:
     assert [(r["attempt"], r["pid"]) for r in read_marker(marker)] == [(1, a.pid), (2, b.pid)]
     assert rig.sql("SELECT value FROM conveyor_counters WHERE name = 'lease_expired'") == [(1,)]
     print(f"\nSIGKILL: job {job.id} succeeded on attempt 2 {took:.2f}s after its worker was killed")
+
+
+# -- (a2) the pools keep their size through storms of killed sessions -----------------------------
+@pytest.mark.timeout(120)
+def test_pools_do_not_grow_with_each_storm_of_killed_sessions() -> None:
+    """Three threads use one backend as a worker does (claims and heartbeats on the control pool,
+    reads on the main one) while all its sessions are terminated 12 times, 0.6 s apart. Each
+    storm leaves dead connections the pool replaces; asking it for one while the replacement
+    is on its way must not make it grow on top of that (it did: +1 per storm and per pool, up to
+    max_size, for 10 minutes). Every call either answered or raised StoreError."""
+    from conveyor.backends.postgres import PostgresBackend
+
+    with fresh_schema() as url:
+        app_name = f"conveyor_test_{uuid.uuid4().hex[:10]}"
+        backend = PostgresBackend(with_params(url, application_name=app_name))
+        admin = psycopg.connect(url, autocommit=True)
+        stop = threading.Event()
+        calls = {"ok": 0, "store_error": 0}
+        other: list[BaseException] = []
+
+        def use(call: object) -> None:
+            while not stop.is_set():
+                try:
+                    call()  # type: ignore[operator]
+                    calls["ok"] += 1
+                except StoreError:
+                    calls["store_error"] += 1
+                except BaseException as exc:  # reported below
+                    other.append(exc)
+                    return
+                time.sleep(0.002)
+
+        users = [lambda: backend.claim("storm", 4, worker_id="w", lease_s=5.0),
+                 lambda: backend.heartbeat([], lease_s=5.0),
+                 lambda: backend.get(1)]
+        threads = [threading.Thread(target=use, args=(u,), daemon=True) for u in users]
+        try:
+            for t in threads:
+                t.start()
+            time.sleep(0.5)
+            sizes = []
+            for _ in range(12):
+                admin.execute(TERMINATE, [app_name])
+                time.sleep(0.6)
+                sizes.append((backend._pool.get_stats()["pool_size"], backend._control.get_stats()["pool_size"]))
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(10)
+            backend.close()
+            admin.close()
+        assert not other, other
+        assert calls["ok"] > 100, calls
+        main, control = max(s[0] for s in sizes), max(s[1] for s in sizes)
+        print(f"\npool sizes (main, control) after each storm: {sizes}; calls {calls}")
+        # One user of the main pool, two of the control pool: a replacement racing a caller may
+        # add one, never one per storm.
+        assert main <= 2 and control <= 3, sizes

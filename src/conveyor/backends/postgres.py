@@ -107,6 +107,10 @@ CONNECT_DEFAULTS = {
 }
 STATEMENT_TIMEOUT_MS = 30_000
 POOL_TIMEOUT = 5.0  # longest wait for a connection: an outage surfaces as StoreError this soon
+REPLACE_WAIT = 1.0  # longest wait for the pool to replace a dead connection before it may grow
+# Connections above min_size idle this long are closed (one per period; psycopg's default is
+# 10 min): a pool that grew while sessions were being killed comes back to its working size.
+MAX_IDLE = 60.0
 # The client's own deadline on a connection: statement_timeout plus this. statement_timeout is
 # enforced by the server, so it never fires when the server, or the path to it, stops answering
 # (keepalives and tcp_user_timeout see a healthy peer behind a proxy or a stuck server). The
@@ -286,6 +290,21 @@ def _configure(conn: psycopg.Connection[Any]) -> None:
         conn.execute("SET idle_in_transaction_session_timeout = 60000")
 
 
+def _await_idle(pool: ConnectionPool[Any], until: float) -> None:
+    """Wait, up to REPLACE_WAIT, until the pool holds an idle connection (dead or alive).
+
+    After a dead one went back, the pool is already replacing it. Asking for a connection
+    while it has none idle would make it *grow* by one more on top of that replacement, so each
+    storm of killed sessions would leave it one larger, up to max_size. Past REPLACE_WAIT (the
+    server is down, or every connection is busy) the caller queues in the pool as usual, which
+    may grow it."""
+    until = min(until, time.monotonic() + REPLACE_WAIT)
+    pause = 0.001
+    while pool.get_stats().get("pool_available", 0) == 0 and time.monotonic() < until:
+        time.sleep(min(pause, max(0.0, until - time.monotonic())))
+        pause = min(pause * 2, 0.05)
+
+
 class PostgresBackend(Backend):
     supports_transactions = True  # enqueue/ack can join a caller's transaction
 
@@ -310,14 +329,14 @@ class PostgresBackend(Backend):
             min_size=min_size, max_size=max_size, open=False, timeout=POOL_TIMEOUT,
             # Give up reconnecting quickly: the next request then connects at once, instead of
             # waiting out the pool's exponential backoff long after the server is back.
-            reconnect_timeout=5.0, configure=_configure, name="conveyor",
+            reconnect_timeout=5.0, configure=_configure, name="conveyor", max_idle=MAX_IDLE,
         )
         # The worker's own transitions (claim, heartbeat, ack...) get a pool of their own, so
         # tasks holding connections (transaction(), enqueues) can never starve a heartbeat.
         self._control: ConnectionPool[psycopg.Connection[dict[str, Any]]] = ConnectionPool(
             conninfo=self._conninfo, kwargs={"autocommit": True, "row_factory": dict_row},
             min_size=1, max_size=4, open=False, timeout=POOL_TIMEOUT, reconnect_timeout=5.0,
-            configure=_configure, name="conveyor-control",
+            configure=_configure, name="conveyor-control", max_idle=MAX_IDLE,
         )
         try:
             self._pool.open(wait=True, timeout=POOL_TIMEOUT)
@@ -328,6 +347,8 @@ class PostgresBackend(Backend):
             raise StoreError(f"PostgreSQL: cannot connect: {exc}") from None
         self._listener: psycopg.Connection[dict[str, Any]] | None = None
         self._listen_lock = threading.Lock()
+        # Pool name -> until when a dead connection it took back may still be being replaced.
+        self._replacing: dict[str, float] = {}
         # Queues whose last claim met limited jobs at its head: their claims go straight to the
         # limited path instead of trying the fast statement first (a hint, never a rule).
         self._limited_queues: set[str] = set()
@@ -355,26 +376,32 @@ class PostgresBackend(Backend):
             until = start + _call_budget()
         wait_until = min(start + POOL_TIMEOUT, until)
         try:
-            for _ in range(pool.max_size + 1):
+            for attempt in range(pool.max_size + 1):
+                if attempt or self._replacing.get(pool.name, 0.0) > time.monotonic():
+                    _await_idle(pool, wait_until)
                 left = wait_until - time.monotonic()
                 if left <= 0:
                     raise StoreUnavailable(f"PostgreSQL: no live connection within {POOL_TIMEOUT:.1f}s "
                                            "(is the server up and answering?)")
                 with pool.connection(timeout=left) as conn:
-                    guard = _Guard(conn, min(until, time.monotonic() + _statement_budget()), close=True)
-                    with guard:
-                        try:
-                            if not _quiet(conn):
-                                conn.execute("")
-                        except psycopg.OperationalError:
-                            if guard.fired:
-                                raise
-                            continue
-                        if hold:
-                            yield conn
-                            return
-                    yield conn
-                    return
+                    try:
+                        guard = _Guard(conn, min(until, time.monotonic() + _statement_budget()), close=True)
+                        with guard:
+                            try:
+                                if not _quiet(conn):
+                                    conn.execute("")
+                            except psycopg.OperationalError:
+                                if guard.fired:
+                                    raise
+                                continue
+                            if hold:
+                                yield conn
+                                return
+                        yield conn
+                        return
+                    finally:
+                        if conn.broken or conn.closed:  # the pool replaces it when it goes back
+                            self._replacing[pool.name] = time.monotonic() + REPLACE_WAIT
         except PoolTimeout as exc:
             raise StoreUnavailable(f"PostgreSQL: no connection available: {exc}") from None
         raise StoreError("PostgreSQL: no live connection in the pool (is the server up?)")
