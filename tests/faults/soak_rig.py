@@ -158,12 +158,13 @@ class ServerView:
 # -- the sampler ---------------------------------------------------------------------------------
 @dataclass
 class Sample:
-    t: float  # time.time()
+    t: float  # time.time() once every read is done
     rss: dict[str, tuple[int, int, int]]  # worker name -> (pid, VmRSS KiB, RssAnon KiB)
     handles: dict[str, int]  # worker name -> store handles it holds (client side)
     server: dict[str, int] | None  # connection name -> count, as the server sees them
     server_total: int | None
     stopped: list[str]  # workers SIGSTOPped at the time
+    t0: float = 0.0  # time.time() before the first read: the sample describes [t0, t]
 
 
 class Sampler:
@@ -178,6 +179,7 @@ class Sampler:
         self._thread = threading.Thread(target=self._run, name="soak-sampler", daemon=True)
 
     def sample(self) -> Sample:
+        t0 = time.time()
         port = self.view.port
         sockets = tcp_sockets_to(port) if port is not None else None
         rss: dict[str, tuple[int, int, int]] = {}
@@ -193,7 +195,7 @@ class Sampler:
             if is_stopped(p.pid):
                 stopped.append(p.name)
         seen = self.view.read()
-        return Sample(time.time(), rss, handles, seen[0] if seen else None, seen[1] if seen else None, stopped)
+        return Sample(time.time(), rss, handles, seen[0] if seen else None, seen[1] if seen else None, stopped, t0)
 
     def _run(self) -> None:
         while not self._stop.is_set():
