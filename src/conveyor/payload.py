@@ -111,6 +111,16 @@ def decode(text: str | bytes | None) -> Any:
     return json.loads(text)
 
 
+def plain_parameters(sig: inspect.Signature) -> tuple[str, ...] | None:
+    """The parameter names if every parameter is an ordinary one (positional or keyword, no
+    ``*args``, ``**kwargs``, keyword-only or positional-only): then a call giving each of them
+    positionally binds by zipping, which is what ``Signature.bind`` returns, at a tenth of its cost."""
+    params = sig.parameters.values()
+    if all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params):
+        return tuple(p.name for p in params)
+    return None
+
+
 def bind_arguments(
     fn: Callable[..., Any],
     args: Sequence[Any] = (),
@@ -118,8 +128,12 @@ def bind_arguments(
     *,
     task_name: str = "",
     sig: inspect.Signature | None = None,
+    names: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
-    """Bind a call to ``fn``'s signature and return the named arguments to store."""
+    """Bind a call to ``fn``'s signature and return the named arguments to store.
+    ``names``: ``plain_parameters(sig)``, if the caller keeps it."""
+    if names is not None and not kwargs and len(args) == len(names):
+        return dict(zip(names, args, strict=True))
     sig = sig or inspect.signature(fn)
     try:
         bound = sig.bind(*args, **(kwargs or {}))

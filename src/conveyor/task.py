@@ -147,13 +147,13 @@ class _Enqueuer(Generic[P, R]):
     task: Task[P, R]
     _opts: EnqueueOptions
 
-    def _new_job(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> NewJob:
+    def _new_job(self, args: Sequence[Any], kwargs: Mapping[str, Any], trace: dict[str, str] | None) -> NewJob:
+        """``trace``: ``tracing.carrier()``, the same for every job of one call."""
         app = self.task.app
         bound = payload.bind_arguments(self.task.fn, args, kwargs, task_name=self.task.name,
-                                       sig=self.task.signature)
+                                       sig=self.task.signature, names=self.task.plain_parameters)
         text = payload.encode(bound, what=f"arguments of {self.task.name}", limit=app.max_payload_bytes)
         o = self._opts
-        trace = tracing.carrier()
         meta: dict[str, Any] = {tracing.META_KEY: trace} if trace else {}
         if app.signer is not None:
             meta[signing.META_KEY] = app.signer.sign(self.task.name, o.queue, bound)
@@ -215,7 +215,7 @@ class _Enqueuer(Generic[P, R]):
                     state=JobState.SCHEDULED if run_at > res.at else JobState.AVAILABLE, attempts=0,
                     max_attempts=item.max_attempts, priority=item.priority, run_at=run_at,
                     timeout=item.timeout, created_at=res.at, unique_key=item.unique_key,
-                    fair_key=item.fair_key, meta=payload.decode(item.meta),
+                    fair_key=item.fair_key, meta={} if item.meta == "{}" else payload.decode(item.meta),
                     concurrency_key=item.concurrency_key, concurrency_limit=item.concurrency_limit,
                     rate_key=item.rate_key, rate_limit=item.rate_limit, rate_period=item.rate_period,
                 )
@@ -235,7 +235,7 @@ class _Enqueuer(Generic[P, R]):
         that connection's transaction: it exists only if the caller commits.
         """
         connection = self._split_connection(kwargs)
-        return self._jobs([self._new_job(args, kwargs)], connection)[0]
+        return self._jobs([self._new_job(args, kwargs, tracing.carrier())], connection)[0]
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """``enqueue`` for async code: the store write runs off the event loop.
@@ -243,7 +243,7 @@ class _Enqueuer(Generic[P, R]):
         ``connection`` may be a psycopg ``AsyncConnection``: the job joins its transaction.
         """
         connection = self._split_connection(kwargs)
-        new = [self._new_job(args, kwargs)]
+        new = [self._new_job(args, kwargs, tracing.carrier())]
         if connection is not None and _is_async_connection(connection):
             backend = self.task.app.backend
             _check_transactional(backend)
@@ -267,11 +267,12 @@ class _Enqueuer(Generic[P, R]):
         If any item is invalid, nothing is stored.
         """
         new = []
+        trace = tracing.carrier()
         for i, call in enumerate(calls):
             if isinstance(call, Mapping):
-                new.append(self._new_job((), call))
+                new.append(self._new_job((), call, trace))
             elif isinstance(call, list | tuple):
-                new.append(self._new_job(call, {}))
+                new.append(self._new_job(call, {}, trace))
             else:
                 raise PayloadError(
                     f"enqueue_many item {i} is a {type(call).__name__}; "
@@ -298,6 +299,7 @@ class Task(_Enqueuer[P, R]):
         self.retry_policy = retry
         self.is_async = inspect.iscoroutinefunction(fn)
         self.signature = inspect.signature(fn)
+        self.plain_parameters = payload.plain_parameters(self.signature)
         params = list(self.signature.parameters.values())
         # The common shape, plain positional-or-keyword parameters, gets a fast rebuild of its
         # stored arguments (see rebuild_call); anything else goes through payload.rebuild_call.

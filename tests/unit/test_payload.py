@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from typing import Any
 
@@ -17,6 +18,7 @@ from conveyor.payload import (
     check_task_name,
     decode,
     encode,
+    plain_parameters,
     rebuild_call,
 )
 
@@ -297,3 +299,25 @@ def test_rebuild_after_a_new_optional_parameter_is_added() -> None:
 
     a, kw = rebuild_call(plain_v2, stored)
     assert plain_v2(*a, **kw) == [1, 2, 3, "new"]
+
+
+@pytest.mark.parametrize("fn", [plain, varargs, posonly, kwonly, everything, lambda: None, lambda x, y: None])
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 4])
+def test_the_plain_parameters_shortcut_binds_as_the_signature_does(fn: Any, n: int) -> None:
+    """Given ``names`` (only for a signature of ordinary parameters), a call of positional
+    arguments binds to exactly what ``Signature.bind`` gives, and a call that does not fit still
+    raises ArgumentsError."""
+    sig = inspect.signature(fn)
+    names = plain_parameters(sig)
+    assert (names is not None) == all(p.kind is p.POSITIONAL_OR_KEYWORD for p in sig.parameters.values())
+    args = tuple(range(10, 10 + n))
+    try:
+        expected: Any = dict(sig.bind(*args).arguments)
+    except TypeError:
+        expected = ArgumentsError
+    if expected is ArgumentsError:
+        with pytest.raises(ArgumentsError):
+            bind_arguments(fn, args, {}, sig=sig, names=names)
+    else:
+        got = bind_arguments(fn, args, {}, sig=sig, names=names)
+        assert got == expected and list(got) == list(expected)
