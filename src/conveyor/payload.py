@@ -19,6 +19,9 @@ DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_DEPTH = 64
 MAX_INT_BITS = 4096
 
+# json.dumps with these options builds a new encoder per call; one, kept, encodes the same.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
 NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 TASK_NAME_RE = re.compile(r"^[A-Za-z0-9_.:<>-]{1,255}$")
 
@@ -91,7 +94,7 @@ def encode(value: object, *, what: str = "args", limit: int | None = None) -> st
     """Encode a JSON value strictly; raise PayloadError naming what is wrong."""
     _check_value(value, what, 0)
     try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        text = _ENCODER.encode(value)
     except (ValueError, TypeError) as exc:  # e.g. an int too long to print
         raise PayloadError(f"{what} cannot be encoded as JSON: {exc}") from None
     if limit is not None:
