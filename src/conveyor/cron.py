@@ -42,7 +42,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("conveyor.cron")
 
-_SEARCH_LIMIT = 8  # repeated wall-clock times skipped in a row: at most a few per DST change
+# Repeated wall-clock times skipped in a row. When clocks go back, every tick of the repeated
+# period is skipped: "* 1 * * *" has 60 in New York's repeated 01:00-02:00, and an expression with
+# a seconds field up to one a second, over at most 2 hours (the largest shift in use).
+_SEARCH_LIMIT = 2 * 3600 + 8
 
 
 def tick_of(job: Job) -> dt.datetime | None:
@@ -97,7 +100,16 @@ class Schedule:
         for _ in range(_SEARCH_LIMIT):
             ts = float(it.get_prev(float))
             if not self._is_repeat(ts):
+                break
+        else:
+            raise ConfigurationError(f"cron schedule {self.name!r}: no tick found before {now}")
+        # Inside a repeated hour croniter steps back by wall clock and lands in the first pass
+        # of that hour (01:29 EDT from 01:29 EST), before later ticks of it (01:59 EDT): walk on.
+        for _ in range(_SEARCH_LIMIT):
+            following = self.next_tick(ts)
+            if following > now:
                 return ts
+            ts = following
         raise ConfigurationError(f"cron schedule {self.name!r}: no tick found before {now}")
 
     def next_tick(self, after: float) -> float:
