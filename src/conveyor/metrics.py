@@ -65,6 +65,10 @@ class StoreCollector(Collector):
         expiries = CounterMetricFamily(
             "conveyor_lease_expiries", "Leases that expired (worker died or stalled), store-wide", labels=["queue"]
         )
+        expired = GaugeMetricFamily(
+            "conveyor_expired_leases", "Running jobs whose lease ran out, not yet taken back by a reaper",
+            labels=["queue"],
+        )
         workers = GaugeMetricFamily("conveyor_workers_live", "Workers with a recent heartbeat serving the queue",
                                     labels=["queue"])
         serving: dict[str, int] = {}
@@ -78,10 +82,11 @@ class StoreCollector(Collector):
             age.add_metric([q.queue], q.oldest_available_age or 0.0)
             dead.add_metric([q.queue], q.dead)
             expiries.add_metric([q.queue], q.lease_expiries)
+            expired.add_metric([q.queue], q.expired_leases)
             workers.add_metric([q.queue], serving.pop(q.queue, 0))
         for queue, n in serving.items():  # workers on queues that have never held a job
             workers.add_metric([queue], n)
-        yield from (depth, waiting, age, dead, expiries, workers)
+        yield from (depth, waiting, age, dead, expiries, expired, workers)
         took = GaugeMetricFamily("conveyor_store_scrape_seconds", "Time the store took to answer this scrape")
         took.add_metric([], time.perf_counter() - started)
         yield took

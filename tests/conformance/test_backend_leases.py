@@ -212,6 +212,32 @@ def test_reap_requeues_expired_leases_and_counts_them(backend: Backend) -> None:
     assert lease_expiries(backend, "default", T0 + LEASE + 2) == 1
 
 
+def expired_leases(backend: Backend, queue: str, now: float) -> int:
+    return sum(q.expired_leases for q in backend.stats(now=now).queues if q.queue == queue)
+
+
+def test_stats_count_running_jobs_past_their_lease_until_reaped(backend: Backend) -> None:
+    """The gauge an operator watches for crashed or stalled workers: running jobs whose lease
+    ran out and that no reaper took back yet. A heartbeat moves a job out of it."""
+    for _ in range(3):
+        enqueue_one(backend, max_attempts=3)
+    enqueue_one(backend, queue="other")
+    a, b, c = backend.claim("default", 3, worker_id="w", lease_s=LEASE, now=T0)
+    backend.claim("other", 1, worker_id="w", lease_s=2 * LEASE, now=T0)
+    assert expired_leases(backend, "default", T0 + LEASE - 1) == 0
+    assert expired_leases(backend, "default", T0 + LEASE) == 0  # expires *after* lease_expires_at
+    assert expired_leases(backend, "default", T0 + LEASE + 1) == 3
+    assert expired_leases(backend, "other", T0 + LEASE + 1) == 0
+    assert backend.heartbeat([lease_of(a)], lease_s=LEASE, now=T0 + LEASE - 1) == set()  # none lost
+    assert expired_leases(backend, "default", T0 + LEASE + 1) == 2
+    backend.reap(now=T0 + LEASE + 1)
+    assert expired_leases(backend, "default", T0 + LEASE + 1) == 0
+    assert lease_expiries(backend, "default", T0 + LEASE + 1) == 2
+    assert expired_leases(backend, "default", T0 + 2 * LEASE) == 1  # a's new lease ran out too
+    assert {b.id, c.id} <= {j.id for j in backend.claim("default", 3, worker_id="w2", lease_s=LEASE,
+                                                         now=T0 + LEASE + 2)}
+
+
 def test_reap_at_max_attempts_sends_the_job_dead(backend: Backend) -> None:
     enqueue_one(backend, max_attempts=1, queue="q1")
     job = claim_one(backend, now=T0, queue="q1")

@@ -138,6 +138,7 @@ class QueueStats:
     cancelled: int = 0
     oldest_available_age: float | None = None  # seconds the oldest waiting job has been due
     lease_expiries: int = 0  # total leases that expired on this queue since the store was created
+    expired_leases: int = 0  # running jobs whose lease has run out, not yet taken back by a reaper
 
     @property
     def depth(self) -> int:
@@ -183,10 +184,12 @@ def queue_stats_from_rows(
     due: Iterable[Mapping[str, Any]],
     oldest: Iterable[Mapping[str, Any]],
     counters: Iterable[Mapping[str, Any]],
+    expired: Iterable[Mapping[str, Any]] = (),
 ) -> list[QueueStats]:
     """Assemble per-queue stats from the SQL stores' rows: counts (queue, state, n), due
-    scheduled jobs (queue, n, oldest), oldest available (queue, oldest) and counters
-    (queue, name, value). Due scheduled jobs count as available: they are waiting too."""
+    scheduled jobs (queue, n, oldest), oldest available (queue, oldest), counters
+    (queue, name, value) and running jobs past their lease (queue, n). Due scheduled jobs
+    count as available: they are waiting too."""
     per: dict[str, dict[str, Any]] = {}
 
     def q(name: str) -> dict[str, Any]:
@@ -206,6 +209,8 @@ def queue_stats_from_rows(
     for row in counters:
         if row["name"] == "lease_expired":
             q(row["queue"])["lease_expiries"] = row["value"]
+    for row in expired:
+        q(row["queue"])["expired_leases"] = row["n"]
     queues = []
     for name in sorted(per):
         entry = per[name]

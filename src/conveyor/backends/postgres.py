@@ -788,8 +788,9 @@ class PostgresBackend(Backend):
             due = conn.execute(Q["due_scheduled"], p).fetchall()
             oldest = conn.execute(Q["oldest_available"]).fetchall()
             counters = conn.execute(Q["counters"]).fetchall()
+            expired = conn.execute(Q["expired_leases"], p).fetchall()
             workers = conn.execute(Q["workers"], {"now": now, "ttl": worker_ttl}).fetchall()
-        queues = queue_stats_from_rows(t, counts, due, oldest, counters)
+        queues = queue_stats_from_rows(t, counts, due, oldest, counters, expired)
         return Stats(
             now=t, queues=queues,
             workers=[

@@ -674,7 +674,7 @@ class RedisBackend(Backend):
                         safe=True, all_queues=True)
         t = float(res[1])
         queues = []
-        for name, sched, avail, running, ok, dead, cancelled, due, oldest, expiries in res[2]:
+        for name, sched, avail, running, ok, dead, cancelled, due, oldest, expiries, expired in res[2]:
             counts = (int(sched), int(avail), int(running), int(ok) if finished else 0, int(dead),
                       int(cancelled) if finished else 0)
             if not any(counts) and expiries == "":
@@ -683,7 +683,7 @@ class RedisBackend(Backend):
                 queue=name, scheduled=counts[0] - int(due), available=counts[1] + int(due), running=counts[2],
                 succeeded=counts[3], dead=counts[4], cancelled=counts[5],
                 oldest_available_age=max(0.0, t - float(oldest)) if oldest != "" else None,
-                lease_expiries=int(expiries or 0),
+                lease_expiries=int(expiries or 0), expired_leases=int(expired),
             ))
         workers = []
         for wid, info, last_seen in res[3]:

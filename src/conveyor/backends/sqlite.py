@@ -409,13 +409,14 @@ class SqliteBackend(Backend):
                 due = conn.execute(Q["due_scheduled"], {"now": t}).fetchall()
                 oldest = conn.execute(Q["oldest_available"]).fetchall()
                 counters = conn.execute(Q["counters"]).fetchall()
+                expired = conn.execute(Q["expired_leases"], {"now": t}).fetchall()
                 workers = conn.execute(Q["workers"], {"since": t - worker_ttl}).fetchall()
             finally:
                 conn.execute("COMMIT")
         except sqlite3.Error as exc:
             raise _translate(exc, "stats failed") from exc
 
-        queues = queue_stats_from_rows(t, counts, due, oldest, counters)
+        queues = queue_stats_from_rows(t, counts, due, oldest, counters, expired)
         return Stats(
             now=t,
             queues=queues,

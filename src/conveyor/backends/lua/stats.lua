@@ -3,7 +3,8 @@
 -- KEYS: the common header, then the blocks of every queue in P:queues.
 -- ARGV: n, queue names; now ('' = the store's clock), worker_ttl
 -- Returns {'ok', now, {per queue: name, scheduled, available, running, succeeded, dead,
---   cancelled, due, oldest waiting run_at or '', expiries or ''}..., {worker id, info,
+--   cancelled, due, oldest waiting run_at or '', expiries or '', running jobs past their
+--   lease (not yet reaped)}..., {worker id, info,
 --   last_seen}...} or {'stale'}.
 if not queues_complete() then return {'stale'} end
 local now = clock(arg(1))
@@ -28,6 +29,7 @@ for _, qn in ipairs(QNAMES) do
     qn, redis.call('ZCARD', q.scheduled), redis.call('ZCARD', q.available),
     redis.call('ZCARD', q.running), redis.call('ZCARD', q.succeeded), redis.call('ZCARD', q.dead),
     redis.call('ZCARD', q.cancelled), due, oldest_s, redis.call('HGET', K_EXPIRIES, qn) or '',
+    redis.call('ZCOUNT', q.running, '-inf', '(' .. num(now)),
   }
 end
 local workers = {}

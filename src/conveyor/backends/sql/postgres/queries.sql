@@ -474,6 +474,11 @@ WHERE state = 'scheduled' AND run_at <= :NOW GROUP BY queue;
 SELECT queue, extract(epoch FROM min(run_at))::float8 AS oldest FROM conveyor_jobs
 WHERE state = 'available' GROUP BY queue;
 
+-- name: expired_leases
+-- Running jobs whose lease ran out, waiting for a reaper (reap's condition).
+SELECT queue, count(*) AS n FROM conveyor_jobs
+WHERE state = 'running' AND lease_expires_at < :NOW GROUP BY queue;
+
 -- name: counters
 SELECT queue, name, value FROM conveyor_counters;
 

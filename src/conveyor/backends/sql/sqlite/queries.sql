@@ -250,6 +250,11 @@ WHERE state = 'scheduled' AND run_at <= :now GROUP BY queue;
 -- name: oldest_available
 SELECT queue, min(run_at) AS oldest FROM conveyor_jobs WHERE state = 'available' GROUP BY queue;
 
+-- name: expired_leases
+-- Running jobs whose lease ran out, waiting for a reaper (reap's condition).
+SELECT queue, count(*) AS n FROM conveyor_jobs
+WHERE state = 'running' AND lease_expires_at < :now GROUP BY queue;
+
 -- name: counters
 SELECT queue, name, value FROM conveyor_counters;
 
