@@ -293,6 +293,10 @@ class RedisBackend(Backend):
                 raise StoreError(f"Redis at {self._where}: {what} failed: {exc}") from exc
             except UnicodeEncodeError as exc:
                 raise PayloadError(f"{what}: a value is not valid UTF-8 text ({exc}); nothing was written") from exc
+            except Exception as exc:
+                if self._closed:  # close() pulled the socket from under this call (redis-py then fails oddly)
+                    raise StoreError(f"this backend is closed: {what} was cut short ({exc!r})") from exc
+                raise
 
     def _run(self, name: str, queues: Sequence[str], args: Sequence[Any], *, safe: bool,
              all_queues: bool = False) -> Any:

@@ -112,6 +112,11 @@ class SqliteBackend(Backend):
             raise ConfigurationError(f"{url!r}: busy_timeout must be a number of seconds") from None
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
+        # Calls in progress per connection: close() may come from another thread while a
+        # call (a reaper left running by a stopped worker, say) is inside SQLite, and closing
+        # a connection under a running statement crashes the process; such a connection is
+        # closed by the call that holds it, as it returns.
+        self._in_use: dict[sqlite3.Connection, int] = {}
         self._lock = threading.Lock()
         self._closed = False
         self._signal = _signal_for(self.path)
@@ -139,11 +144,34 @@ class SqliteBackend(Backend):
                 self._all.append(conn)
         return conn
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @contextmanager
+    def _using(self) -> Iterator[sqlite3.Connection]:
+        """This thread's connection for one call; see ``_in_use``."""
+        conn = self._conn()
+        with self._lock:
+            if self._closed:
+                raise StoreError("this backend is closed")
+            self._in_use[conn] = self._in_use.get(conn, 0) + 1
+        try:
+            yield conn
+        finally:
+            with self._lock:
+                left = self._in_use.pop(conn) - 1
+                if left:
+                    self._in_use[conn] = left
+                last_out = not left and self.closed
+            if last_out:
+                with suppress(sqlite3.Error):
+                    conn.close()
+
     @contextmanager
     def _write(self, now: float | None) -> Iterator[tuple[sqlite3.Connection, float]]:
         """One write transaction, with the store's time read once at its start."""
-        conn = self._conn()
-        with self._signal.write_lock:
+        with self._using() as conn, self._signal.write_lock:
             try:
                 conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
@@ -161,7 +189,8 @@ class SqliteBackend(Backend):
 
     def _read(self, sql: str, params: dict[str, Any] | Sequence[Any] = ()) -> list[sqlite3.Row]:
         try:
-            return self._conn().execute(sql, params).fetchall()
+            with self._using() as conn:
+                return conn.execute(sql, params).fetchall()
         except sqlite3.Error as exc:
             raise _translate(exc, "read failed") from exc
 
@@ -187,10 +216,11 @@ class SqliteBackend(Backend):
         return float(self._read(Q["now"])[0][0])
 
     def close(self) -> None:
-        self._closed = True
         with self._lock:
+            self._closed = True
             conns, self._all = self._all, []
-        for conn in conns:
+            idle = [c for c in conns if c not in self._in_use]
+        for conn in idle:
             with suppress(sqlite3.Error):
                 conn.close()
         self._local = threading.local()
@@ -400,7 +430,10 @@ class SqliteBackend(Backend):
         return Page(jobs=jobs, next_cursor=jobs[-1].id if len(rows) > limit and jobs else None)
 
     def stats(self, *, now: float | None = None, worker_ttl: float = 60.0, finished: bool = True) -> Stats:
-        conn = self._conn()
+        with self._using() as conn:
+            return self._stats(conn, now, worker_ttl, finished)
+
+    def _stats(self, conn: sqlite3.Connection, now: float | None, worker_ttl: float, finished: bool) -> Stats:
         try:
             conn.execute("BEGIN")  # one consistent snapshot for every number
             try:
@@ -467,7 +500,10 @@ class SqliteBackend(Backend):
             return bool(conn.execute(Q["cancel"], {"id": job_id, "now": t}).rowcount)
 
     def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> bool:
-        conn = self._conn()
+        with self._using() as conn:
+            return self._wait(conn, queues, timeout)
+
+    def _wait(self, conn: sqlite3.Connection, queues: Sequence[str], timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         generation = self._signal.generation
         version = conn.execute("PRAGMA data_version").fetchone()[0]
@@ -482,6 +518,8 @@ class SqliteBackend(Backend):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
+            if self._closed:
+                return True  # closed under us: a wake-up (the next call says it is closed)
             with self._signal.cond:
                 if self._signal.generation != generation:
                     return True
