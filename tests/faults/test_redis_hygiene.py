@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from stores import BACKENDS, BackendUnavailable, _unavailable
 from support import running_worker, wait_for_job
 
@@ -51,40 +50,39 @@ def test_no_lua_script_calls_a_dangerous_command() -> None:
 
 
 def test_a_life_of_jobs_sends_no_dangerous_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The spy sits on the wire: every command redis-py or the backend packs itself (its
+    scripts, its pipelines) leaves through Connection.send_packed_command, decoded here."""
+    from redis.connection import AbstractConnection
+    from statement_killer import _resp_commands
+
     spec = next(s for s in BACKENDS if s.name == "redis")
     sent: Counter[str] = Counter()
-    original = redis.Redis.execute_command
-    queued = redis.client.Pipeline.pipeline_execute_command
+    original = AbstractConnection.send_packed_command
 
-    def count(args: tuple[Any, ...]) -> None:
-        name = str(args[0]).upper()
-        if name in ("CONFIG", "SCRIPT", "CLIENT") and len(args) > 1:
-            name = f"{name} {str(args[1]).upper()}"
-        sent[name] += 1
+    def spy(self: AbstractConnection, command: Any, check_health: bool = True) -> Any:
+        chunks = [command] if isinstance(command, str | bytes) else list(command)
+        data = b"".join(c.encode() if isinstance(c, str) else bytes(c) for c in chunks)
+        for _, _, argv in _resp_commands(data):
+            name = argv[0].decode().upper()
+            if name in ("CONFIG", "SCRIPT", "CLIENT") and len(argv) > 1:
+                name = f"{name} {argv[1].decode().upper()}"
+            sent[name] += 1
+        return original(self, command, check_health)
 
-    def spy(self: redis.Redis, *args: Any, **options: Any) -> Any:
-        count(args)
-        return original(self, *args, **options)
-
-    def pipeline_spy(self: redis.client.Pipeline, *args: Any, **options: Any) -> Any:
-        count(args)  # a command queued in a pipeline (the worker's acks and claims)
-        return queued(self, *args, **options)
-
-    monkeypatch.setattr(redis.client.Pipeline, "pipeline_execute_command", pipeline_spy)
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", spy)
 
     with contextlib.ExitStack() as stack:
         try:
             url = stack.enter_context(spec.store(tmp_path))
         except BackendUnavailable as exc:
             _unavailable("redis", exc)
-        _live_through(url, monkeypatch, spy)
+        _live_through(url)
     assert sent["EVALSHA"] > 20, sent  # the spy saw the library's traffic
     assert not FORBIDDEN & set(sent), sorted(FORBIDDEN & set(sent))
 
 
-def _live_through(url: str, monkeypatch: pytest.MonkeyPatch, spy: Any) -> None:
-    """Enqueue, run, fail, redrive, purge, prune and read stats on ``url`` with ``spy`` on."""
-    monkeypatch.setattr(redis.Redis, "execute_command", spy)
+def _live_through(url: str) -> None:
+    """Enqueue, run, fail, redrive, purge, prune and read stats on ``url``."""
     app = Conveyor(url, visibility_timeout=5)
 
     @app.task(name="ok")

@@ -314,12 +314,13 @@ def test_s1_no_unsafe_decoding_or_dynamic_import_outside_the_cli_app_option() ->
     assert "--app" in option.opts and option.envvar == "CONVEYOR_APP"
 
 
-# The only direct script calls: a registered script's SHA run in a pipeline, and the reload of
-# registered scripts' own source after NOSCRIPT. Everything else goes through register_script.
+# The only direct script calls: the reload of registered scripts' own source after NOSCRIPT,
+# and the one EVALSHA command the backend packs itself (_send_scripts), always of a registered
+# script's SHA. Every script is registered from its file (register_script(_load_script(...))).
 SCRIPT_CALLS = {
-    "pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)",
     "functools.partial(self._r.script_load, script.script)",
 }
+PACKED_SCRIPT_COMMANDS = {"('EVALSHA', self._scripts[name].sha, len(keys), *keys, *args)"}
 
 
 def test_s1_lua_scripts_are_files_never_built_from_data() -> None:
@@ -336,6 +337,14 @@ def test_s1_lua_scripts_are_files_never_built_from_data() -> None:
             assert ast.unparse(node) in SCRIPT_CALLS, ast.unparse(node)
             seen.add(ast.unparse(node))
     assert seen == SCRIPT_CALLS  # the scan found them: it is not vacuous
+    # A command the backend packs itself names its verb as a string: every such string is the
+    # head of the one tuple above.
+    verbs = {"EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO", "FCALL", "FCALL_RO", "SCRIPT", "FUNCTION"}
+    named_verbs = [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                   and n.value.upper() in verbs]
+    packed = {ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Tuple) and n.elts
+              and any(n.elts[0] is v for v in named_verbs)}
+    assert packed == PACKED_SCRIPT_COMMANDS and len(named_verbs) == len(PACKED_SCRIPT_COMMANDS)
 
 
 CVE_ERROR = {  # Celery CVE-2021-23727: a result/error record that names a module and a callable

@@ -58,7 +58,17 @@ from .base import (
     queue_full,
 )
 
+try:
+    from hiredis import pack_command as _hiredis_pack_command
+
+    def _pack(conn: Any, command: tuple[Any, ...]) -> list[Any]:
+        return [_hiredis_pack_command(command)]
+except ImportError:  # hiredis comes with the redis extra; redis-py's own packer otherwise
+    def _pack(conn: Any, command: tuple[Any, ...]) -> list[Any]:
+        return list(conn.pack_command(*command))
+
 T = TypeVar("T")
+_ScriptCall = tuple[str, Sequence[str], Sequence[Any]]  # script name, keys, args
 
 PREFIX_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 STATES = ("scheduled", "available", "running", "succeeded", "dead", "cancelled")
@@ -301,14 +311,13 @@ class RedisBackend(Backend):
     def _run(self, name: str, queues: Sequence[str], args: Sequence[Any], *, safe: bool,
              all_queues: bool = False) -> Any:
         """Run script ``name`` with the blocks of ``queues``; answer its 'need' and 'stale' replies."""
-        script = self._scripts[name]
         qs = list(dict.fromkeys(queues))
         for _ in range(8):
             keys = list(self.keys.header)
             for q in qs:
                 keys += self.keys.block(q)
             argv = [len(qs), *qs, *args]
-            res = self._call(name, functools.partial(script, keys=keys, args=argv), safe=safe)
+            res = self._call(name, functools.partial(self._script, name, keys, argv), safe=safe)
             if isinstance(res, list) and res and res[0] == "need":
                 qs += [q for q in res[1:] if q not in qs]
                 continue
@@ -459,7 +468,7 @@ class RedisBackend(Backend):
         def run(keys: list[str], argv: list[Any]) -> Any:
             nonlocal tries
             tries += 1
-            return self._scripts[name](keys=keys, args=argv)
+            return self._script(name, keys, argv)
 
         qs = self._guess([lease.job_id])
         for _ in range(4):
@@ -491,10 +500,8 @@ class RedisBackend(Backend):
         error reply, a broken connection) falls back to one careful ack each."""
         if len(acks) < 2:
             return super().ack_many(acks, now=now)
-        pipe = self._r.pipeline(transaction=False)
-        self._queue_acks(pipe, acks, now)
         try:
-            replies = self._execute_scripts(pipe)
+            replies = self._send_scripts([self._acks_call(acks, now)])
         except (redis.ConnectionError, redis.TimeoutError):
             replies = [None]  # it may have landed: the fallback checks each
         return self._acks_held(acks, replies[0], now)
@@ -507,13 +514,11 @@ class RedisBackend(Backend):
         Redis runs a connection's commands in order)."""
         if limit <= 0 or not acks:
             return super().ack_and_claim(acks, queue, limit, worker_id=worker_id, lease_s=lease_s, now=now)
-        pipe = self._r.pipeline(transaction=False)
-        self._queue_acks(pipe, acks, now)
         tokens = [uuid.uuid4().hex for _ in range(limit)]
-        self._pipe_script(pipe, "claim", [*self.keys.header, *self.keys.block(queue)],
-                          [1, queue, self._now_arg(now), limit, repr(float(lease_s)), worker_id, CLAIM_SCAN, *tokens])
+        claim = ("claim", [*self.keys.header, *self.keys.block(queue)],
+                 [1, queue, self._now_arg(now), limit, repr(float(lease_s)), worker_id, CLAIM_SCAN, *tokens])
         try:
-            replies = self._execute_scripts(pipe)
+            replies = self._send_scripts([self._acks_call(acks, now), claim])
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             # A claim that landed unseen expires and is reaped; the acks are checked one by one.
             held = self._acks_held(acks, None, now)
@@ -531,7 +536,7 @@ class RedisBackend(Backend):
         # 'need'/'stale' (the queue's blocks changed), or an error reply: the careful path.
         return held, self.claim(queue, limit, worker_id=worker_id, lease_s=lease_s, now=now)
 
-    def _queue_acks(self, pipe: Any, acks: Sequence[tuple[Lease, str | None]], now: float | None) -> None:
+    def _acks_call(self, acks: Sequence[tuple[Lease, str | None]], now: float | None) -> _ScriptCall:
         """One ack_many call for the batch, with the blocks of every queue its jobs may be in."""
         qs: list[str] = []
         for lease, _ in acks:
@@ -544,23 +549,49 @@ class RedisBackend(Backend):
         argv: list[Any] = [len(qs), *qs, self._now_arg(now)]
         for lease, result in acks:
             argv += [lease.job_id, lease.token, "0" if result is None else "1", result or ""]
-        self._pipe_script(pipe, "ack_many", keys, argv)
+        return "ack_many", keys, argv
 
-    def _pipe_script(self, pipe: Any, name: str, keys: Sequence[str], args: Sequence[Any]) -> None:
-        """EVALSHA straight into the pipeline. (Script objects would make execute() ask SCRIPT
-        EXISTS first: a second round trip each time.) A NOSCRIPT reply, after a restart or a
-        SCRIPT FLUSH, sends that call down the careful path, whose Script reloads it."""
-        pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
-
-    def _execute_scripts(self, pipe: Any) -> list[Any]:
-        """Run a pipeline of _pipe_script calls. On NOSCRIPT (a new server, a restart, a SCRIPT
-        FLUSH) every script is loaded again, and the calls it refused take the careful path."""
-        replies: list[Any] = pipe.execute(raise_on_error=False)
+    def _send_scripts(self, calls: Sequence[_ScriptCall]) -> list[Any]:
+        """EVALSHA each (script, keys, args) in one write on one pooled connection; the replies
+        in order, an error reply as its exception. This is redis-py's pipeline without its
+        command layer (argument checks, observability hooks, Script objects that ask SCRIPT
+        EXISTS first), which cost more client time than the script took to run. Commands go
+        out through the connection's send_packed_command and replies come back through its
+        parser, so timeouts, reconnects and error classes are redis-py's own. On NOSCRIPT (a
+        new server, a restart, a SCRIPT FLUSH) every script is loaded again; the refused calls
+        did nothing, and their callers send them again or take the careful path."""
+        conn = self._pool.get_connection()
+        try:
+            packed: list[Any] = []
+            for name, keys, args in calls:
+                command = ("EVALSHA", self._scripts[name].sha, len(keys), *keys, *args)
+                packed += _pack(conn, command)
+            conn.send_packed_command(packed, check_health=False)  # type: ignore[no-untyped-call]
+            replies: list[Any] = []
+            for _ in calls:
+                try:
+                    replies.append(conn.read_response())
+                except redis.ResponseError as exc:
+                    replies.append(exc)
+        except BaseException:
+            conn.disconnect()  # type: ignore[no-untyped-call]  # replies may be left unread on it
+            raise
+        finally:
+            self._pool.release(conn)
         if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
             for script in self._scripts.values():
                 script.sha = self._call("load scripts", functools.partial(self._r.script_load, script.script),
                                         safe=True)
         return replies
+
+    def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """One script call: its reply, or its error reply raised; sent again once after NOSCRIPT."""
+        [reply] = self._send_scripts([(name, keys, args)])
+        if isinstance(reply, redis.exceptions.NoScriptError):
+            [reply] = self._send_scripts([(name, keys, args)])
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
 
     def _acks_held(self, acks: Sequence[tuple[Lease, str | None]], reply: Any, now: float | None) -> list[bool]:
         """ack_many's replies as held or not; any ack it could not settle is acked on its own."""
@@ -666,9 +697,8 @@ class RedisBackend(Backend):
             indexes.append(f"{self.keys.p}:jobs")
         args = [0, len(indexes), "" if cursor is None else int(cursor), limit, max(LIST_BUDGET, limit + 1),
                 "" if state is None else str(JobState(state)), queue or "", task or ""]
-        script = self._scripts["list_jobs"]
         keys = [*self.keys.header, *indexes]
-        raw, next_cursor = self._call("list jobs", lambda: script(keys=keys, args=args), safe=True)
+        raw, next_cursor = self._call("list jobs", lambda: self._script("list_jobs", keys, args), safe=True)
         return Page(jobs=[self._job(r) for r in raw], next_cursor=int(next_cursor) if next_cursor else None)
 
     def stats(self, *, now: float | None = None, worker_ttl: float = 60.0, finished: bool = True) -> Stats:
