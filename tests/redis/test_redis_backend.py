@@ -179,7 +179,7 @@ def test_an_idle_waiter_does_not_poll(backend: RedisBackend, private_redis: Redi
     stats = c.info("commandstats")
     c.close()
     calls = sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_config")
-    # One BLPOP per 1 s slice, plus one look (TIME + ZCARD/ZRANGE per queue) before each.
+    # One BLPOP per 1 s slice, plus one look (the peek script) before each.
     assert stats["cmdstat_blpop"]["calls"] <= 3
     assert calls < 30, stats
 

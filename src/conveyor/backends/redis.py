@@ -73,7 +73,7 @@ _ScriptCall = tuple[str, Sequence[str], Sequence[Any]]  # script name, keys, arg
 PREFIX_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 STATES = ("scheduled", "available", "running", "succeeded", "dead", "cancelled")
 QUEUE_KEYS = ("available", "scheduled", "running", "succeeded", "dead", "cancelled", "jobs", "wake", "fair", "due")
-READ_ONLY_SCRIPTS = {"stats", "list_jobs"}
+READ_ONLY_SCRIPTS = {"stats", "list_jobs", "peek"}
 # Only new work (enqueue, and cron ticks, which use the enqueue script) is refused when Redis is
 # at maxmemory. Claiming, finishing and pruning must go on, or a full Redis could never drain:
 # they run with allow-oom. So does record_step: its side effect has happened already, and a
@@ -190,7 +190,7 @@ def _load_script(name: str) -> str:
 
 SCRIPT_NAMES = (
     "enqueue", "claim", "heartbeat", "ack", "ack_many", "retry", "kill", "release", "reap", "promote", "prune",
-    "cancel", "redrive", "purge", "record_worker", "remove_worker", "stats", "list_jobs", "record_step",
+    "cancel", "redrive", "purge", "record_worker", "remove_worker", "stats", "list_jobs", "record_step", "peek",
 )
 
 
@@ -558,8 +558,8 @@ class RedisBackend(Backend):
         EXISTS first), which cost more client time than the script took to run. Commands go
         out through the connection's send_packed_command and replies come back through its
         parser, so timeouts, reconnects and error classes are redis-py's own. On NOSCRIPT (a
-        new server, a restart, a SCRIPT FLUSH) every script is loaded again; the refused calls
-        did nothing, and their callers send them again or take the careful path."""
+        new server, a restart, a SCRIPT FLUSH) the refused scripts are loaded again; the refused
+        calls did nothing, and their callers send them again or take the careful path."""
         conn = self._pool.get_connection()
         try:
             packed: list[Any] = []
@@ -578,10 +578,11 @@ class RedisBackend(Backend):
             raise
         finally:
             self._pool.release(conn)
-        if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
-            for script in self._scripts.values():
-                script.sha = self._call("load scripts", functools.partial(self._r.script_load, script.script),
-                                        safe=True)
+        for name in {name for (name, _, _), r in zip(calls, replies, strict=True)
+                     if isinstance(r, redis.exceptions.NoScriptError)}:
+            script = self._scripts[name]
+            script.sha = self._call("load scripts", functools.partial(self._r.script_load, script.script),
+                                    safe=True)
         return replies
 
     def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
@@ -812,28 +813,10 @@ class RedisBackend(Backend):
 
     def _peek(self, queues: Sequence[str]) -> tuple[bool, float | None]:
         """(jobs are waiting now, seconds until the earliest scheduled job is due)."""
-        def read() -> list[Any]:
-            pipe = self._r.pipeline(transaction=False)
-            pipe.time()
-            for q in queues:
-                pipe.zcard(self.keys.queue(q, "available"))
-                pipe.zrange(self.keys.queue(q, "scheduled"), 0, 0, withscores=True)
-            return pipe.execute()
-
-        res = self._call("wait for jobs", read, safe=True)
-        sec, usec = res[0]
-        t = int(sec) + int(usec) / 1_000_000
-        due_in: float | None = None
-        for i in range(len(queues)):
-            if int(res[1 + 2 * i]):
-                return True, None
-            head = res[2 + 2 * i]
-            if head:
-                left = float(head[0][1]) - t
-                if left <= 0:
-                    return True, None
-                due_in = left if due_in is None else min(due_in, left)
-        return False, due_in
+        res = self._run("peek", queues, [""], safe=True)
+        if int(res[0]):
+            return True, None
+        return False, float(res[1]) if res[1] != "" else None
 
     def wake(self) -> None:
         """Interrupt this process's waiters: a local flag, plus a marker on a key only this

@@ -1,0 +1,21 @@
+-- peek (read-only): is a job waiting in one of the given queues, or when will the first
+-- scheduled one come due? An idle worker asks before it blocks and after each wake-up marker
+-- (a marker only says something changed).
+-- KEYS: the common header, then the blocks of the queues to look at.
+-- ARGV: n, queue names; now ('' = the store's clock)
+-- Returns {1} if a job is available or due now, else {0, seconds until the earliest scheduled
+-- job is due, or '' if none is scheduled}.
+local now = clock(arg(1))
+local due_in = nil
+for _, qn in ipairs(QNAMES) do
+  local q = Q[qn]
+  if redis.call('ZCARD', q.available) > 0 then return {1} end
+  local head = redis.call('ZRANGE', q.scheduled, 0, 0, 'WITHSCORES')
+  if head[2] then
+    local left = tonumber(head[2]) - now
+    if left <= 0 then return {1} end
+    if due_in == nil or left < due_in then due_in = left end
+  end
+end
+if due_in == nil then return {0, ''} end
+return {0, num(due_in)}
