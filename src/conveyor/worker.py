@@ -276,6 +276,11 @@ class Worker:
             if self.install_signal_handlers:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
+            # A cancelled heartbeat's record_worker may still be running on its thread: let it
+            # land first, or it writes the row back after remove_worker (a ghost worker). Not
+            # when hurried by a second signal: then exiting now matters more.
+            if not self._forced:
+                await asyncio.to_thread(self._beat.shutdown, wait=True, cancel_futures=True)
             try:
                 await self._call(self._store, self.backend.remove_worker, self.id)
             except Exception:

@@ -395,6 +395,34 @@ def test_worker_is_listed_while_running_and_removed_after(app: Conveyor) -> None
     assert all(w.id != wid for w in app.backend.stats().workers)
 
 
+def test_a_heartbeat_in_flight_at_stop_does_not_bring_the_worker_row_back(app: Conveyor) -> None:
+    """The heartbeat's record_worker runs on a thread of its own; one still in flight when the
+    worker stops must land before the worker removes its row, not after (a ghost row made
+    the next ``conveyor demo`` refuse to start: "in use by a running demo")."""
+    backend = app.backend
+    real = backend.record_worker
+    in_flight = threading.Event()
+
+    def slow_record(info: Any, **kw: Any) -> None:
+        if info.last_seen == 0.0 and in_flight.is_set():
+            time.sleep(0.4)  # a slow store: the stop comes in meanwhile
+        real(info, **kw)
+
+    backend.record_worker = slow_record  # type: ignore[method-assign]
+    try:
+        wt = WorkerThread(app, visibility_timeout=0.3).start()  # heartbeat every 0.1 s
+        wid = wt.worker.id
+        wait_until(lambda: any(w.id == wid for w in backend.stats().workers))
+        in_flight.set()
+        time.sleep(0.15)  # a heartbeat is inside slow_record now
+        wt.stop()
+        wt.join()
+    finally:
+        backend.record_worker = real  # type: ignore[method-assign]
+    time.sleep(0.5)  # anything still in flight has landed
+    assert all(w.id != wid for w in backend.stats().workers)
+
+
 def test_result_round_trips_through_json(app: Conveyor) -> None:
     payload = {"list": [1, 2.5, "three", None, True], "nested": {"k": ["v"]}, "unicode": "ünï ✓"}
 
