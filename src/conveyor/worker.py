@@ -327,24 +327,28 @@ class Worker:
         self._claimer_parked = False
         queues = list(self.weights)
         woken, idle_claims = False, 0
-        while not self._stopping:
+        waited: list[Job] | None = None  # jobs the waiter claimed right after its wake-up
+        while waited is not None or not self._stopping:  # (claimed jobs are started or released)
             free = self.concurrency + self.prefetch - self._busy - len(self._held)
-            # While held jobs keep the slots busy, claim in batches of half the prefetch or more,
-            # not a job per round trip.
-            if free <= 0 or (self._held and free < (self.prefetch + 1) // 2):
-                self._slot_freed.clear()
-                if self._acks:
-                    # Acks that no claim will carry soon: the ack loop writes them meanwhile.
-                    await self._park(self._slot_freed.wait())
-                else:
-                    await self._slot_freed.wait()
-                continue
-            try:
-                jobs = await self._claim(free)
-            except Exception:
-                log.exception("claim failed; retrying in %gs", self.poll_interval)
-                await self._park(asyncio.sleep(self.poll_interval))
-                continue
+            if waited is None:
+                # While held jobs keep the slots busy, claim in batches of half the prefetch or
+                # more, not a job per round trip.
+                if free <= 0 or (self._held and free < (self.prefetch + 1) // 2):
+                    self._slot_freed.clear()
+                    if self._acks:
+                        # Acks that no claim will carry soon: the ack loop writes them meanwhile.
+                        await self._park(self._slot_freed.wait())
+                    else:
+                        await self._slot_freed.wait()
+                    continue
+                try:
+                    jobs = await self._claim(free)
+                except Exception:
+                    log.exception("claim failed; retrying in %gs", self.poll_interval)
+                    await self._park(asyncio.sleep(self.poll_interval))
+                    continue
+            else:
+                jobs, waited = waited, None
             if jobs:
                 faultpoints.hit("after_claim")
             if self.stopping and jobs:
@@ -372,36 +376,85 @@ class Worker:
                 with contextlib.suppress(TimeoutError):
                     await self._park(asyncio.wait_for(
                         self._slot_freed.wait(), min(0.005 * 2 ** min(idle_claims, 10), 0.25, self.poll_interval)))
+            # The waiter's claim leaves out the slots of jobs whose ack is still being written:
+            # they hold their leases until it lands, so the store never sees this worker hold
+            # more than concurrency + prefetch jobs (a claim from here carries no acks).
+            acking = sum(1 for r in self._running.values() if r.acking)
             try:
-                woken = await self._park(
-                    self._call(self._waiter, self.backend.wait_for_jobs, queues, self.poll_interval))
+                woken, waited = await self._park(
+                    self._call(self._waiter, self._wait_then_claim, queues, free - acking))
             except Exception:
                 log.exception("waiting for jobs failed")
                 await self._park(asyncio.sleep(self.poll_interval))
 
+    def _wait_then_claim(self, queues: list[str], free: int) -> tuple[bool, list[Job] | None]:
+        """On the waiter thread: wait for a wake-up, and claim on this thread at once, without
+        a hop to the loop and on to a store thread and back (the latency of an idle worker).
+        The claim is the look at the store that tells a stale wake-up from real work. Returns
+        (woken, the jobs claimed, or None if there was no claim to make)."""
+        if not self.backend.wait_for_jobs(queues, self.poll_interval, verify=False):
+            return False, None
+        if self._stopping or free <= 0:
+            return True, None
+        try:
+            _, jobs = self._claim_sync(free, [])
+        except Exception:
+            log.exception("claim failed")
+            return True, None  # the loop claims again
+        if jobs:
+            return True, jobs
+        # Nothing to claim: a stale wake-up, a job a neighbour took, or jobs that limits hold
+        # back. A verified wait tells them apart: it returns at once only if jobs are waiting.
+        return self.backend.wait_for_jobs(queues, self.poll_interval), None
+
     async def _claim(self, free: int) -> list[Job]:
+        """A claim for ``free`` slots on a store thread; pending acks ride with its first call."""
+        batch, self._acks = self._acks[:ACK_BATCH], self._acks[ACK_BATCH:]
+        try:
+            held, jobs = await self._call(self._store, self._claim_sync, free, batch)
+        except BaseException:
+            self._acks[:0] = batch
+            raise
+        if held is None:
+            self._acks[:0] = batch  # no claim was made: they go with the next one
+        else:
+            for (running, _), ok in zip(batch, held, strict=True):
+                self._acked(running, ok)
+        return jobs
+
+    def _claim_sync(self, free: int, acks: Sequence[tuple[_Running, str | None]]) -> tuple[list[bool] | None, list[Job]]:
+        """The claims of one round, in turn, on the calling (store or waiter) thread: ``free``
+        slots split across the queues by weight, each queue's unused share passed on to the
+        next (work-conserving). ``acks`` go with the first claim (``ack_and_claim``); returns
+        whether each was held (None if no claim was made), and the jobs claimed."""
         claimed: list[Job] = []
+        held: list[bool] | None = None
+        acked = False  # the acks were written: from now on this round must return, not raise
         carry = 0
         full: list[str] = []
         plan = plan_strict(free, self.weights) if self.strict else plan_claims(free, self.weights, self._rng)
+        backend = self.backend
         for queue, share in plan:
             want = share + carry
             if want <= 0 or self._stopping:
                 continue
             try:
-                if not claimed and self._acks:
-                    jobs = await self._ack_and_claim(queue, want)
+                if held is None and acks:
+                    held, jobs = backend.ack_and_claim([(r.lease, result) for r, result in acks], queue, want,
+                                                       worker_id=self.id, lease_s=self.lease_s)
+                    acked = True
+                    faultpoints.hit("after_ack")
                 else:
-                    jobs = await self._call(
-                        self._store, self.backend.claim, queue, want, worker_id=self.id, lease_s=self.lease_s
-                    )
+                    jobs = backend.claim(queue, want, worker_id=self.id, lease_s=self.lease_s)
+                    if held is None:
+                        held = []  # no acks to carry: a claim was made
             except Exception:
-                if not claimed:
+                if not claimed and not acked:
                     raise
                 # Jobs claimed from earlier queues are ours now: run them, don't strand them.
                 log.exception("claim on queue %s failed; running the %d job(s) already claimed",
                               queue, len(claimed))
-                return claimed
+                return held, claimed
             claimed.extend(jobs)
             carry = want - len(jobs)
             if len(jobs) == want:
@@ -411,31 +464,14 @@ class Worker:
             if carry <= 0 or self._stopping:
                 break
             try:
-                jobs = await self._call(
-                    self._store, self.backend.claim, queue, carry, worker_id=self.id, lease_s=self.lease_s
-                )
+                jobs = backend.claim(queue, carry, worker_id=self.id, lease_s=self.lease_s)
             except Exception:
                 log.exception("claim on queue %s failed; running the %d job(s) already claimed",
                               queue, len(claimed))
-                return claimed
+                return held, claimed
             claimed.extend(jobs)
             carry -= len(jobs)
-        return claimed
-
-    async def _ack_and_claim(self, queue: str, want: int) -> list[Job]:
-        """The pending acks and a claim in one store call; the acks go back to the ack loop if it fails."""
-        batch, self._acks = self._acks[:ACK_BATCH], self._acks[ACK_BATCH:]
-        try:
-            held, jobs = await self._call(
-                self._store, self.backend.ack_and_claim, [(r.lease, result) for r, result in batch], queue, want,
-                worker_id=self.id, lease_s=self.lease_s)
-        except BaseException:
-            self._acks[:0] = batch
-            raise
-        faultpoints.hit("after_ack")
-        for (running, _), ok in zip(batch, held, strict=True):
-            self._acked(running, ok)
-        return jobs
+        return held, claimed
 
     def _start(self, job: Job) -> None:
         assert job.lease_token is not None

@@ -375,8 +375,13 @@ class Backend(abc.ABC):
         """Cancel an unfinished job. A running job loses its lease, so its worker stops it."""
 
     @abc.abstractmethod
-    def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> bool:
-        """Block up to ``timeout`` seconds until jobs may be due on ``queues``; True if woken early."""
+    def wait_for_jobs(self, queues: Sequence[str], timeout: float, *, verify: bool = True) -> bool:
+        """Block up to ``timeout`` seconds until jobs may be due on ``queues``; True if woken early.
+
+        A wake-up (a marker, a notification) only says something changed. With ``verify`` the
+        store is looked at again before True is returned, so a stale wake-up goes back to
+        sleep; without it True comes at once, for a caller whose next step, a claim, is that
+        look. Either way, a job already waiting when the call starts returns True at once."""
 
     # -- workers --------------------------------------------------------------------------
     @abc.abstractmethod

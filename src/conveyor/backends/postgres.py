@@ -843,7 +843,7 @@ class PostgresBackend(Backend):
                 self._notify_freed(conn, [row])
         return row is not None
 
-    def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> bool:
+    def wait_for_jobs(self, queues: Sequence[str], timeout: float, *, verify: bool = True) -> bool:
         start = time.monotonic()
         deadline = start + timeout
         # The client's bound on the LISTEN connection for the whole call: the wait plus one
@@ -874,6 +874,8 @@ class PostgresBackend(Backend):
                         # jobs back, and back off.
                         look = any(note.payload in wanted
                                    for note in conn.notifies(timeout=min(remaining, 0.1), stop_after=1))
+                        if look and not verify:
+                            return True
                     return True
             except StoreUnavailable:
                 self._drop_listener()
