@@ -366,6 +366,9 @@ class Worker:
                 # The wake-up is used: an empty claim after this one means the queue ran dry,
                 # not that limits hold its jobs back.
                 idle_claims, woken = 0, False
+                # Let the jobs just started reach their threads before the next claim is made
+                # (its store call would otherwise go first and hold them up).
+                await asyncio.sleep(0)
                 continue
             if woken:
                 # Told there was work, yet the claim got none: concurrency or rate limits hold
