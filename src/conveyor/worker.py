@@ -192,6 +192,7 @@ class Worker:
         self._claimer_parked = True
         self._stopped: asyncio.Event | None = None
         self._claim_s = 0.001  # a claim call's duration, a moving average
+        self._acks_in_flight = 0  # jobs whose ack the ack loop is writing (their leases still stand)
         self._started = asyncio.Event()  # replaced in run_async
         self._on_started: list[Callable[[], None]] = []
 
@@ -332,7 +333,7 @@ class Worker:
         backlog = False  # the last claim got all it asked for: more jobs are likely waiting
         gather_until = 0.0  # while gathering freed slots for one claim: until when
         while waited is not None or not self._stopping:  # (claimed jobs are started or released)
-            free = self.concurrency + self.prefetch - self._busy - len(self._held)
+            free = self.concurrency + self.prefetch - self._busy - len(self._held) - self._acks_in_flight
             if waited is None:
                 # While held jobs keep the slots busy, claim in batches of half the prefetch or
                 # more, not a job per round trip.
@@ -404,7 +405,8 @@ class Worker:
             # The waiter's claim leaves out the slots of jobs whose ack is still being written:
             # they hold their leases until it lands, so the store never sees this worker hold
             # more than concurrency + prefetch jobs (a claim from here carries no acks).
-            acking = sum(1 for r in self._running.values() if r.acking)
+            # (`free` has already left out those the ack loop is writing.)
+            acking = sum(1 for r in self._running.values() if r.acking) - self._acks_in_flight
             try:
                 woken, waited = await self._park(
                     self._call(self._waiter, self._wait_then_claim, queues, free - acking))
@@ -684,12 +686,20 @@ class Worker:
             self._ack_ready.clear()
             while self._acks and self._claimer_parked:
                 batch, self._acks = self._acks[:ACK_BATCH], self._acks[ACK_BATCH:]
+                # Their slots are free, but their leases stand until this write lands: the claim
+                # loop counts them as taken meanwhile, or the store would see this worker hold
+                # more than concurrency + prefetch jobs.
+                self._acks_in_flight += len(batch)
                 try:
                     held = await self._record(self.backend.ack_many, [(r.lease, result) for r, result in batch])
                     faultpoints.hit("after_ack")
                 except Exception as exc:
                     self._ack_failed(batch, exc)
                     continue
+                finally:
+                    self._acks_in_flight -= len(batch)
+                    if self._slot_freed is not None:
+                        self._slot_freed.set()
                 for (running, _), ok in zip(batch, held, strict=True):
                     self._acked(running, ok)
 
