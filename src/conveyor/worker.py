@@ -405,11 +405,10 @@ class Worker:
             # The waiter's claim leaves out the slots of jobs whose ack is still being written:
             # they hold their leases until it lands, so the store never sees this worker hold
             # more than concurrency + prefetch jobs (a claim from here carries no acks).
-            # (`free` has already left out those the ack loop is writing.)
-            acking = sum(1 for r in self._running.values() if r.acking) - self._acks_in_flight
+            # (`free` has already left out those the ack loop is writing; the rest wait in _acks.)
             try:
                 woken, waited = await self._park(
-                    self._call(self._waiter, self._wait_then_claim, queues, free - acking))
+                    self._call(self._waiter, self._wait_then_claim, queues, free - len(self._acks)))
             except Exception:
                 log.exception("waiting for jobs failed")
                 await self._park(asyncio.sleep(self.poll_interval))
