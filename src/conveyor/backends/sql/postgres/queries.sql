@@ -33,7 +33,9 @@ RETURNING id, extract(epoch FROM created_at)::float8 AS at;
 -- name: insert_plain
 -- A batch of plain jobs (no unique key, no fair key: see _plain in postgres.py) in one statement:
 -- %(jobs)s is a JSON array with one array per job, its values in the order of _PLAIN_COLUMNS
--- (one parameter: no per-column array to build and send). Rows go in in batch order and take
+-- (one parameter: no per-column array to build and send). It is read as jsonb, parsed once:
+-- ->> on json text parses the element again for every field, which took half the statement's
+-- time on a 1,000-job batch (57 -> 32 us a job). Rows go in in batch order and take
 -- ascending ids, so the ids sorted ascending pair with the batch in order. The args text is a
 -- JSON string inside the document and comes back out byte for byte. The fair tag as in insert:
 -- vtime + 1 of the round.
@@ -54,7 +56,7 @@ FROM (SELECT :NOW AS now) AS t,
                      (e.j->>7)::float8 AS timeout_s, e.j->>8 AS meta, e.j->>9 AS concurrency_key,
                      (e.j->>10)::integer AS concurrency_limit, e.j->>11 AS rate_key,
                      (e.j->>12)::integer AS rate_limit, (e.j->>13)::float8 AS rate_period
-              FROM json_array_elements(%(jobs)s::json) WITH ORDINALITY AS e(j, ord)) AS b,
+              FROM jsonb_array_elements(%(jobs)s::jsonb) WITH ORDINALITY AS e(j, ord)) AS b,
      LATERAL (SELECT coalesce(to_timestamp(b.run_at),
                               t.now + make_interval(secs => b.delay)) AS run_at) AS r
 ORDER BY b.ord
