@@ -304,24 +304,70 @@ local function delete_job(q, id, state)
 end
 
 -- The lease check every fenced call makes: same token, still running, not expired at now.
--- Returns the job's queue (nil when the lease is not held) and its concurrency key (or false).
+-- Returns the job's queue (nil when the lease is not held), then its concurrency key, unique key
+-- and unique_for (each false when the job has none), read in the same call.
 local function fenced(key, token, now)
-  local f = redis.call('HMGET', key, 'state', 'lease_token', 'lease_expires_at', 'queue', 'concurrency_key')
+  local f = redis.call('HMGET', key, 'state', 'lease_token', 'lease_expires_at', 'queue', 'concurrency_key',
+    'unique_key', 'unique_for')
   if f[1] ~= 'running' or f[2] ~= token or tonumber(f[3]) < now then return nil end
-  return f[4], f[5]
+  return f[4], f[5], f[6], f[7]
 end
 
--- A fenced job's success (ack and ack_many): leave running, keep the result, free the unique
--- key unless it has a unique_for (then enqueue reads finished_at + unique_for, and prune or
--- purge give the key back when they delete the job). last_token lets a client whose reply was
--- lost tell "my ack landed" from "lease lost".
-local function succeed(q, id, key, token, ck, now, has_result, result)
-  leave(q, id, 'running', nil, ck)
+-- ZREMs and ZADDs gathered over a batch of jobs and written by flush() in a few calls per key
+-- (each redis.call from a script costs a few microseconds on top of the command itself). Only
+-- for index sets nothing reads before the flush.
+local function index_writes()
+  local w, rem, add = {}, {}, {}
+  local function list(t, key)
+    local l = t[key]
+    if l == nil then
+      l = {}
+      t[key] = l
+    end
+    return l
+  end
+  function w.zrem(key, member)
+    local l = list(rem, key)
+    l[#l + 1] = member
+  end
+  function w.zadd(key, score, member)
+    local l = list(add, key)
+    l[#l + 1] = score
+    l[#l + 1] = member
+  end
+  function w.flush()
+    for key, l in pairs(rem) do call_many('ZREM', key, l) end
+    for key, l in pairs(add) do call_many('ZADD', key, l) end
+  end
+  return w
+end
+
+-- A fenced job's success (ack and ack_many): what leave() and enter() do for running ->
+-- succeeded, with the index writes gathered in w (index_writes) and the hash written in one
+-- HSET. Keeps the result; frees the unique key unless the job has a unique_for (then enqueue
+-- reads finished_at + unique_for, and prune or purge give the key back when they delete the
+-- job). last_token lets a client whose reply was lost tell "my ack landed" from "lease lost".
+-- ck, uk, ufor: as fenced() returns them.
+local function succeed(q, id, key, token, ck, uk, ufor, now, has_result, result, w)
+  local t = num(now)
+  w.zrem(q.running, id)
+  w.zrem(K_STATE.running, id)
+  if ck then
+    redis.call('ZREM', P_CONC .. ck, id)
+    wake(q, 1)
+  end
   redis.call('HDEL', key, 'lease_token', 'lease_expires_at')
-  if has_result == '1' then redis.call('HSET', key, 'result', result) end
-  redis.call('HSET', key, 'finished_at', num(now), 'last_token', token, 'last_outcome', 'succeeded')
-  enter(q, id, key, 'succeeded', now)
-  if not redis.call('HGET', key, 'unique_for') then free_unique(key, id) end
+  local fields = {'finished_at', t, 'last_token', token, 'last_outcome', 'succeeded', 'state', 'succeeded'}
+  if has_result == '1' then
+    fields[#fields + 1] = 'result'
+    fields[#fields + 1] = result
+  end
+  redis.call('HSET', key, unpack(fields))
+  w.zadd(q.succeeded, t, id)
+  w.zadd(K_STATE.succeeded, id, id)
+  if uk and not ufor and redis.call('HGET', K_UNIQUE, uk) == id then
+    redis.call('HDEL', K_UNIQUE, uk)
+  end
 end
 
 -- ---- end of prelude ----

@@ -6,9 +6,11 @@
 local now = clock(arg(1))
 local id, token = arg(2), arg(3)
 local key = P_JOB .. id
-local qn, ck = fenced(key, token, now)
+local qn, ck, uk, ufor = fenced(key, token, now)
 if not qn then return {'lost'} end
 local q = Q[qn]
 if not q then return {'need', qn} end
-succeed(q, id, key, token, ck, now, arg(4), arg(5))
+local w = index_writes()
+succeed(q, id, key, token, ck, uk, ufor, now, arg(4), arg(5), w)
+w.flush()
 return {'ok'}

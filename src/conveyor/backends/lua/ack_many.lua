@@ -7,19 +7,21 @@
 -- queue when its block was not sent (nothing changed for that job; ack it alone).
 local now = clock(arg(1))
 local out = {}
+local w = index_writes()
 local i = 2
 while arg(i) do
   local id, token = arg(i), arg(i + 1)
   local key = P_JOB .. id
-  local qn, ck = fenced(key, token, now)
+  local qn, ck, uk, ufor = fenced(key, token, now)
   if not qn then
     out[#out + 1] = 'lost'
   elseif not Q[qn] then
     out[#out + 1] = 'need:' .. qn
   else
-    succeed(Q[qn], id, key, token, ck, now, arg(i + 2), arg(i + 3))
+    succeed(Q[qn], id, key, token, ck, uk, ufor, now, arg(i + 2), arg(i + 3), w)
     out[#out + 1] = 'ok'
   end
   i = i + 4
 end
+w.flush()
 return out
