@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class JobState(StrEnum):
@@ -107,3 +110,36 @@ class Job:
     def run_at_datetime(self) -> dt.datetime:
         """``run_at`` as an aware UTC datetime."""
         return dt.datetime.fromtimestamp(self.run_at, tz=dt.UTC)
+
+
+def fast_constructor(cls: type[T]) -> Callable[..., T]:
+    """``cls(**values)`` for a frozen dataclass on a hot path (a row or hash turned into a Job,
+    a call turned into a NewJob). The generated ``__init__`` of a frozen dataclass sets each
+    field through ``object.__setattr__``; with Job's 29 fields that was 6 us of the 20 us it
+    took to turn a claimed Redis hash into a Job. This fills the instance's ``__dict__`` at
+    once, which is what that ``__init__`` ends up with. A call that misses a required field or
+    names an unknown one goes to the real ``__init__``, which raises its usual TypeError."""
+    fs = fields(cls)  # type: ignore[arg-type]
+    names = frozenset(f.name for f in fs)
+    defaults = {f.name: f.default for f in fs if f.default is not MISSING}
+    factories = [(f.name, f.default_factory) for f in fs if f.default_factory is not MISSING]
+    required = frozenset(f.name for f in fs if f.default is MISSING and f.default_factory is MISSING)
+    new = object.__new__
+
+    def make(**values: Any) -> T:
+        keys = values.keys()
+        if not (keys >= required and keys <= names):
+            return cls(**values)
+        obj = new(cls)
+        d = obj.__dict__
+        d.update(defaults)
+        for name, factory in factories:
+            if name not in values:
+                d[name] = factory()
+        d.update(values)
+        return obj
+
+    return make
+
+
+make_job: Callable[..., Job] = fast_constructor(Job)

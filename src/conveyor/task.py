@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 from . import payload, signing, tracing
 from .backends.base import EnqueueResult, NewJob
 from .errors import ConfigurationError, JobNotFound, PayloadError, QueueFull
-from .job import Job, JobState
+from .job import Job, JobState, fast_constructor, make_job
 from .retry import RetryPolicy
 
 if TYPE_CHECKING:
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 R = TypeVar("R")
+_make_new_job: Callable[..., NewJob] = fast_constructor(NewJob)
 
 PRIORITY_MIN, PRIORITY_MAX = -32768, 32767
 UNIQUE_KEY_MAX = 255
@@ -157,7 +158,7 @@ class _Enqueuer(Generic[P, R]):
         meta: dict[str, Any] = {tracing.META_KEY: trace} if trace else {}
         if app.signer is not None:
             meta[signing.META_KEY] = app.signer.sign(self.task.name, o.queue, bound)
-        return NewJob(
+        return _make_new_job(
             task=self.task.name, queue=o.queue, args=text, max_attempts=o.max_attempts, timeout=o.timeout,
             priority=o.priority, delay=o.delay, run_at=o.run_at, unique_key=o.unique_key,
             meta=json.dumps(meta) if meta else "{}",
@@ -210,7 +211,7 @@ class _Enqueuer(Generic[P, R]):
                 continue
             run_at = item.run_at if item.run_at is not None else res.at + item.delay
             jobs.append(
-                Job(
+                make_job(
                     id=res.id, task=item.task, queue=item.queue, args=payload.decode(item.args),
                     state=JobState.SCHEDULED if run_at > res.at else JobState.AVAILABLE, attempts=0,
                     max_attempts=item.max_attempts, priority=item.priority, run_at=run_at,

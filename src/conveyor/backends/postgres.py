@@ -58,7 +58,7 @@ from ..errors import (
     StoreError,
     StoreUnavailable,
 )
-from ..job import Job, JobState
+from ..job import Job, JobState, make_job
 from ..payload import NAME_RE
 from . import redact_url
 from .base import (
@@ -952,7 +952,7 @@ def _ts(value: datetime | None) -> float | None:
 
 
 def _row_to_job(row: dict[str, Any]) -> Job:
-    return Job(
+    return make_job(
         id=row["id"], task=row["task"], queue=row["queue"], args=row["args"], state=JobState(row["state"]),
         attempts=row["attempt"], max_attempts=row["max_attempts"], priority=row["priority"],
         run_at=row["run_at"].timestamp(), timeout=float(row["timeout_s"]),

@@ -26,7 +26,7 @@ from ..errors import (
     StorageFull,
     StoreError,
 )
-from ..job import Job, JobState
+from ..job import Job, JobState, make_job
 from ..payload import NAME_RE
 from .base import (
     CLAIM_SCAN,
@@ -747,7 +747,7 @@ def _insert_params(job: NewJob, t: float, fair_tag: int) -> dict[str, Any]:
 
 
 def _row_to_job(row: sqlite3.Row) -> Job:
-    return Job(
+    return make_job(
         id=row["id"], task=row["task"], queue=row["queue"], args=json.loads(row["args"]),
         state=JobState(row["state"]), attempts=row["attempt"], max_attempts=row["max_attempts"],
         priority=row["priority"], run_at=row["run_at"], timeout=row["timeout_s"],
