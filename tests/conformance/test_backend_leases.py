@@ -374,6 +374,30 @@ def test_errors_accumulate_with_attempt_numbers(backend: Backend) -> None:
     assert dead.last_error == dead.errors[-1]
 
 
+def test_a_claimed_job_carries_the_errors_of_its_earlier_attempts(backend: Backend) -> None:
+    # A claim reads a job's error records only when it can have some (a store may skip the
+    # read on a first attempt): after a failure, an expired lease, a release and a redrive.
+    enqueue_one(backend, max_attempts=3)
+    first = claim_one(backend, now=T0 + 1)
+    assert first.errors == []
+    backend.retry(lease_of(first), err("failure 1"), delay=0, now=T0 + 2)
+    second = claim_one(backend, now=T0 + 3, worker_id="w2")
+    assert [e["message"] for e in second.errors] == ["failure 1"]
+    assert backend.release([lease_of(second)], now=T0 + 4) == [second.id]
+    again = claim_one(backend, now=T0 + 5, worker_id="w3")
+    assert again.attempts == 2
+    assert [e["message"] for e in again.errors] == ["failure 1"]
+    backend.reap(now=T0 + 5 + LEASE + 1)
+    third = claim_one(backend, now=T0 + 40, worker_id="w4")
+    assert [e["kind"] for e in third.errors] == ["exception", "lease_expired"]
+    backend.kill(lease_of(third), err("for good"), now=T0 + 41)
+    assert backend.redrive([third.id], now=T0 + 42) == 1
+    revived = claim_one(backend, now=T0 + 43, worker_id="w5")
+    assert revived.attempts == 1
+    assert [e["message"] for e in revived.errors][-1] == "for good"
+    assert len(revived.errors) == 3
+
+
 def test_kill_sends_the_job_dead_at_once(backend: Backend) -> None:
     enqueue_one(backend, max_attempts=5)
     job = claim_one(backend, now=T0)
