@@ -139,6 +139,7 @@ def fast_constructor(cls: type[T]) -> Callable[..., T]:
         d.update(values)
         return obj
 
+    make.__doc__ = f"``{cls.__name__}(**values)``, built as fast_constructor describes."
     return make
 
 

@@ -150,22 +150,33 @@ class _Enqueuer(Generic[P, R]):
 
     def _new_job(self, args: Sequence[Any], kwargs: Mapping[str, Any], trace: dict[str, str] | None) -> NewJob:
         """``trace``: ``tracing.carrier()``, the same for every job of one call."""
-        app = self.task.app
-        bound = payload.bind_arguments(self.task.fn, args, kwargs, task_name=self.task.name,
-                                       sig=self.task.signature, names=self.task.plain_parameters)
-        text = payload.encode(bound, what=f"arguments of {self.task.name}", limit=app.max_payload_bytes)
-        o = self._opts
+        return self._new_jobs([(args, kwargs)], trace)[0]
+
+    def _new_jobs(self, calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]],
+                  trace: dict[str, str] | None) -> list[NewJob]:
+        """The calls' jobs. What every job of one call shares is worked out once, then each
+        call is bound, checked and encoded (a quarter of a bulk enqueue's client time was the
+        shared part worked out again per job)."""
+        task, app, o = self.task, self.task.app, self._opts
         meta: dict[str, Any] = {tracing.META_KEY: trace} if trace else {}
-        if app.signer is not None:
-            meta[signing.META_KEY] = app.signer.sign(self.task.name, o.queue, bound)
-        return _make_new_job(
-            task=self.task.name, queue=o.queue, args=text, max_attempts=o.max_attempts, timeout=o.timeout,
-            priority=o.priority, delay=o.delay, run_at=o.run_at, unique_key=o.unique_key,
-            meta=json.dumps(meta) if meta else "{}",
-            max_depth=app.max_depths.get(o.queue), unique_for=o.unique_for, fair_key=o.fair_key,
-            concurrency_key=o.concurrency_key, concurrency_limit=o.concurrency_limit,
-            rate_key=o.rate_key, rate_limit=o.rate_limit, rate_period=o.rate_period,
-        )
+        shared = {
+            "task": task.name, "queue": o.queue, "max_attempts": o.max_attempts, "timeout": o.timeout,
+            "priority": o.priority, "delay": o.delay, "run_at": o.run_at, "unique_key": o.unique_key,
+            "meta": json.dumps(meta) if meta else "{}",
+            "max_depth": app.max_depths.get(o.queue), "unique_for": o.unique_for, "fair_key": o.fair_key,
+            "concurrency_key": o.concurrency_key, "concurrency_limit": o.concurrency_limit,
+            "rate_key": o.rate_key, "rate_limit": o.rate_limit, "rate_period": o.rate_period,
+        }
+        fn, name, sig, names = task.fn, task.name, task.signature, task.plain_parameters
+        what, limit, signer = f"arguments of {name}", app.max_payload_bytes, app.signer
+        new = []
+        for args, kwargs in calls:
+            bound = payload.bind_arguments(fn, args, kwargs, task_name=name, sig=sig, names=names)
+            fields = {**shared, "args": payload.encode(bound, what=what, limit=limit)}
+            if signer is not None:
+                fields["meta"] = json.dumps({**meta, signing.META_KEY: signer.sign(name, o.queue, bound)})
+            new.append(_make_new_job(**fields))
+        return new
 
     def _jobs(self, new: Sequence[NewJob], connection: Any = None) -> list[Job]:
         backend = self.task.app.backend
@@ -267,19 +278,18 @@ class _Enqueuer(Generic[P, R]):
 
         If any item is invalid, nothing is stored.
         """
-        new = []
-        trace = tracing.carrier()
+        split: list[tuple[Sequence[Any], Mapping[str, Any]]] = []
         for i, call in enumerate(calls):
             if isinstance(call, Mapping):
-                new.append(self._new_job((), call, trace))
+                split.append(((), call))
             elif isinstance(call, list | tuple):
-                new.append(self._new_job(call, {}, trace))
+                split.append((call, {}))
             else:
                 raise PayloadError(
                     f"enqueue_many item {i} is a {type(call).__name__}; "
                     "give a tuple of positional args or a dict of keyword args"
                 )
-        return self._jobs(new, self._opts.connection)
+        return self._jobs(self._new_jobs(split, tracing.carrier()), self._opts.connection)
 
     async def aenqueue_many(self, calls: Iterable[Sequence[Any] | Mapping[str, Any]]) -> list[Job]:
         """``enqueue_many`` for async code: the store write runs off the event loop."""

@@ -1266,10 +1266,10 @@ def _enqueue_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[Enqueu
 def _plain_batch_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[EnqueueResult]]:
     """A batch of plain jobs (see _plain) in one statement, instead of one insert per job."""
     doc = json.dumps([_plain_values(job) for job in jobs], allow_nan=False)
-    inserted = yield _Stmt("all", Q["insert_plain"], {"jobs": doc, "now": now})
-    rows = sorted(inserted, key=lambda r: r["id"])
+    row = yield _Stmt("one", Q["insert_plain"], {"jobs": doc, "now": now})
     yield _Stmt("none", Q["notify"], {"channel": CHANNEL, "queues": sorted({j.queue for j in jobs})})
-    return [EnqueueResult(r["id"], True, r["at"]) for r in rows]
+    at = row["at"]
+    return [EnqueueResult(i, True, at) for i in row["ids"]]
 
 
 def _fair_tags_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[int | None]]:
