@@ -128,43 +128,6 @@ local function call_many(cmd, key, args)
   end
 end
 
--- ZREMs and ZADDs gathered over a batch of jobs and written by flush() in a few calls per key
--- (each redis.call from a script costs a few microseconds on top of the command itself). Only
--- for index sets nothing reads before the flush.
-local function index_writes()
-  local w, rem, add = {}, {}, {}
-  local function list(t, key)
-    local l = t[key]
-    if l == nil then
-      l = {}
-      t[key] = l
-    end
-    return l
-  end
-  function w.zrem(key, member)
-    local l = list(rem, key)
-    l[#l + 1] = member
-  end
-  function w.zadd(key, score, member)
-    local l = list(add, key)
-    l[#l + 1] = score
-    l[#l + 1] = member
-  end
-  function w.flush()
-    for key, l in pairs(rem) do call_many('ZREM', key, l) end
-    for key, l in pairs(add) do call_many('ZADD', key, l) end
-  end
-  return w
-end
-
--- An index write now, or gathered in w (an index_writes(), or nil).
-local function zrem(w, key, member)
-  if w then w.zrem(key, member) else redis.call('ZREM', key, member) end
-end
-local function zadd(w, key, score, member)
-  if w then w.zadd(key, score, member) else redis.call('ZADD', key, score, member) end
-end
-
 local function is_unfinished(state)
   return state == 'scheduled' or state == 'available' or state == 'running'
 end
@@ -191,14 +154,14 @@ end
 -- of running (ack, retry, kill, release, reap, cancel) comes through here, so this is where a
 -- job gives back its concurrency slot; a held-back job may now start, so idle workers are told.
 -- ck, rk: see limit_keys (only the concurrency key matters for running, both for available).
-local function leave(q, id, state, m, ck, rk, w)
+local function leave(q, id, state, m, ck, rk)
   if state == 'available' then
     redis.call('ZREM', q.available, m)
     redis.call('ZREM', q.due, id)
     ck, rk = limit_keys(id, ck, rk)
     if ck or rk then redis.call('HINCRBY', q.fair, 'gated', -1) end
   else
-    zrem(w, q[state], id)
+    redis.call('ZREM', q[state], id)
     if state == 'running' then
       if ck == nil then ck = redis.call('HGET', P_JOB .. id, 'concurrency_key') end
       if ck then
@@ -207,17 +170,13 @@ local function leave(q, id, state, m, ck, rk, w)
       end
     end
   end
-  zrem(w, K_STATE[state], id)
+  redis.call('ZREM', K_STATE[state], id)
 end
 
--- w: see zadd. fields: more of the hash to write in the same HSET (a flat list), or nil.
-local function enter(q, id, key, state, score, w, fields)
-  zadd(w, q[state], score, id)
-  zadd(w, K_STATE[state], id, id)
-  fields = fields or {}
-  fields[#fields + 1] = 'state'
-  fields[#fields + 1] = state
-  redis.call('HSET', key, unpack(fields))
+local function enter(q, id, key, state, score)
+  redis.call('ZADD', q[state], score, id)
+  redis.call('ZADD', K_STATE[state], id, id)
+  redis.call('HSET', key, 'state', state)
 end
 
 -- tag: the job's fair_tag (kept through retries, lease expiry and release; redrive gives a
@@ -289,9 +248,8 @@ end
 
 -- A finished job gives its unique key back, unless a newer job holds it already. (A job that
 -- succeeds with a unique_for keeps it: ack skips this, and enqueue reads the window.)
--- uk: the job's unique_key if the caller read it already (false: it has none), else nil.
-local function free_unique(key, id, uk)
-  if uk == nil then uk = redis.call('HGET', key, 'unique_key') end
+local function free_unique(key, id)
+  local uk = redis.call('HGET', key, 'unique_key')
   if uk and redis.call('HGET', K_UNIQUE, uk) == id then
     redis.call('HDEL', K_UNIQUE, uk)
   end
@@ -312,19 +270,8 @@ local function add_error(id, attempt, now, worker_id, rest)
   redis.call('LTRIM', P_ERR .. id, -KEEP_ERRORS, -1)
 end
 
--- attempts_before: the job's attempt count before a claim that just raised it, or nil. A job
--- has error records only after a failed attempt (then that count was >= 1) or once redriven
--- (attempt back to 0, records kept, the hash has 'redriven'): a claim of any other job skips
--- the LRANGE.
-local function job_data(id, attempts_before)
-  local h = redis.call('HGETALL', P_JOB .. id)
-  local look = attempts_before == nil or attempts_before > 0
-  if not look then
-    for f = 1, #h, 2 do
-      if h[f] == 'redriven' then look = true end
-    end
-  end
-  return {id, h, look and redis.call('LRANGE', P_ERR .. id, 0, -1) or {}}
+local function job_data(id)
+  return {id, redis.call('HGETALL', P_JOB .. id), redis.call('LRANGE', P_ERR .. id, 0, -1)}
 end
 
 -- Scripts that touch every queue need all their blocks; the set only grows, so an equal
@@ -366,21 +313,61 @@ local function fenced(key, token, now)
   return f[4], f[5], f[6], f[7]
 end
 
--- A fenced job's success (ack and ack_many): leave running, keep the result, free the unique
--- key unless it has a unique_for (then enqueue reads finished_at + unique_for, and prune or
--- purge give the key back when they delete the job). last_token lets a client whose reply was
--- lost tell "my ack landed" from "lease lost". ck, uk, ufor: as fenced() returns them; w: the
--- batch's index_writes (the caller flushes it).
+-- ZREMs and ZADDs gathered over a batch of jobs and written by flush() in a few calls per key
+-- (each redis.call from a script costs a few microseconds on top of the command itself). Only
+-- for index sets nothing reads before the flush.
+local function index_writes()
+  local w, rem, add = {}, {}, {}
+  local function list(t, key)
+    local l = t[key]
+    if l == nil then
+      l = {}
+      t[key] = l
+    end
+    return l
+  end
+  function w.zrem(key, member)
+    local l = list(rem, key)
+    l[#l + 1] = member
+  end
+  function w.zadd(key, score, member)
+    local l = list(add, key)
+    l[#l + 1] = score
+    l[#l + 1] = member
+  end
+  function w.flush()
+    for key, l in pairs(rem) do call_many('ZREM', key, l) end
+    for key, l in pairs(add) do call_many('ZADD', key, l) end
+  end
+  return w
+end
+
+-- A fenced job's success (ack and ack_many): what leave() and enter() do for running ->
+-- succeeded, with the index writes gathered in w (index_writes) and the hash written in one
+-- HSET. Keeps the result; frees the unique key unless the job has a unique_for (then enqueue
+-- reads finished_at + unique_for, and prune or purge give the key back when they delete the
+-- job). last_token lets a client whose reply was lost tell "my ack landed" from "lease lost".
+-- ck, uk, ufor: as fenced() returns them.
 local function succeed(q, id, key, token, ck, uk, ufor, now, has_result, result, w)
-  leave(q, id, 'running', nil, ck, nil, w)
+  local t = num(now)
+  w.zrem(q.running, id)
+  w.zrem(K_STATE.running, id)
+  if ck then
+    redis.call('ZREM', P_CONC .. ck, id)
+    wake(q, 1)
+  end
   redis.call('HDEL', key, 'lease_token', 'lease_expires_at')
-  local fields = {'finished_at', num(now), 'last_token', token, 'last_outcome', 'succeeded'}
+  local fields = {'finished_at', t, 'last_token', token, 'last_outcome', 'succeeded', 'state', 'succeeded'}
   if has_result == '1' then
     fields[#fields + 1] = 'result'
     fields[#fields + 1] = result
   end
-  enter(q, id, key, 'succeeded', now, w, fields)
-  if not ufor then free_unique(key, id, uk) end
+  redis.call('HSET', key, unpack(fields))
+  w.zadd(q.succeeded, t, id)
+  w.zadd(K_STATE.succeeded, id, id)
+  if uk and not ufor and redis.call('HGET', K_UNIQUE, uk) == id then
+    redis.call('HDEL', K_UNIQUE, uk)
+  end
 end
 
 -- ---- end of prelude ----

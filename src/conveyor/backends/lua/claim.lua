@@ -162,7 +162,18 @@ for i, m in ipairs(picked) do
   running[#running + 1] = id
   states[#states + 1] = id
   states[#states + 1] = id
-  out[#out + 1] = job_data(id, attempt - 1)
+  -- A job has error records only after a failed attempt (then attempt was >= 1 before this
+  -- claim) or once redriven (attempt back to 0, records kept): the others skip the LRANGE.
+  local h = redis.call('HGETALL', key)
+  local errors = {}
+  local look = attempt > 1
+  if not look then
+    for f = 1, #h, 2 do
+      if h[f] == 'redriven' then look = true end
+    end
+  end
+  if look then errors = redis.call('LRANGE', P_ERR .. id, 0, -1) end
+  out[#out + 1] = {id, h, errors}
 end
 if n_gated > 0 then redis.call('HINCRBY', q.fair, 'gated', -n_gated) end
 -- A rate key lives as long as its last open window, so an idle key vanishes by itself. (PEXPIRE
