@@ -14,16 +14,26 @@ from conveyor.worker import plan_strict
 CONCURRENCY = 4
 
 
-def _starts_between(app: Conveyor, task: str, after: float, before: float) -> int:
-    """Jobs of ``task`` that started inside the window, read from the store."""
-    count = 0
+def _starts_between(app: Conveyor, task: str, after: float, before: float) -> list[float]:
+    """Start times (seconds after ``after``) of the jobs of ``task`` that started inside the
+    window, read from the store."""
+    starts: list[float] = []
     cursor = None
     while True:
         page = app.backend.list_jobs(task=task, cursor=cursor, limit=500)
-        count += sum(1 for j in page.jobs if j.attempted_at is not None and after < j.attempted_at <= before)
+        starts += [round(j.attempted_at - after, 4) for j in page.jobs
+                   if j.attempted_at is not None and after < j.attempted_at <= before]
         if page.next_cursor is None:
-            return count
+            return sorted(starts)
         cursor = page.next_cursor
+
+
+def _enqueue_timed(enqueue):  # type: ignore[no-untyped-def]
+    """Enqueue; return the jobs and the moment they were surely visible to a claim. A job's
+    created_at is when its enqueue began (PostgreSQL's now() is the transaction's start), but a
+    claim sees it only once the enqueue committed: a claim in that gap rightly takes the backlog."""
+    jobs = enqueue()
+    return jobs, time.time()
 
 
 def test_high_priority_jobs_overtake_a_10000_job_backlog(app: Conveyor) -> None:
@@ -38,14 +48,16 @@ def test_high_priority_jobs_overtake_a_10000_job_backlog(app: Conveyor) -> None:
     slow_low.options(priority=10).enqueue_many([(i,) for i in range(10_000)])
     with running_worker(app, concurrency=CONCURRENCY, grace_period=1):
         wait_until(lambda: app.backend.stats().queues[0].succeeded >= 20, timeout=30, message="backlog flowing")
-        high = urgent.options(priority=-10).enqueue_many([(i,) for i in range(10)])
+        high, visible_at = _enqueue_timed(lambda: urgent.options(priority=-10).enqueue_many(
+            [(i,) for i in range(10)]))
         done = [wait_for_job(app, j.id, timeout=30) for j in high]
     assert all(j.state is JobState.SUCCEEDED for j in done)
-    enqueued_at = min(j.created_at for j in high)
-    last_high_start = max(j.attempted_at or 0 for j in done)
-    # Only claims already in flight when the urgent jobs arrived may start a backlog job
-    # before the last urgent one: at most one per slot.
-    assert _starts_between(app, "slow_low", enqueued_at, last_high_start) <= CONCURRENCY
+    high_starts = sorted(round((j.attempted_at or 0) - visible_at, 4) for j in done)
+    # Only claims already in flight when the urgent jobs became visible, and the one claim that
+    # took the last urgent job together with backlog jobs, may start a backlog job by the time
+    # the last urgent one started: at most one per slot.
+    low_starts = _starts_between(app, "slow_low", visible_at, visible_at + high_starts[-1])
+    assert len(low_starts) <= CONCURRENCY, (low_starts, high_starts)
     backlog = {q.queue: q for q in app.backend.stats().queues}["default"]
     assert backlog.available > 9_000  # the backlog was still there: the urgent jobs jumped it
 
@@ -63,11 +75,11 @@ def test_strict_queue_order_serves_high_before_a_low_backlog(app: Conveyor) -> N
     with running_worker(app, queues="high:2,low:1", strict=True, concurrency=CONCURRENCY, grace_period=1):
         wait_until(lambda: any(q.queue == "low" and q.succeeded >= 20 for q in app.backend.stats().queues),
                    timeout=30, message="low queue flowing")
-        high = vip.enqueue_many([(i,) for i in range(10)])
+        high, visible_at = _enqueue_timed(lambda: vip.enqueue_many([(i,) for i in range(10)]))
         done = [wait_for_job(app, j.id, timeout=30) for j in high]
-    enqueued_at = min(j.created_at for j in high)
-    last_high_start = max(j.attempted_at or 0 for j in done)
-    assert _starts_between(app, "bulk", enqueued_at, last_high_start) <= CONCURRENCY
+    high_starts = sorted(round((j.attempted_at or 0) - visible_at, 4) for j in done)
+    low_starts = _starts_between(app, "bulk", visible_at, visible_at + high_starts[-1])
+    assert len(low_starts) <= CONCURRENCY, (low_starts, high_starts)
 
 
 def test_plan_strict_gives_every_slot_to_the_heaviest_queue() -> None:
