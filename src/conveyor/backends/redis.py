@@ -453,9 +453,24 @@ class RedisBackend(Backend):
         res = self._run("claim", [queue],
                         [self._now_arg(now), limit, repr(float(lease_s)), worker_id, CLAIM_SCAN, *tokens],
                         safe=False)
-        jobs = [self._job(raw) for raw in res]
-        for job in jobs:
-            self._remember(job)
+        return self._claimed(res, queue, worker_id, tokens)
+
+    def _claimed(self, res: list[Any], queue: str, worker_id: str, tokens: list[str]) -> list[Job]:
+        """The jobs of a claim script's reply, with the fields it leaves out put back."""
+        if not res:
+            return []
+        at, expires = res[0], res[1]
+        known = {"queue": queue, "state": "running", "attempted_at": at, "worker_id": worker_id,
+                 "lease_expires_at": expires}
+        jobs = []
+        for (job_id, flat, errors), token in zip(res[2:], tokens, strict=False):
+            h = dict(zip(flat[::2], flat[1::2], strict=True))
+            h.update(known, lease_token=token)
+            job = _to_job(int(job_id), h, errors)
+            self._queue_of[job.id] = queue
+            jobs.append(job)
+        if len(self._queue_of) > MAX_CACHED_QUEUES:
+            self._queue_of.clear()
         return jobs
 
     def heartbeat(self, leases: Sequence[Lease], *, lease_s: float, now: float | None = None) -> set[int]:
@@ -533,11 +548,8 @@ class RedisBackend(Backend):
                                    f"{sum(held)} of {len(acks)} acks written") from exc
         held = self._acks_held(acks, replies[0], now)
         res = replies[1]
-        if isinstance(res, list) and (not res or isinstance(res[0], list)):
-            jobs = [self._job(raw) for raw in res]
-            for job in jobs:
-                self._remember(job)
-            return held, jobs
+        if isinstance(res, list) and (not res or res[0] not in ("need", "stale")):
+            return held, self._claimed(res, queue, worker_id, tokens)
         if isinstance(res, Exception) and not isinstance(res, redis.ResponseError):
             raise StoreError(f"Redis at {self._where}: claim failed: {res}")
         # 'need'/'stale' (the queue's blocks changed), or an error reply: the careful path.

@@ -13,7 +13,11 @@
 -- ARGV: 1, queue; now ('' = the store's clock), limit, lease_s, worker_id, scan (CLAIM_SCAN:
 --   most waiting jobs the walk looks at), then `limit` lease tokens made by the client (Lua's
 --   math.random is not a safe source of them).
--- Returns one {id, HGETALL, errors} per claimed job, in claim order.
+-- Returns {} when nothing was claimed, else {now, lease expiry, then one {id, fields, errors}
+-- per claimed job, in claim order}: fields is the job's hash without what the claiming worker
+-- knows already (its queue, state, attempted_at = now, worker_id, lease_token = its token in
+-- claim order, lease_expires_at) or never reads (fair_tag). Every string of the reply costs
+-- Redis a conversion and the worker a parse; those were a third of each job's.
 local q = Q[QNAMES[1]]
 local now = clock(arg(1))
 local limit = tonumber(arg(2))
@@ -128,11 +132,14 @@ elseif #popped < 2 * limit and gated_n ~= 0 then
   redis.call('HDEL', q.fair, 'gated')  -- the queue is empty now, and none of it was gated
 end
 
+local KNOWN = {queue = true, state = true, attempted_at = true, worker_id = true, lease_token = true,
+  lease_expires_at = true, fair_tag = true}
 local out, ids, running, states = {}, {}, {}, {}
 local rated, n_gated = {}, 0
 -- The largest tag claimed at priority p1, and at any other priority (by ZSET score).
 local top1, tops = -1, nil
 local n_at, e_at = num(now), num(expires)
+out[1], out[2] = n_at, e_at
 for i, m in ipairs(picked) do
   local id = id_of(m)
   local tag, score = tag_of(m), scores[i]
@@ -165,15 +172,18 @@ for i, m in ipairs(picked) do
   -- A job has error records only after a failed attempt (then attempt was >= 1 before this
   -- claim) or once redriven (attempt back to 0, records kept): the others skip the LRANGE.
   local h = redis.call('HGETALL', key)
-  local errors = {}
+  local fields, errors = {}, {}
   local look = attempt > 1
-  if not look then
-    for f = 1, #h, 2 do
-      if h[f] == 'redriven' then look = true end
+  for f = 1, #h, 2 do
+    local name = h[f]
+    if not KNOWN[name] then
+      fields[#fields + 1] = name
+      fields[#fields + 1] = h[f + 1]
+      if name == 'redriven' then look = true end
     end
   end
   if look then errors = redis.call('LRANGE', P_ERR .. id, 0, -1) end
-  out[#out + 1] = {id, h, errors}
+  out[#out + 1] = {id, fields, errors}
 end
 if n_gated > 0 then redis.call('HINCRBY', q.fair, 'gated', -n_gated) end
 -- A rate key lives as long as its last open window, so an idle key vanishes by itself. (PEXPIRE
