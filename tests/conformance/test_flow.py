@@ -28,14 +28,6 @@ def _starts_between(app: Conveyor, task: str, after: float, before: float) -> li
         cursor = page.next_cursor
 
 
-def _enqueue_timed(enqueue):  # type: ignore[no-untyped-def]
-    """Enqueue; return the jobs and the moment they were surely visible to a claim. A job's
-    created_at is when its enqueue began (PostgreSQL's now() is the transaction's start), but a
-    claim sees it only once the enqueue committed: a claim in that gap rightly takes the backlog."""
-    jobs = enqueue()
-    return jobs, time.time()
-
-
 def test_high_priority_jobs_overtake_a_10000_job_backlog(app: Conveyor) -> None:
     @app.task(name="slow_low")
     def slow_low(n: int) -> None:
@@ -48,8 +40,11 @@ def test_high_priority_jobs_overtake_a_10000_job_backlog(app: Conveyor) -> None:
     slow_low.options(priority=10).enqueue_many([(i,) for i in range(10_000)])
     with running_worker(app, concurrency=CONCURRENCY, grace_period=1):
         wait_until(lambda: app.backend.stats().queues[0].succeeded >= 20, timeout=30, message="backlog flowing")
-        high, visible_at = _enqueue_timed(lambda: urgent.options(priority=-10).enqueue_many(
-            [(i,) for i in range(10)]))
+        high = urgent.options(priority=-10).enqueue_many([(i,) for i in range(10)])
+        # From here a claim surely sees them. Their created_at is earlier: when the enqueue
+        # began (PostgreSQL's now() is the transaction's start), and a claim in the gap before
+        # the commit rightly takes the backlog.
+        visible_at = time.time()
         done = [wait_for_job(app, j.id, timeout=30) for j in high]
     assert all(j.state is JobState.SUCCEEDED for j in done)
     high_starts = sorted(round((j.attempted_at or 0) - visible_at, 4) for j in done)
@@ -75,7 +70,8 @@ def test_strict_queue_order_serves_high_before_a_low_backlog(app: Conveyor) -> N
     with running_worker(app, queues="high:2,low:1", strict=True, concurrency=CONCURRENCY, grace_period=1):
         wait_until(lambda: any(q.queue == "low" and q.succeeded >= 20 for q in app.backend.stats().queues),
                    timeout=30, message="low queue flowing")
-        high, visible_at = _enqueue_timed(lambda: vip.enqueue_many([(i,) for i in range(10)]))
+        high = vip.enqueue_many([(i,) for i in range(10)])
+        visible_at = time.time()  # see the test above
         done = [wait_for_job(app, j.id, timeout=30) for j in high]
     high_starts = sorted(round((j.attempted_at or 0) - visible_at, 4) for j in done)
     low_starts = _starts_between(app, "bulk", visible_at, visible_at + high_starts[-1])

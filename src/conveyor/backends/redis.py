@@ -467,10 +467,8 @@ class RedisBackend(Backend):
             h = dict(zip(flat[::2], flat[1::2], strict=True))
             h.update(known, lease_token=token)
             job = _to_job(int(job_id), h, errors)
-            self._queue_of[job.id] = queue
+            self._remember(job)
             jobs.append(job)
-        if len(self._queue_of) > MAX_CACHED_QUEUES:
-            self._queue_of.clear()
         return jobs
 
     def heartbeat(self, leases: Sequence[Lease], *, lease_s: float, now: float | None = None) -> set[int]:
