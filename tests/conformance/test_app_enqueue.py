@@ -320,6 +320,31 @@ def test_enqueue_many_takes_tuples_and_dicts(app: Conveyor, send: Task[..., Any]
     assert sorted(stored_ids(app)) == [j.id for j in jobs]
 
 
+ENQUEUE_KNOWS = ("id", "task", "queue", "args", "state", "attempts", "max_attempts", "priority", "run_at",
+                 "timeout", "created_at", "unique_key", "meta", "errors", "steps", "result")
+
+
+@pytest.mark.parametrize("opts", [{}, {"delay": 60, "priority": 3, "queue": "other", "max_attempts": 2},
+                                  {"unique_key": "one-of-them"}], ids=["plain", "delayed", "unique"])
+def test_enqueue_many_returns_what_the_store_holds(
+    app: Conveyor, send: Task[..., Any], opts: dict[str, Any]
+) -> None:
+    """The jobs a bulk enqueue hands back are built from one shared template per batch: each is
+    still its own, field for field what get_job reads, with lists and dicts of its own."""
+    jobs = send.options(**opts).enqueue_many([(i, f"t{i}") for i in range(5)])
+    for job in jobs:
+        stored = app.get_job(job.id)
+        for field in ENQUEUE_KNOWS:
+            assert getattr(job, field) == getattr(stored, field), (field, job.id)
+    if "unique_key" in opts:
+        assert len({j.id for j in jobs}) == 1
+        return
+    assert [j.args for j in jobs] == [{"user_id": i, "template": f"t{i}"} for i in range(5)]
+    assert len({id(j.errors) for j in jobs}) == len({id(j.steps) for j in jobs}) == len(jobs)
+    jobs[0].errors.append({"kind": "mutated"})
+    assert jobs[1].errors == []
+
+
 @pytest.mark.parametrize(
     "bad_item",
     [(1, 2, 3, 4), {"nope": 1}, (object(),), "a string", 7, {"user_id": float("nan")}],

@@ -571,7 +571,7 @@ def _enqueue_in(conn: sqlite3.Connection, jobs: Sequence[NewJob], t: float) -> l
     results: list[EnqueueResult] = []
     tags = _FairTags(conn)
     if all(job.unique_key is None for job in jobs):
-        rows = [_insert_params(job, t, tags.take(job.queue, job.priority, job.fair_key)) for job in jobs]
+        rows = [_insert_values(job, t, tags.take(job.queue, job.priority, job.fair_key)) for job in jobs]
         conn.executemany(Q["insert"], rows)
         # One writer holds the lock and ids are AUTOINCREMENT: the batch is consecutive.
         last = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
@@ -580,7 +580,7 @@ def _enqueue_in(conn: sqlite3.Connection, jobs: Sequence[NewJob], t: float) -> l
     else:
         for job in jobs:
             if job.unique_key is None:
-                cur = conn.execute(Q["insert"], _insert_params(job, t, tags.take(job.queue, job.priority, job.fair_key)))
+                cur = conn.execute(Q["insert"], _insert_values(job, t, tags.take(job.queue, job.priority, job.fair_key)))
                 assert cur.lastrowid is not None
                 results.append(EnqueueResult(cur.lastrowid, True, t))
                 continue
@@ -588,13 +588,13 @@ def _enqueue_in(conn: sqlite3.Connection, jobs: Sequence[NewJob], t: float) -> l
             if done is not None:
                 results.append(EnqueueResult(done[0], False, t))
                 continue
-            params = _insert_params(job, t, tags.peek(job.queue, job.priority, job.fair_key))
-            row = conn.execute(Q["insert_unique"], params).fetchone()
+            values = _insert_values(job, t, tags.peek(job.queue, job.priority, job.fair_key))
+            row = conn.execute(Q["insert_unique"], values).fetchone()
             if row is not None:
                 tags.take(job.queue, job.priority, job.fair_key)
                 results.append(EnqueueResult(row[0], True, t))
             else:
-                existing = conn.execute(Q["find_unique"], params).fetchone()
+                existing = conn.execute(Q["find_unique"], {"unique_key": job.unique_key}).fetchone()
                 results.append(EnqueueResult(existing[0], False, t))
     tags.save()
     _check_depth(conn, jobs, results)
@@ -733,17 +733,14 @@ def _step_path(step: str) -> str:
     return f'$."{step}"'
 
 
-def _insert_params(job: NewJob, t: float, fair_tag: int) -> dict[str, Any]:
+def _insert_values(job: NewJob, t: float, fair_tag: int) -> tuple[Any, ...]:
+    """The values of the insert statements, in their order."""
     run_at = job.run_at if job.run_at is not None else t + max(job.delay, 0.0)
-    return {
-        "queue": job.queue, "task": job.task, "args": job.args,
-        "state": "scheduled" if run_at > t else "available",
-        "priority": job.priority, "run_at": run_at, "max_attempts": job.max_attempts,
-        "timeout_s": job.timeout, "unique_key": job.unique_key, "meta": job.meta, "now": t,
-        "fair_key": job.fair_key, "fair_tag": fair_tag, "unique_for": job.unique_for,
-        "concurrency_key": job.concurrency_key, "concurrency_limit": job.concurrency_limit,
-        "rate_key": job.rate_key, "rate_limit": job.rate_limit, "rate_period": job.rate_period,
-    }
+    return (
+        job.queue, job.task, job.args, "scheduled" if run_at > t else "available", job.priority, run_at,
+        job.max_attempts, job.timeout, job.unique_key, job.meta, t, job.fair_key, fair_tag, job.unique_for,
+        job.concurrency_key, job.concurrency_limit, job.rate_key, job.rate_limit, job.rate_period,
+    )
 
 
 def _row_to_job(row: sqlite3.Row) -> Job:

@@ -5,20 +5,19 @@
 SELECT (julianday('now') - 2440587.5) * 86400.0;
 
 -- name: insert
+-- Positional values, in the order of _insert_values in sqlite.py: a bulk insert binds them from
+-- tuples at about four fifths of the cost of named ones from dicts.
 INSERT INTO conveyor_jobs (queue, task, args, state, priority, run_at, max_attempts, timeout_s,
                            unique_key, meta, created_at, fair_key, fair_tag, unique_for,
                            concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period)
-VALUES (:queue, :task, :args, :state, :priority, :run_at, :max_attempts, :timeout_s,
-        :unique_key, :meta, :now, :fair_key, :fair_tag, :unique_for,
-        :concurrency_key, :concurrency_limit, :rate_key, :rate_limit, :rate_period);
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
 
 -- name: insert_unique
+-- Values as in insert.
 INSERT INTO conveyor_jobs (queue, task, args, state, priority, run_at, max_attempts, timeout_s,
                            unique_key, meta, created_at, fair_key, fair_tag, unique_for,
                            concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period)
-VALUES (:queue, :task, :args, :state, :priority, :run_at, :max_attempts, :timeout_s,
-        :unique_key, :meta, :now, :fair_key, :fair_tag, :unique_for,
-        :concurrency_key, :concurrency_limit, :rate_key, :rate_limit, :rate_period)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('scheduled', 'available', 'running')
 DO NOTHING
 RETURNING id;
