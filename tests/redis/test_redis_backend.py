@@ -172,6 +172,22 @@ def test_a_scheduled_job_wakes_the_waiter_when_it_comes_due(backend: RedisBacken
     assert 0.4 <= out["elapsed"] < 2.0
 
 
+def test_the_wake_list_stays_capped_with_no_worker_to_drain_it(
+    backend: RedisBackend, private_redis: RedisServer
+) -> None:
+    """Every enqueue pushes a wake marker; with nobody popping them the list must stop at the cap
+    (the trim runs only once a push takes it past, not on every enqueue)."""
+    c = private_redis.client()
+    wake = backend.keys.queue("default", "wake")
+    backend.enqueue_many([job()])
+    assert c.llen(wake) == 1
+    for _ in range(20):
+        backend.enqueue_many([job()])
+    backend.enqueue_many([job() for _ in range(30)])
+    assert c.llen(wake) == 8
+    c.close()
+
+
 def test_an_idle_waiter_does_not_poll(backend: RedisBackend, private_redis: RedisServer) -> None:
     c = private_redis.client()
     c.config_resetstat()

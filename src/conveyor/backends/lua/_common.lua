@@ -136,8 +136,11 @@ local function wake(q, n)
   if n <= 0 then return end
   local marks = {}
   for i = 1, math.min(n, WAKE_MAX) do marks[i] = '1' end
-  redis.call('LPUSH', q.wake, unpack(marks))
-  redis.call('LTRIM', q.wake, 0, WAKE_MAX - 1)
+  -- LPUSH answers the new length: the trim is needed only past the cap (one call less on
+  -- every enqueue while workers keep up).
+  if redis.call('LPUSH', q.wake, unpack(marks)) > WAKE_MAX then
+    redis.call('LTRIM', q.wake, 0, WAKE_MAX - 1)
+  end
 end
 
 -- ck, rk: the job's concurrency_key and rate_key as the caller read them with HMGET (false when
