@@ -64,6 +64,22 @@ def test_enqueue_many_keeps_every_field_of_a_mixed_batch(backend: Backend) -> No
     assert [j.id for j in claimed] == [ids[4], ids[2], ids[0]]
 
 
+def test_enqueue_many_keeps_order_across_runs_of_alike_jobs(backend: Backend) -> None:
+    """Consecutive jobs that differ only in their args (PostgreSQL sends each such run's shared
+    values once): runs that come back to an earlier kind still keep batch order and fields."""
+    kinds = [{"queue": "q1"}, {"queue": "q1"}, {"queue": "q2", "priority": 3}, {"queue": "q2", "priority": 3},
+             {"queue": "q1"}, {"queue": "q1", "delay": 10.0}, {"queue": "q1"}]
+    batch = [new_job(args={"n": i, "s": "\"quoted\" \\ é"}, **kind) for i, kind in enumerate(kinds)]
+    results = backend.enqueue_many(batch, now=T0)
+    ids = [r.id for r in results]
+    assert ids == sorted(ids) and len(set(ids)) == len(batch)
+    jobs = [backend.get(i) for i in ids]
+    assert [(j.args["n"], j.args["s"], j.queue, j.priority, j.run_at) for j in jobs if j] == [
+        (i, '"quoted" \\ é', kind["queue"], kind.get("priority", 0), T0 + kind.get("delay", 0.0))
+        for i, kind in enumerate(kinds)
+    ]
+
+
 def test_enqueue_many_round_trips_awkward_values(backend: Backend) -> None:
     awkward = [
         {"s": 'quote " backslash \\ slash / tab \t newline \n', "u": "é ü 漢字 😀 \u2028 \u2029 \x7f"},

@@ -1003,10 +1003,23 @@ def _plain(job: NewJob) -> bool:
 
 
 def _plain_values(job: NewJob) -> tuple[Any, ...]:
-    """A plain job's values in the order insert_plain reads them from its JSON document."""
-    return (job.queue, job.task, job.args, job.priority, job.run_at, max(job.delay, 0.0), job.max_attempts,
-            job.timeout, job.meta, job.concurrency_key, job.concurrency_limit, job.rate_key, job.rate_limit,
-            job.rate_period)
+    """What a plain job shares with its run in insert_plain's JSON document, in that order."""
+    return (job.queue, job.task, job.priority, job.run_at, max(job.delay, 0.0), job.max_attempts, job.timeout,
+            job.meta, job.concurrency_key, job.concurrency_limit, job.rate_key, job.rate_limit, job.rate_period)
+
+
+def _plain_runs(jobs: Sequence[NewJob]) -> list[list[Any]]:
+    """insert_plain's document: consecutive jobs with the same _plain_values as one run,
+    ``[*values, [args, ...]]``, in batch order."""
+    runs: list[list[Any]] = []
+    last: tuple[Any, ...] | None = None
+    for job in jobs:
+        values = _plain_values(job)
+        if values != last:
+            runs.append([*values, []])
+            last = values
+        runs[-1][-1].append(job.args)
+    return runs
 
 
 def _insert_params(job: NewJob, now: float | None, fair_tag: int | None) -> dict[str, Any]:
@@ -1265,7 +1278,7 @@ def _enqueue_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[Enqueu
 
 def _plain_batch_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[EnqueueResult]]:
     """A batch of plain jobs (see _plain) in one statement, instead of one insert per job."""
-    doc = json.dumps([_plain_values(job) for job in jobs], allow_nan=False)
+    doc = json.dumps(_plain_runs(jobs), allow_nan=False)
     row = yield _Stmt("one", Q["insert_plain"], {"jobs": doc, "now": now})
     yield _Stmt("none", Q["notify"], {"channel": CHANNEL, "queues": sorted({j.queue for j in jobs})})
     at = row["at"]

@@ -31,37 +31,40 @@ DO NOTHING
 RETURNING id, extract(epoch FROM created_at)::float8 AS at;
 
 -- name: insert_plain
--- A batch of plain jobs (no unique key, no fair key: see _plain in postgres.py) in one statement:
--- %(jobs)s is a JSON array with one array per job, its values in the order of _PLAIN_COLUMNS
--- (one parameter: no per-column array to build and send). It is read as jsonb, parsed once:
--- ->> on json text parses the element again for every field, which took half the statement's
--- time on a 1,000-job batch (57 -> 32 us a job). Rows go in in batch order and take
--- ascending ids, so the ids sorted ascending pair with the batch in order; they come back as
--- one array in one row, with the batch's one created_at (a row per job cost the client more
--- than the insert of it). The args text is a JSON string inside the document and comes back
--- out byte for byte. The fair tag as in insert: vtime + 1 of the round.
+-- A batch of plain jobs (no unique key, no fair key: see _plain in postgres.py) in one statement.
+-- %(jobs)s is a JSON array of runs: consecutive jobs that differ only in their args (a bulk
+-- enqueue's jobs all do) share one array of the values of _plain_values, whose last element
+-- is the array of the run's args texts. One parameter, no per-column arrays; read as jsonb,
+-- parsed once (->> on json text parses the element again for every field), and a run's
+-- shared values, its fair tag among them, are read once per run instead of once per job.
+-- Rows go in in batch order and take ascending ids, so the ids sorted ascending pair with the
+-- batch in order; they come back as one array in one row, with the batch's one created_at (a
+-- row per job cost the client more than the insert of it). Each args text is a JSON string in
+-- the document and comes back out byte for byte. The fair tag as in insert: vtime + 1 of the
+-- round.
 WITH inserted AS (
 INSERT INTO conveyor_jobs (queue, task, args, state, priority, run_at, max_attempts, timeout_s,
                            meta, created_at, fair_tag, concurrency_key, concurrency_limit,
                            rate_key, rate_limit, rate_period)
-SELECT b.queue, b.task, b.args::json,
+SELECT b.queue, b.task, a.args::json,
        CASE WHEN r.run_at > t.now THEN 'scheduled' ELSE 'available' END,
-       b.priority, r.run_at, b.max_attempts, b.timeout_s, b.meta::jsonb, t.now,
-       coalesce((SELECT c.vtime + 1 FROM conveyor_queue_clock AS c
-                 WHERE c.queue = b.queue AND c.priority = b.priority), 1),
+       b.priority, r.run_at, b.max_attempts, b.timeout_s, b.meta, t.now, b.fair_tag,
        b.concurrency_key, b.concurrency_limit, b.rate_key, b.rate_limit, b.rate_period
 FROM (SELECT :NOW AS now) AS t,
-     LATERAL (SELECT e.ord,
-                     e.j->>0 AS queue, e.j->>1 AS task, e.j->>2 AS args,
-                     (e.j->>3)::smallint AS priority, (e.j->>4)::float8 AS run_at,
-                     (e.j->>5)::float8 AS delay, (e.j->>6)::integer AS max_attempts,
-                     (e.j->>7)::float8 AS timeout_s, e.j->>8 AS meta, e.j->>9 AS concurrency_key,
-                     (e.j->>10)::integer AS concurrency_limit, e.j->>11 AS rate_key,
-                     (e.j->>12)::integer AS rate_limit, (e.j->>13)::float8 AS rate_period
-              FROM jsonb_array_elements(%(jobs)s::jsonb) WITH ORDINALITY AS e(j, ord)) AS b,
+     LATERAL (SELECT g.ord, g.j->13 AS args_list,
+                     g.j->>0 AS queue, g.j->>1 AS task,
+                     (g.j->>2)::smallint AS priority, (g.j->>3)::float8 AS run_at,
+                     (g.j->>4)::float8 AS delay, (g.j->>5)::integer AS max_attempts,
+                     (g.j->>6)::float8 AS timeout_s, (g.j->>7)::jsonb AS meta, g.j->>8 AS concurrency_key,
+                     (g.j->>9)::integer AS concurrency_limit, g.j->>10 AS rate_key,
+                     (g.j->>11)::integer AS rate_limit, (g.j->>12)::float8 AS rate_period,
+                     coalesce((SELECT c.vtime + 1 FROM conveyor_queue_clock AS c
+                               WHERE c.queue = g.j->>0 AND c.priority = (g.j->>2)::smallint), 1) AS fair_tag
+              FROM jsonb_array_elements(%(jobs)s::jsonb) WITH ORDINALITY AS g(j, ord)) AS b,
      LATERAL (SELECT coalesce(to_timestamp(b.run_at),
-                              t.now + make_interval(secs => b.delay)) AS run_at) AS r
-ORDER BY b.ord
+                              t.now + make_interval(secs => b.delay)) AS run_at) AS r,
+     LATERAL jsonb_array_elements_text(b.args_list) WITH ORDINALITY AS a(args, ord)
+ORDER BY b.ord, a.ord
 RETURNING id, created_at)
 SELECT array_agg(id ORDER BY id) AS ids, extract(epoch FROM min(created_at))::float8 AS at FROM inserted;
 
