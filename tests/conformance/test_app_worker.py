@@ -5,6 +5,7 @@ Conditions are awaited by polling the store with a deadline, never by fixed slee
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import gc
 import json
 import sys
@@ -259,6 +260,83 @@ def test_current_job_inside_sync_and_async_tasks(app: Conveyor) -> None:
     assert s.state is JobState.SUCCEEDED and s.result == {"id": s.id, "attempt": 2}
     assert a.state is JobState.SUCCEEDED and a.result == {"id": a.id, "attempt": 2}
     assert current_job() is None
+
+
+def test_tasks_see_the_context_the_worker_was_started_in(app: Conveyor) -> None:
+    """Jobs start on the thread their claim came back on (the store's or the waiter's), yet
+    run in a copy of the context of the worker's loop, as every asyncio task does."""
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("test_probe", default="unset")
+
+    @app.task(name="read_var")
+    def read_var() -> str:
+        return var.get()
+
+    @app.task(name="read_var_async")
+    async def read_var_async() -> str:
+        return var.get()
+
+    before = [read_var.enqueue(), read_var_async.enqueue()]  # taken by the first claim
+    wt = WorkerThread(app)
+
+    def run() -> None:
+        var.set("set before run")
+        wt.worker.run()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        done = [wait_for_job(app, j.id) for j in before]
+        done += [wait_for_job(app, read_var.enqueue().id)]  # an idle worker's wake-up and claim
+    finally:
+        wt.stop()
+        thread.join(20)
+    assert [j.result for j in done] == ["set before run"] * 3
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_stop_during_a_claim_gives_back_only_the_jobs_not_yet_started(app: Conveyor, when: str) -> None:
+    """A claim's first jobs start on the claim's own thread (Worker._prepare). A stop that
+    comes before they start gives every job of the claim back unrun; one that comes after
+    lets the started ones finish (they are running jobs, and a graceful stop waits for
+    those) and gives back the rest: no job runs twice, none is left leased."""
+    ran: list[int] = []
+
+    @app.task(name="note")
+    def note(i: int) -> None:
+        ran.append(i)
+
+    jobs = [note.enqueue(i) for i in range(4)]
+    wt = WorkerThread(app, concurrency=2, prefetch=2)
+    worker = wt.worker
+    real = worker._prepare
+    calls: list[int] = []
+
+    def prepare(claimed: Any, startable: int) -> None:
+        calls.append(len(claimed))
+        if when == "after":
+            real(claimed, startable)
+        if len(calls) == 1:
+            wt.stop()
+            wait_until(lambda: worker.stopping)
+        if when == "before":
+            real(claimed, startable)
+
+    worker._prepare = prepare  # type: ignore[method-assign]
+    wt.start()
+    wt.join()
+
+    assert calls[0] == 4  # concurrency + prefetch, of which 2 may start at once
+    final = [app.get_job(j.id) for j in jobs]
+    if when == "before":
+        assert ran == []
+        assert [j.state for j in final] == [JobState.AVAILABLE] * 4
+        assert worker.counters.released == 4
+    else:
+        assert sorted(ran) == [0, 1]
+        assert [j.state for j in final] == [JobState.SUCCEEDED] * 2 + [JobState.AVAILABLE] * 2
+        assert [j.attempts for j in final] == [1, 1, 0, 0]
+        assert worker.counters.released == 2 and worker.counters.succeeded == 2
+    assert all(j.lease_token is None for j in final)
 
 
 def test_weighted_queues_are_all_served(app: Conveyor) -> None:
