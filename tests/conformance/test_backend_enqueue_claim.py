@@ -290,6 +290,45 @@ def test_claim_sets_running_attempt_lease_and_expiry(backend: Backend) -> None:
     assert stored == job  # the returned snapshot is what the store holds
 
 
+def test_a_claim_of_varied_jobs_returns_each_as_the_store_holds_it(backend: Backend) -> None:
+    """Jobs of several kinds claimed in one call (a store may build the common kinds from a
+    shared template): each returned job equals what get() reads back afterwards."""
+    from conveyor.backends.base import ErrorInfo, Lease
+
+    # A job that failed for good and was redriven (its error kept), then one with an earlier
+    # failed attempt, one with a recorded step, and the common kinds.
+    extra = enqueue_one(backend, args={"n": 8}, max_attempts=1, priority=-2, now=T0)
+    [dead] = backend.claim("default", 1, worker_id="w0", lease_s=30, now=T0)
+    backend.kill(Lease(dead.id, dead.lease_token), ErrorInfo("rejected", "Reject", "no"), now=T0)  # type: ignore[arg-type]
+    batch = [
+        new_job(args={"n": 0}, priority=-1),
+        new_job(args={"n": 1}, meta='{"trace": {"traceparent": "00-abc-def-01"}}'),
+        new_job(task="t.other", args={"n": 2}, priority=0, max_attempts=9, timeout=2.5),
+        new_job(args={"n": 3}, unique_key="u-3"),
+        new_job(args={"n": 4}, fair_key="tenant-a"),
+        new_job(args={"n": 5}, concurrency_key="c", concurrency_limit=5),
+        new_job(args={"n": 6}, rate_key="r", rate_limit=10, rate_period=1.0),
+        new_job(args={"n": 7}),
+    ]
+    ids = [r.id for r in backend.enqueue_many(batch, now=T0 + 1)]
+    [first] = backend.claim("default", 1, worker_id="w0", lease_s=30, now=T0 + 1)
+    assert first.id == ids[0]
+    backend.retry(Lease(first.id, first.lease_token), ErrorInfo("exception", "Boom", "boom"),  # type: ignore[arg-type]
+                  delay=0, now=T0 + 2)
+    backend.record_step(ids[7], "charge", '{"ok": true}')
+    assert backend.redrive([extra], now=T0 + 5) == 1
+
+    claimed = backend.claim("default", 20, worker_id="w1", lease_s=30, now=T0 + 6)
+    assert sorted(j.id for j in claimed) == sorted([*ids, extra])
+    for job in claimed:
+        assert job == backend.get(job.id), job.id
+    by_id = {j.id: j for j in claimed}
+    assert by_id[ids[0]].attempts == 2 and len(by_id[ids[0]].errors) == 1
+    assert by_id[ids[1]].meta == {"trace": {"traceparent": "00-abc-def-01"}}
+    assert by_id[ids[7]].steps == {"charge": {"ok": True}}
+    assert by_id[extra].meta.get("redriven") == 1 and len(by_id[extra].errors) == 1
+
+
 def test_two_claims_never_return_the_same_job(backend: Backend) -> None:
     ids = {enqueue_one(backend, args={"n": i}) for i in range(20)}
     seen: list[int] = []

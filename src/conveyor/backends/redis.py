@@ -42,7 +42,7 @@ from ..errors import (
     StoreError,
     StoreUnavailable,
 )
-from ..job import Job, JobState, make_job
+from ..job import Job, JobState, fast_constructor, make_job
 from ..payload import NAME_RE
 from .base import (
     CLAIM_SCAN,
@@ -81,6 +81,9 @@ READ_ONLY_SCRIPTS = {"stats", "list_jobs", "peek"}
 # refused record would let another attempt do it again.
 GROWING_SCRIPTS = {"enqueue"}
 STEP_PREFIX = "step:"  # a step record is the field step:<name> of the job's hash
+# The fields a claim returns for a job with no unique key, fair key, limits, steps or redrive.
+_PLAIN_CLAIMED = frozenset({"task", "args", "priority", "run_at", "attempt", "max_attempts", "timeout_s", "meta",
+                            "created_at"})
 
 DEFAULT_SOCKET_TIMEOUT = 5.0
 DEFAULT_CONNECT_TIMEOUT = 2.0
@@ -463,12 +466,32 @@ class RedisBackend(Backend):
         known = {"queue": queue, "state": "running", "attempted_at": at, "worker_id": worker_id,
                  "lease_expires_at": expires}
         jobs = []
+        makers: dict[tuple[str, ...], Callable[..., Job]] = {}
         for (job_id, flat, errors), token in zip(res[2:], tokens, strict=False):
             h = dict(zip(flat[::2], flat[1::2], strict=True))
-            h.update(known, lease_token=token)
-            job = _to_job(int(job_id), h, errors)
-            self._remember(job)
+            if h.keys() == _PLAIN_CLAIMED and not errors:
+                # A job with nothing but the fields every job has (most are): what it shares with
+                # the claim's other jobs of the same kind goes into one constructor per claim.
+                kind = (h["task"], h["priority"], h["max_attempts"], h["timeout_s"])
+                make = makers.get(kind)
+                if make is None:
+                    make = makers[kind] = fast_constructor(Job, {
+                        "task": kind[0], "queue": queue, "state": JobState.RUNNING, "priority": int(kind[1]),
+                        "max_attempts": int(kind[2]), "timeout": float(kind[3]), "attempted_at": float(at),
+                        "worker_id": worker_id, "lease_expires_at": float(expires),
+                    })
+                raw_meta = h["meta"]
+                job = make(id=int(job_id), args=json.loads(h["args"]), attempts=int(h["attempt"]),
+                           run_at=float(h["run_at"]), created_at=float(h["created_at"]), lease_token=token,
+                           **({} if raw_meta == "{}" else {"meta": json.loads(raw_meta)}))
+                self._queue_of[job.id] = queue  # (_remember: a claimed job is not final)
+            else:
+                h.update(known, lease_token=token)
+                job = _to_job(int(job_id), h, errors)
+                self._remember(job)
             jobs.append(job)
+        if len(self._queue_of) > MAX_CACHED_QUEUES:
+            self._queue_of.clear()
         return jobs
 
     def heartbeat(self, leases: Sequence[Lease], *, lease_s: float, now: float | None = None) -> set[int]:
