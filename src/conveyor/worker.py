@@ -432,15 +432,23 @@ class Worker:
         the first ``startable`` jobs claimed are started here too (see _prepare).
         The claim is the look at the store that tells a stale wake-up from real work. Returns
         (woken, the jobs claimed, or None if there was no claim to make)."""
-        if not self.backend.wait_for_jobs(queues, self.poll_interval, verify=False):
+        claims: list[tuple[str, int]] = []
+        if free > 0 and not self._stopping:
+            claims = plan_strict(free, self.weights) if self.strict else plan_claims(free, self.weights, self._rng)
+        # A store that can make the claims in the wake-up's own round trip (Redis) does; with the
+        # others this thread claims the moment the wake-up comes.
+        woken, jobs = self.backend.wait_and_claim(queues, self.poll_interval, claims, worker_id=self.id,
+                                                  lease_s=self.lease_s)
+        if not woken:
             return False, None
-        if self._stopping or free <= 0:
-            return True, None
-        try:
-            _, jobs = self._claim_sync(free, [])
-        except Exception:
-            log.exception("claim failed")
-            return True, None  # the loop claims again
+        if jobs is None:
+            if self._stopping or free <= 0:
+                return True, None
+            try:
+                _, jobs = self._claim_sync(free, [])
+            except Exception:
+                log.exception("claim failed")
+                return True, None  # the loop claims again
         if jobs:
             self._prepare(jobs, startable)
             return True, jobs

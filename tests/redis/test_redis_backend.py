@@ -188,6 +188,136 @@ def test_the_wake_list_stays_capped_with_no_worker_to_drain_it(
     c.close()
 
 
+def _claiming_waiter(backend: RedisBackend, queues: list[str], timeout: float,
+                     claims: list[tuple[str, int]]) -> tuple[threading.Thread, dict[str, Any]]:
+    out: dict[str, Any] = {}
+    for q, _ in claims:  # load the claim script (a first run on a fresh server answers NOSCRIPT)
+        assert backend.claim(q, 1, worker_id="warm-up", lease_s=30) == []
+
+    def run() -> None:
+        t = time.monotonic()
+        out["woken"], out["jobs"] = backend.wait_and_claim(queues, timeout, claims, worker_id="w-idle", lease_s=30)
+        out["elapsed"] = time.monotonic() - t
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    time.sleep(0.2)  # let it block
+    return thread, out
+
+
+def test_an_idle_waiters_claims_come_back_with_the_wake_up(backend: RedisBackend, private_redis: RedisServer) -> None:
+    """The claims ride behind the blocking pop: an enqueue wakes the waiter and the job comes
+    back leased, with no claim sent after the wake-up."""
+    backend.enqueue_many([job("other")])  # loads the enqueue script
+    thread, out = _claiming_waiter(backend, ["default"], 10, [("default", 4)])
+    c = private_redis.client()
+    c.config_resetstat()
+    [res] = backend.enqueue_many([job()])
+    thread.join(5)
+    stats = c.info("commandstats")
+    c.close()
+    assert out["woken"] is True and [j.id for j in out["jobs"]] == [res.id]
+    [claimed] = out["jobs"]
+    assert claimed.state is JobState.RUNNING and claimed.worker_id == "w-idle" and claimed.attempts == 1
+    assert backend.get(res.id) == claimed
+    # After the wake-up: the enqueue's script and the claim that was already waiting in Redis.
+    assert stats["cmdstat_evalsha"]["calls"] == 2, stats
+
+
+def test_a_stale_wake_up_comes_back_woken_with_nothing_claimed(backend: RedisBackend, private_redis: RedisServer) -> None:
+    thread, out = _claiming_waiter(backend, ["default"], 10, [("default", 2)])
+    c = private_redis.client()
+    c.lpush(backend.keys.queue("default", "wake"), "1")  # a marker, no job (a neighbour took it)
+    c.close()
+    thread.join(5)
+    assert out["woken"] is True and out["jobs"] == []
+
+
+def test_claims_that_could_not_run_behind_the_pop_are_left_to_the_caller(backend: RedisBackend) -> None:
+    """A script not loaded yet (a fresh or restarted server) refuses the pipelined claims: the
+    wake-up comes back with no claim made (None), so the worker claims on its own."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        out["woken"], out["jobs"] = backend.wait_and_claim(["default"], 10, [("default", 2)], worker_id="w",
+                                                           lease_s=30)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    time.sleep(0.2)
+    [res] = backend.enqueue_many([job()])
+    thread.join(5)
+    assert out == {"woken": True, "jobs": None}
+    stored = backend.get(res.id)
+    assert stored is not None and stored.state is JobState.AVAILABLE
+    assert [j.id for j in backend.claim("default", 2, worker_id="w", lease_s=30)] == [res.id]
+
+
+def test_a_waiter_that_times_out_claims_nothing(backend: RedisBackend) -> None:
+    thread, out = _claiming_waiter(backend, ["default"], 1.2, [("default", 2)])
+    thread.join(5)
+    assert out["woken"] is False and out["jobs"] is None
+    assert 1.0 <= out["elapsed"] < 3.0
+    assert backend.stats().queues == []  # nothing was enqueued, nothing claimed
+
+
+def test_a_job_coming_due_is_claimed_by_the_claims_behind_the_pop(backend: RedisBackend) -> None:
+    """A delayed job's enqueue wakes the waiter (its due time moved) with nothing to claim; the
+    next wait blocks until the job is due, and the claims behind that pop take it then."""
+    assert backend.claim("default", 1, worker_id="warm-up", lease_s=30) == []
+    [res] = backend.enqueue_many([job(delay=0.5)])  # store time: due 0.5 s from now
+    t = time.monotonic()
+    woken, jobs = backend.wait_and_claim(["default"], 10, [("default", 2)], worker_id="w", lease_s=30)
+    if jobs == []:  # the marker of the delayed job's enqueue, still in the wake list
+        woken, jobs = backend.wait_and_claim(["default"], 10, [("default", 2)], worker_id="w", lease_s=30)
+    assert woken is True and jobs is not None and [j.id for j in jobs] == [res.id]
+    assert 0.4 <= time.monotonic() - t < 2.0
+
+
+def test_a_waiter_killed_while_blocked_never_claims(private_redis: RedisServer, tmp_path: Path) -> None:
+    """A worker SIGKILLed while it waits: Redis drops its pending claims with its connection, so
+    a job enqueued afterwards is not leased to the dead worker (it stays available)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "waiter.py"
+    script.write_text(
+        "import sys\n"
+        "from conveyor.backends import open_backend\n"
+        "b = open_backend(sys.argv[1])\n"
+        "print('waiting', flush=True)\n"
+        "b.wait_and_claim(['default'], 60, [('default', 4)], worker_id='doomed', lease_s=300)\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script), private_redis.url], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    c = private_redis.client()
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "waiting"
+        deadline = time.monotonic() + 10
+        while not any(cl.get("cmd") == "blpop" for cl in c.client_list()):
+            assert time.monotonic() < deadline, "the waiter never blocked"
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        while any(cl.get("cmd") == "blpop" for cl in c.client_list()):  # Redis has dropped the client
+            assert time.monotonic() < deadline, "Redis kept the killed waiter's connection"
+            time.sleep(0.02)
+        b = open_backend(private_redis.url)
+        try:
+            [res] = b.enqueue_many([job()])
+            time.sleep(0.2)
+            stored = b.get(res.id)
+            assert stored is not None and stored.state is JobState.AVAILABLE and stored.attempts == 0
+        finally:
+            b.close()
+    finally:
+        c.close()
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_an_idle_waiter_does_not_poll(backend: RedisBackend, private_redis: RedisServer) -> None:
     c = private_redis.client()
     c.config_resetstat()

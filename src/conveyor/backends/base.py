@@ -383,6 +383,17 @@ class Backend(abc.ABC):
         sleep; without it True comes at once, for a caller whose next step, a claim, is that
         look. Either way, a job already waiting when the call starts returns True at once."""
 
+    def wait_and_claim(
+        self, queues: Sequence[str], timeout: float, claims: Sequence[tuple[str, int]], *,
+        worker_id: str, lease_s: float,
+    ) -> tuple[bool, list[Job] | None]:
+        """``wait_for_jobs(verify=False)`` for an idle worker whose next step is a claim: a store
+        that can make the claims of ``claims`` (queue, how many) in the same round trip as the
+        wake-up does so, and returns the jobs. Returns (woken, jobs): jobs is None when no claim
+        was made (the caller claims if woken), else the jobs those claims took, which may be
+        none (a stale wake-up). The default makes no claim."""
+        return self.wait_for_jobs(queues, timeout, verify=False), None
+
     # -- workers --------------------------------------------------------------------------
     @abc.abstractmethod
     def record_worker(self, info: WorkerInfo, *, now: float | None = None) -> None:

@@ -251,8 +251,10 @@ class RedisBackend(Backend):
         self._wake_gen = 0
         self._waiters = 0
         self._private_wake = f"{self.keys.p}:wake:{uuid.uuid4().hex}"
-        # The connections of _send_scripts (see there): idle ones, and every one made, for close().
+        # The connections of _send_scripts (see there): idle ones (those for the idle wait's
+        # blocking pop apart, with its longer timeout), and every one made, for close().
         self._idle: list[Any] = []
+        self._idle_blocking: list[Any] = []
         self._made: list[Any] = []
         self._pid = os.getpid()
         self._closed = False
@@ -591,7 +593,7 @@ class RedisBackend(Backend):
             argv += [lease.job_id, lease.token, "0" if result is None else "1", result or ""]
         return "ack_many", keys, argv
 
-    def _send_scripts(self, calls: Sequence[_ScriptCall]) -> list[Any]:
+    def _send_scripts(self, calls: Sequence[_ScriptCall], *, first: tuple[Any, ...] | None = None) -> list[Any]:
         """EVALSHA each (script, keys, args) in one write on one pooled connection; the replies
         in order, an error reply as its exception. This is redis-py's pipeline without its
         command layer (argument checks, observability hooks, Script objects that ask SCRIPT
@@ -603,8 +605,10 @@ class RedisBackend(Backend):
         The connection comes from a list of our own rather than redis-py's pool, whose checkout
         (a lock, pid and connection-count bookkeeping, observability hooks) took 18 us of the
         ~290 us of a one-job enqueue; the one check of it that matters is kept: a connection
-        the server closed is replaced before anything is sent on it."""
-        conn = self._checkout()
+        the server closed is replaced before anything is sent on it.
+        ``first``: a plain command sent ahead of the scripts in the same write (the idle wait's
+        blocking pop, on a connection with the longer timeout); its reply comes first."""
+        conn = self._checkout(blocking=first is not None)
         try:
             conn.connect()  # no-op when connected; _NotSent if it cannot
             try:
@@ -616,12 +620,14 @@ class RedisBackend(Backend):
                 # sent (its outcome unknown), a failed connect fails before (nothing was done).
                 conn.disconnect()
                 conn.connect()
-            packed: list[Any] = []
+            packed: list[Any] = [] if first is None else _pack(conn, first)
             for name, keys, args in calls:
                 command = ("EVALSHA", self._scripts[name].sha, len(keys), *keys, *args)
                 packed += _pack(conn, command)
             conn.send_packed_command(packed, check_health=False)
             replies: list[Any] = []
+            if first is not None:
+                head = conn.read_response()
             for _ in calls:
                 try:
                     replies.append(conn.read_response())
@@ -631,22 +637,22 @@ class RedisBackend(Backend):
             conn.disconnect()  # replies may be left unread on it
             raise
         finally:
-            self._idle.append(conn)
+            (self._idle if first is None else self._idle_blocking).append(conn)
         for name in {name for (name, _, _), r in zip(calls, replies, strict=True)
                      if isinstance(r, redis.exceptions.NoScriptError)}:
             script = self._scripts[name]
             script.sha = self._call("load scripts", functools.partial(self._r.script_load, script.script),
                                     safe=True)
-        return replies
+        return replies if first is None else [head, *replies]
 
-    def _checkout(self) -> Any:
+    def _checkout(self, *, blocking: bool = False) -> Any:
         if self._pid != os.getpid():
             # A forked child must not talk on its parent's sockets: it makes its own.
-            self._idle, self._made, self._pid = [], [], os.getpid()
+            self._idle, self._idle_blocking, self._made, self._pid = [], [], [], os.getpid()
         try:
-            return self._idle.pop()  # atomic: no lock needed between threads
+            return (self._idle_blocking if blocking else self._idle).pop()  # atomic: no lock needed
         except IndexError:
-            conn = self._pool.make_connection()
+            conn = (self._block_pool if blocking else self._pool).make_connection()
             self._made.append(conn)
             return conn
 
@@ -844,6 +850,46 @@ class RedisBackend(Backend):
 
     # -- waiting ------------------------------------------------------------------------------
     def wait_for_jobs(self, queues: Sequence[str], timeout: float, *, verify: bool = True) -> bool:
+        def pop(wake_keys: list[str], pause: float) -> tuple[bool, None] | None:
+            # A marker only says "something changed": with verify, look again before reporting
+            # work, so a worker whose neighbour took the job goes back to sleep. Popping a marker
+            # twice is harmless, hence "safe" (retried while Redis is away).
+            block = functools.partial(self._rb.blpop, wake_keys, timeout=pause)
+            if self._call("wait for jobs", block, safe=True) is not None and not verify:
+                return True, None
+            return None
+
+        return self._wait(queues, timeout, pop)[0]
+
+    def wait_and_claim(
+        self, queues: Sequence[str], timeout: float, claims: Sequence[tuple[str, int]], *,
+        worker_id: str, lease_s: float,
+    ) -> tuple[bool, list[Job] | None]:
+        """The idle wait with the claims sent in the same write as its blocking pop: Redis holds
+        them behind the pop and runs them the moment it returns (a wake-up marker, or its
+        timeout), so the jobs come back with the wake-up instead of a round trip after it. A
+        worker killed while it waits takes the claims with it unrun (Redis drops a closed
+        client's pending commands)."""
+        claims = [(q, n) for q, n in claims if n > 0]
+        if not claims:
+            return super().wait_and_claim(queues, timeout, claims, worker_id=worker_id, lease_s=lease_s)
+
+        def pop(wake_keys: list[str], pause: float) -> tuple[bool, list[Job] | None] | None:
+            woken, jobs = self._call("wait for jobs", functools.partial(
+                self._pop_then_claim, wake_keys, pause, claims, worker_id, lease_s), safe=False)
+            if jobs is None:  # no claim ran: the caller claims
+                return woken, None
+            if woken or jobs:
+                return True, jobs
+            return None  # the pop timed out and the claims found nothing: wait on
+
+        return self._wait(queues, timeout, pop)
+
+    def _wait(self, queues: Sequence[str], timeout: float,
+              pop: Callable[[list[str], float], tuple[bool, list[Job] | None] | None]) -> tuple[bool, list[Job] | None]:
+        """The idle wait: look (peek), then block in ``pop`` on the wake lists for a slice, until
+        ``pop`` has an answer, a job is waiting, ``wake()`` or ``close()`` is called, or the
+        timeout runs out (False)."""
         deadline = time.monotonic() + max(0.0, timeout)
         with self._wake_lock:
             generation = self._wake_gen
@@ -852,30 +898,45 @@ class RedisBackend(Backend):
         try:
             while True:
                 if self._wake_gen != generation or self._closed:
-                    return True
+                    return True, None
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    return False
+                    return False, None
                 try:
                     ready, due_in = self._peek(queues)
                     if ready:
-                        return True
+                        return True, None
                     pause = min(remaining, WAIT_SLICE)
                     if due_in is not None:
                         pause = min(pause, due_in)
-                    # A marker only says "something changed": look again before reporting work,
-                    # so a worker whose neighbour took the job goes back to sleep.
-                    # Popping a marker twice is harmless, hence "safe" (retried while Redis is away).
-                    block = functools.partial(self._rb.blpop, wake_keys, timeout=max(pause, 0.001))
-                    if self._call("wait for jobs", block, safe=True) is not None and not verify:
-                        return True
+                    answer = pop(wake_keys, max(pause, 0.001))
                 except Exception:
                     if self.closed:
-                        return True  # close() pulled the socket from under us: that is a wake-up
+                        return True, None  # close() pulled the socket from under us: that is a wake-up
                     raise
+                if answer is not None:
+                    return answer
         finally:
             with self._wake_lock:
                 self._waiters -= 1
+
+    def _pop_then_claim(self, wake_keys: list[str], pause: float, claims: Sequence[tuple[str, int]],
+                        worker_id: str, lease_s: float) -> tuple[bool, list[Job] | None]:
+        """One BLPOP on the wake keys with the claims pipelined behind it: (woken, the jobs, or
+        None if no claim ran: an error reply, such as a script not loaded yet, which
+        _send_scripts then loads)."""
+        tokens = [_tokens(n) for _, n in claims]
+        calls: list[_ScriptCall] = [
+            ("claim", [*self.keys.header, *self.keys.block(q)],
+             [1, q, "", n, repr(float(lease_s)), worker_id, CLAIM_SCAN, *toks])
+            for (q, n), toks in zip(claims, tokens, strict=True)
+        ]
+        popped, *replies = self._send_scripts(calls, first=("BLPOP", *wake_keys, repr(pause)))
+        jobs: list[Job] | None = None
+        for (q, _), toks, res in zip(claims, tokens, replies, strict=True):
+            if isinstance(res, list) and (not res or res[0] not in ("need", "stale")):
+                jobs = [*(jobs or []), *self._claimed(res, q, worker_id, toks)]
+        return popped is not None, jobs
 
     def _peek(self, queues: Sequence[str]) -> tuple[bool, float | None]:
         """(jobs are waiting now, seconds until the earliest scheduled job is due)."""
