@@ -17,7 +17,7 @@ from .backends.base import Backend, ErrorInfo, Lease
 from .cron import tick_of
 from .errors import ArgumentsError, ConfigurationError, PayloadError, Reject, Retry
 from .job import Job
-from .threads import TaskThreads, ThreadCall
+from .threads import CallTimedOut, TaskThreads, ThreadCall
 
 if TYPE_CHECKING:
     from .signing import Signer
@@ -200,15 +200,6 @@ async def _guard_async(coro: Coroutine[Any, Any, Any]) -> Any:
         raise TaskExit(f"task raised SystemExit({exc.code!r}) (sys.exit)") from None
 
 
-class _Expired(Exception):
-    """A sync task's timeout ran out (set on its thread's future; the thread runs on)."""
-
-
-def _expire(future: asyncio.Future[Any]) -> None:
-    if not future.done():
-        future.set_exception(_Expired())
-
-
 class Execution:
     """One attempt of one job. ``thread`` is set for sync tasks: it may outlive a timeout."""
 
@@ -246,7 +237,8 @@ class Execution:
         args, kwargs, ctx = self._call
         if not task.is_async:
             call = functools.partial(_guard_sync, functools.partial(task.fn, *args, **kwargs))
-            self.thread = self.pool.submit(functools.partial(ctx.run, call))
+            # Its timeout counts from here: the thread's future fails when it runs out.
+            self.thread = self.pool.submit(functools.partial(ctx.run, call), timeout=self.job.timeout)
 
     async def run(self) -> Outcome:
         if not self._prepared:
@@ -304,19 +296,14 @@ class Execution:
             else:
                 thread = self.thread
                 assert thread is not None
-                # A plain timer on the thread's future: lighter than asyncio.timeout per job.
-                timer = asyncio.get_running_loop().call_later(job.timeout, _expire, thread.future)
-                try:
-                    result = await thread.future
-                finally:
-                    timer.cancel()
+                result = await thread.future  # fails with CallTimedOut when its timeout runs out
         except Retry as exc:
             delay = exc.delay if exc.delay is not None else task.retry_policy.delay(job.attempts)
             return Outcome("retry", error=error_from(exc, "retry"), delay=delay)
         except Reject as exc:
             return Outcome("dead", error=error_from(exc, "rejected"))
-        except (TimeoutError, _Expired) as exc:
-            if isinstance(exc, _Expired) or (deadline is not None and deadline.expired()):
+        except (TimeoutError, CallTimedOut) as exc:
+            if isinstance(exc, CallTimedOut) or (deadline is not None and deadline.expired()):
                 context.cancel()  # a sync task that checks current_job().cancelled stops now
                 return Outcome("retry", delay=task.retry_policy.delay(job.attempts), error=ErrorInfo(
                     kind="timeout", type="TimeoutError",

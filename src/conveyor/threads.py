@@ -5,17 +5,25 @@ A ThreadPoolExecutor hands each call's result back through a concurrent Future, 
 semaphore on every submit. For many short jobs that is most of a job's cost. Here calls go
 in through a C ``SimpleQueue``, and results come back in batches: a thread that finishes
 while the loop has not yet collected the previous results adds its own to them instead of
-waking the loop again.
+waking the loop again. A call's timeout is not an asyncio timer per call either (creating and
+cancelling one was a twentieth of a short job's cost): see _Deadlines.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import math
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
+
+
+class CallTimedOut(Exception):
+    """A call's timeout ran out: its future fails with this (the thread itself runs on)."""
 
 
 class ThreadCall:
@@ -47,12 +55,79 @@ class ThreadCall:
 _callbacks_lock = threading.Lock()
 
 
+class _Deadlines:
+    """The timeouts of the calls on the threads, with one asyncio timer for all of them. Calls
+    with the same timeout expire in the order they started, so each timeout length keeps its
+    calls in a queue in start order, and the timer follows the earliest deadline at the queues'
+    heads. A call that finished is dropped when it reaches the head (or when its queue is
+    compacted, should a long call at the head hold many finished ones behind it)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()  # calls are submitted from the loop and from store threads
+        self._queues: dict[float, collections.deque[tuple[float, ThreadCall]]] = {}
+        self._compact_at: dict[float, int] = {}
+        self._at = math.inf  # when the timer fires (the loop's clock, time.monotonic)
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, call: ThreadCall, timeout: float) -> None:
+        """From any thread: fail ``call.future`` with CallTimedOut ``timeout`` s from now."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            calls = self._queues.get(timeout)
+            if calls is None:
+                calls = self._queues[timeout] = collections.deque()
+            while calls and calls[0][1]._finished:
+                calls.popleft()
+            if len(calls) > self._compact_at.get(timeout, 64):
+                calls = self._queues[timeout] = collections.deque(c for c in calls if not c[1]._finished)
+                self._compact_at[timeout] = max(64, 2 * len(calls))
+            calls.append((deadline, call))
+            sooner = deadline < self._at
+            if sooner:
+                self._at = deadline
+        if sooner:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                self._loop.call_soon_threadsafe(self._arm)
+
+    def _arm(self) -> None:
+        """On the loop: (re)set the timer to the earliest deadline."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = None if self._at == math.inf else self._loop.call_at(self._at, self._fire)
+
+    def _fire(self) -> None:
+        now = time.monotonic()
+        expired: list[ThreadCall] = []
+        with self._lock:
+            for timeout in list(self._queues):
+                calls = self._queues[timeout]
+                while calls and (calls[0][1]._finished or calls[0][0] <= now):
+                    _, call = calls.popleft()
+                    if not call._finished:
+                        expired.append(call)
+                if not calls:
+                    del self._queues[timeout]
+            self._at = min((calls[0][0] for calls in self._queues.values()), default=math.inf)
+        self._timer = None
+        self._arm()
+        for call in expired:
+            if not call.future.done():
+                call.future.set_exception(CallTimedOut())
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
 class TaskThreads:
     """``size`` daemon threads (a task stuck past shutdown must not keep the process alive;
     its job's lease was released or runs out)."""
 
     def __init__(self, size: int, loop: asyncio.AbstractEventLoop, name: str = "conveyor-task") -> None:
         self._loop = loop
+        self._deadlines = _Deadlines(loop)
         self._calls: queue.SimpleQueue[ThreadCall | None] = queue.SimpleQueue()
         self._finished: collections.deque[ThreadCall] = collections.deque()
         self._wake_pending = False
@@ -61,16 +136,21 @@ class TaskThreads:
         for t in self._threads:
             t.start()
 
-    def submit(self, fn: Callable[[], Any]) -> ThreadCall:
-        """Run ``fn`` on a free thread (call from the loop); await ``.future`` for its result."""
+    def submit(self, fn: Callable[[], Any], timeout: float | None = None) -> ThreadCall:
+        """Run ``fn`` on a free thread; await ``.future`` for its result, which fails with
+        CallTimedOut if ``timeout`` seconds pass first (the thread runs on). Callable from the
+        loop and from other threads (the future is the loop's)."""
         if self._closed:
             raise RuntimeError("task threads are shut down")
         call = ThreadCall(fn, self._loop.create_future())
+        if timeout is not None:
+            self._deadlines.add(call, timeout)
         self._calls.put(call)
         return call
 
     def shutdown(self) -> None:
         self._closed = True
+        self._deadlines.close()
         for _ in self._threads:
             self._calls.put(None)
 
