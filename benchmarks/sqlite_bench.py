@@ -141,7 +141,8 @@ class Proc:
         return self.popen.returncode
 
     def log_tail(self, lines: int = 30) -> str:
-        self._log.flush()
+        if not self._log.closed:  # stop() closes it; the tail is still on disk
+            self._log.flush()
         try:
             return "\n".join(self.log_path.read_text().splitlines()[-lines:])
         except OSError:
