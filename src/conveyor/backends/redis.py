@@ -81,9 +81,9 @@ READ_ONLY_SCRIPTS = {"stats", "list_jobs", "peek"}
 # refused record would let another attempt do it again.
 GROWING_SCRIPTS = {"enqueue"}
 STEP_PREFIX = "step:"  # a step record is the field step:<name> of the job's hash
-# The fields a claim returns for a job with no unique key, fair key, limits, steps or redrive.
-_PLAIN_CLAIMED = frozenset({"task", "args", "priority", "run_at", "attempt", "max_attempts", "timeout_s", "meta",
-                            "created_at"})
+# The fields whose values a claim returns in this order for every job (BASE in claim.lua);
+# any others come after them as field, value pairs.
+_CLAIM_BASE = ("task", "args", "priority", "run_at", "attempt", "max_attempts", "timeout_s", "meta", "created_at")
 
 DEFAULT_SOCKET_TIMEOUT = 5.0
 DEFAULT_CONNECT_TIMEOUT = 2.0
@@ -469,9 +469,14 @@ class RedisBackend(Backend):
                  "lease_expires_at": expires}
         jobs = []
         makers: dict[tuple[str, ...], Callable[..., Job]] = {}
-        for (job_id, flat, errors), token in zip(res[2:], tokens, strict=False):
-            h = dict(zip(flat[::2], flat[1::2], strict=True))
-            if h.keys() == _PLAIN_CLAIMED and not errors:
+        for (job_id, base, extra, errors), token in zip(res[2:], tokens, strict=False):
+            h = dict(zip(_CLAIM_BASE, base, strict=True))
+            if extra or errors:
+                h.update(zip(extra[::2], extra[1::2], strict=True))
+                h.update(known, lease_token=token)
+                job = _to_job(int(job_id), h, errors)
+                self._remember(job)
+            else:
                 # A job with nothing but the fields every job has (most are): what it shares with
                 # the claim's other jobs of the same kind goes into one constructor per claim.
                 kind = (h["task"], h["priority"], h["max_attempts"], h["timeout_s"])
@@ -487,10 +492,6 @@ class RedisBackend(Backend):
                            run_at=float(h["run_at"]), created_at=float(h["created_at"]), lease_token=token,
                            **({} if raw_meta == "{}" else {"meta": json.loads(raw_meta)}))
                 self._queue_of[job.id] = queue  # (_remember: a claimed job is not final)
-            else:
-                h.update(known, lease_token=token)
-                job = _to_job(int(job_id), h, errors)
-                self._remember(job)
             jobs.append(job)
         if len(self._queue_of) > MAX_CACHED_QUEUES:
             self._queue_of.clear()

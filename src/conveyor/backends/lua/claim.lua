@@ -13,11 +13,14 @@
 -- ARGV: 1, queue; now ('' = the store's clock), limit, lease_s, worker_id, scan (CLAIM_SCAN:
 --   most waiting jobs the walk looks at), then `limit` lease tokens made by the client (Lua's
 --   math.random is not a safe source of them).
--- Returns {} when nothing was claimed, else {now, lease expiry, then one {id, fields, errors}
--- per claimed job, in claim order}: fields is the job's hash without what the claiming worker
+-- Returns {} when nothing was claimed, else {now, lease expiry, then one {id, base, extra,
+-- errors} per claimed job, in claim order}: base is the values of BASE (below), in that order;
+-- extra is the rest of the job's hash as field, value pairs, without what the claiming worker
 -- knows already (its queue, state, attempted_at = now, worker_id, lease_token = its token in
--- claim order, lease_expires_at) or never reads (fair_tag). Every string of the reply costs
--- Redis a conversion and the worker a parse; those were a third of each job's.
+-- claim order, lease_expires_at) or never reads (fair_tag). Most jobs have no other field, and
+-- then the hash is not read whole: every string of the reply costs Redis a conversion and the
+-- worker a parse (they were a third of each job's cost), and a value without its field name
+-- is half the strings.
 local q = Q[QNAMES[1]]
 local now = clock(arg(1))
 local limit = tonumber(arg(2))
@@ -132,8 +135,14 @@ elseif #popped < 2 * limit and gated_n ~= 0 then
   redis.call('HDEL', q.fair, 'gated')  -- the queue is empty now, and none of it was gated
 end
 
+local BASE = {'task', 'args', 'priority', 'run_at', 'attempt', 'max_attempts', 'timeout_s', 'meta', 'created_at'}
+local ATTEMPT = 5  -- BASE[ATTEMPT] == 'attempt'
 local KNOWN = {queue = true, state = true, attempted_at = true, worker_id = true, lease_token = true,
   lease_expires_at = true, fair_tag = true}
+for _, name in ipairs(BASE) do KNOWN[name] = true end
+-- The fields of a claimed job that has nothing but these: BASE and KNOWN.
+local PLAIN = 0
+for _ in pairs(KNOWN) do PLAIN = PLAIN + 1 end
 local out, ids, running, states = {}, {}, {}, {}
 local rated, n_gated = {}, 0
 -- The largest tag claimed at priority p1, and at any other priority (by ZSET score).
@@ -151,9 +160,11 @@ for i, m in ipairs(picked) do
   end
   local key = P_JOB .. id
   local token = arg(5 + i)
-  local attempt = redis.call('HINCRBY', key, 'attempt', 1)
+  local base = redis.call('HMGET', key, unpack(BASE))
+  local attempt = tonumber(base[ATTEMPT]) + 1
+  base[ATTEMPT] = string.format('%d', attempt)
   redis.call('HSET', key, 'state', 'running', 'attempted_at', n_at, 'worker_id', worker_id,
-    'lease_token', token, 'lease_expires_at', e_at)
+    'lease_token', token, 'lease_expires_at', e_at, 'attempt', base[ATTEMPT])
   redis.call('HDEL', key, 'm')
   local lim = limits[i]
   if lim then
@@ -171,19 +182,22 @@ for i, m in ipairs(picked) do
   states[#states + 1] = id
   -- A job has error records only after a failed attempt (then attempt was >= 1 before this
   -- claim) or once redriven (attempt back to 0, records kept): the others skip the LRANGE.
-  local h = redis.call('HGETALL', key)
-  local fields, errors = {}, {}
+  local extra, errors = {}, {}
   local look = attempt > 1
-  for f = 1, #h, 2 do
-    local name = h[f]
-    if not KNOWN[name] then
-      fields[#fields + 1] = name
-      fields[#fields + 1] = h[f + 1]
-      if name == 'redriven' then look = true end
+  if redis.call('HLEN', key) ~= PLAIN then
+    -- Fields beyond the common ones: a unique or fair key, limits, step records, a redrive...
+    local h = redis.call('HGETALL', key)
+    for f = 1, #h, 2 do
+      local name = h[f]
+      if not KNOWN[name] then
+        extra[#extra + 1] = name
+        extra[#extra + 1] = h[f + 1]
+        if name == 'redriven' then look = true end
+      end
     end
   end
   if look then errors = redis.call('LRANGE', P_ERR .. id, 0, -1) end
-  out[#out + 1] = {id, fields, errors}
+  out[#out + 1] = {id, base, extra, errors}
 end
 if n_gated > 0 then redis.call('HINCRBY', q.fair, 'gated', -n_gated) end
 -- A rate key lives as long as its last open window, so an idle key vanishes by itself. (PEXPIRE
