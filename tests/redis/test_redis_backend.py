@@ -114,6 +114,21 @@ def test_times_are_stored_bit_for_bit(backend: RedisBackend) -> None:
     assert again is not None and again.errors[0]["at"] == now + 0.25 and isinstance(again.errors[0]["at"], float)
 
 
+def test_a_claimed_hash_missing_a_common_field_comes_back_whole(backend: RedisBackend,
+                                                              private_redis: RedisServer) -> None:
+    """A claim sends a job's common fields as bare values and reads its whole hash only when
+    HLEN says there is more. A hash that lacks one of them (an older layout) while holding an
+    extra field has the plain count too: the claim must still see the extra field."""
+    [plain, odd] = backend.enqueue_many([job(), job(unique_key="u-1", meta=json.dumps({"m": 1}))])
+    c = private_redis.client()
+    c.hdel(backend.keys.job(odd.id), "fair_tag")
+    c.close()
+    by_id = {j.id: j for j in backend.claim("default", 2, worker_id="w", lease_s=30)}
+    assert by_id[odd.id].unique_key == "u-1" and by_id[odd.id].meta == {"m": 1}
+    assert by_id[odd.id] == backend.get(odd.id)
+    assert by_id[plain.id] == backend.get(plain.id) and by_id[plain.id].attempts == 1
+
+
 def test_list_jobs_hands_back_a_cursor_when_its_work_budget_runs_out(
     backend: RedisBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:

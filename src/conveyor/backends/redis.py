@@ -81,8 +81,8 @@ READ_ONLY_SCRIPTS = {"stats", "list_jobs", "peek"}
 # refused record would let another attempt do it again.
 GROWING_SCRIPTS = {"enqueue"}
 STEP_PREFIX = "step:"  # a step record is the field step:<name> of the job's hash
-# The fields whose values a claim returns in this order for every job (BASE in claim.lua);
-# any others come after them as field, value pairs.
+# The fields whose values a claim returns in this order for a job that has no others (BASE in
+# claim.lua); a job with others comes back as its hash's field, value pairs instead.
 _CLAIM_BASE = ("task", "args", "priority", "run_at", "attempt", "max_attempts", "timeout_s", "meta", "created_at")
 
 DEFAULT_SOCKET_TIMEOUT = 5.0
@@ -470,8 +470,8 @@ class RedisBackend(Backend):
         jobs = []
         makers: dict[tuple[str, ...], Callable[..., Job]] = {}
         for (job_id, base, extra, errors), token in zip(res[2:], tokens, strict=False):
-            h = dict(zip(_CLAIM_BASE, base, strict=True))
-            if extra or errors:
+            h = dict(zip(_CLAIM_BASE, base, strict=True)) if base else {}
+            if extra or errors or not base:
                 h.update(zip(extra[::2], extra[1::2], strict=True))
                 h.update(known, lease_token=token)
                 job = _to_job(int(job_id), h, errors)

@@ -14,8 +14,9 @@
 --   most waiting jobs the walk looks at), then `limit` lease tokens made by the client (Lua's
 --   math.random is not a safe source of them).
 -- Returns {} when nothing was claimed, else {now, lease expiry, then one {id, base, extra,
--- errors} per claimed job, in claim order}: base is the values of BASE (below), in that order;
--- extra is the rest of the job's hash as field, value pairs, without what the claiming worker
+-- errors} per claimed job, in claim order}: base is the values of BASE (below), in that order,
+-- and extra is empty; or, for a job with other fields, base is empty and extra is the job's
+-- hash as field, value pairs, without what the claiming worker
 -- knows already (its queue, state, attempted_at = now, worker_id, lease_token = its token in
 -- claim order, lease_expires_at) or never reads (fair_tag). Most jobs have no other field, and
 -- then the hash is not read whole: every string of the reply costs Redis a conversion and the
@@ -135,10 +136,16 @@ elseif #popped < 2 * limit and gated_n ~= 0 then
   redis.call('HDEL', q.fair, 'gated')  -- the queue is empty now, and none of it was gated
 end
 
-local BASE = {'task', 'args', 'priority', 'run_at', 'attempt', 'max_attempts', 'timeout_s', 'meta', 'created_at'}
-local ATTEMPT = 5  -- BASE[ATTEMPT] == 'attempt'
-local KNOWN = {queue = true, state = true, attempted_at = true, worker_id = true, lease_token = true,
+-- BASE: the fields whose values the reply gives in this order; fair_tag is read with them only
+-- to know it is there (the reply leaves it out).
+local BASE = {'task', 'args', 'priority', 'run_at', 'attempt', 'max_attempts', 'timeout_s', 'meta', 'created_at',
+  'fair_tag'}
+local NBASE, ATTEMPT = #BASE, 5  -- BASE[ATTEMPT] == 'attempt'
+-- OMIT: what the reply never sends; KNOWN: OMIT and BASE, the fields of a plain claimed job.
+local OMIT = {queue = true, state = true, attempted_at = true, worker_id = true, lease_token = true,
   lease_expires_at = true, fair_tag = true}
+local KNOWN = {}
+for name in pairs(OMIT) do KNOWN[name] = true end
 for _, name in ipairs(BASE) do KNOWN[name] = true end
 -- The fields of a claimed job that has nothing but these: BASE and KNOWN.
 local PLAIN = 0
@@ -161,10 +168,16 @@ for i, m in ipairs(picked) do
   local key = P_JOB .. id
   local token = arg(5 + i)
   local base = redis.call('HMGET', key, unpack(BASE))
-  local attempt = tonumber(base[ATTEMPT]) + 1
-  base[ATTEMPT] = string.format('%d', attempt)
+  local complete = true
+  for k = 1, NBASE do
+    if not base[k] then complete = false end
+  end
+  base[NBASE] = nil
+  local attempt = tonumber(base[ATTEMPT] or 0) + 1
+  local attempt_s = string.format('%d', attempt)
+  base[ATTEMPT] = attempt_s
   redis.call('HSET', key, 'state', 'running', 'attempted_at', n_at, 'worker_id', worker_id,
-    'lease_token', token, 'lease_expires_at', e_at, 'attempt', base[ATTEMPT])
+    'lease_token', token, 'lease_expires_at', e_at, 'attempt', attempt_s)
   redis.call('HDEL', key, 'm')
   local lim = limits[i]
   if lim then
@@ -184,12 +197,15 @@ for i, m in ipairs(picked) do
   -- claim) or once redriven (attempt back to 0, records kept): the others skip the LRANGE.
   local extra, errors = {}, {}
   local look = attempt > 1
-  if redis.call('HLEN', key) ~= PLAIN then
-    -- Fields beyond the common ones: a unique or fair key, limits, step records, a redrive...
+  -- With every field of KNOWN there (claim just wrote the others), the count tells whether
+  -- the hash holds more. If it does (a unique or fair key, limits, step records, a redrive...),
+  -- or lacks one (a hash of an older layout), the reply sends it whole, base empty.
+  if not complete or redis.call('HLEN', key) ~= PLAIN then
+    base = {}
     local h = redis.call('HGETALL', key)
     for f = 1, #h, 2 do
       local name = h[f]
-      if not KNOWN[name] then
+      if not OMIT[name] then
         extra[#extra + 1] = name
         extra[#extra + 1] = h[f + 1]
         if name == 'redriven' then look = true end
