@@ -378,6 +378,23 @@ def test_a_stalled_redis_times_out_instead_of_hanging(private_redis: RedisServer
         b.close()
 
 
+def test_a_new_connection_costs_one_round_trip_before_its_first_command(private_redis: RedisServer) -> None:
+    """A call that needs a new connection pays its handshake inside its own time bound: at
+    500 ms each way, redis-py 8's default (HELLO, CLIENT MAINT_NOTIFICATIONS, SETNAME and two
+    SETINFO) made a first stats() take 12 s against a bound of 8. Only SETNAME is left."""
+    admin = private_redis.client()
+    admin.config_resetstat()
+    b = open_backend(private_redis.url)
+    try:
+        b.stats()
+        b.enqueue_many([job()])
+    finally:
+        b.close()
+    handshake = {name for name in admin.info("commandstats") if name.startswith(("cmdstat_hello", "cmdstat_client"))}
+    admin.close()
+    assert handshake == {"cmdstat_client|setname"}, handshake
+
+
 def test_a_batch_that_breaks_the_rules_writes_nothing(backend: RedisBackend, private_redis: RedisServer) -> None:
     with pytest.raises(StoreError, match="max_attempts"):
         backend.enqueue_many([job(), job(max_attempts=0)], now=T0)

@@ -14,6 +14,7 @@ sent, because a reply lost in flight does not tell whether the script ran.
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import math
 import os
@@ -92,6 +93,14 @@ WAIT_SLICE = 1.0  # longest single BLPOP; the socket timeout of waiters is this 
 LIST_BUDGET = 20_000  # ids one list_jobs call looks at before it hands back a cursor
 BATCH = 1000  # jobs one redrive/purge script handles, so a big DLQ never blocks Redis for long
 MAX_CACHED_QUEUES = 100_000
+
+
+# No CLIENT SETINFO on connect (see RedisBackend.__init__): redis-py 7+ takes driver_info=None;
+# before that, lib_name and lib_version None (deprecated since).
+_NO_LIB_INFO: dict[str, None] = (
+    {"driver_info": None} if "driver_info" in inspect.signature(redis.connection.AbstractConnection.__init__).parameters
+    else {"lib_name": None, "lib_version": None}
+)
 
 
 class _NotSent(redis.ConnectionError):
@@ -233,6 +242,13 @@ class RedisBackend(Backend):
             "connection_class": _SSLConnection if tls else _Connection,
             "max_connections": 1024,
             "client_name": "conveyor",
+            # A new connection's handshake is round trips before the first command, and a call
+            # that needs a connection pays them within its own time bound. RESP2 (redis-py 8
+            # defaults to RESP3: a HELLO, and CLIENT MAINT_NOTIFICATIONS, which Redis before 8
+            # refuses) and no CLIENT SETINFO (two more, refused by Redis before 7.2) leave SETNAME
+            # alone: at 500 ms each way, 5 round trips became 1 per connection.
+            "protocol": 2,
+            **_NO_LIB_INFO,
         }
         try:
             self._pool = redis.ConnectionPool.from_url(redis_url, socket_timeout=self.socket_timeout, **common)
