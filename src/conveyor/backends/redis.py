@@ -102,6 +102,15 @@ _NO_LIB_INFO: dict[str, None] = (
     else {"lib_name": None, "lib_version": None}
 )
 
+# redis-py 8's cluster maintenance notifications (a CLIENT command per new RESP3 connection).
+_NO_MAINT_NOTIFICATIONS: dict[str, Any] = {}
+try:
+    from redis.maint_notifications import MaintNotificationsConfig
+except ImportError:  # redis-py before 7
+    pass
+else:
+    _NO_MAINT_NOTIFICATIONS["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
+
 
 class _NotSent(redis.ConnectionError):
     """Connecting failed: the command was never sent, so retrying it cannot run it twice."""
@@ -243,12 +252,11 @@ class RedisBackend(Backend):
             "max_connections": 1024,
             "client_name": "conveyor",
             # A new connection's handshake is round trips before the first command, and a call
-            # that needs a connection pays them within its own time bound. RESP2 (redis-py 8
-            # defaults to RESP3: a HELLO, and CLIENT MAINT_NOTIFICATIONS, which Redis before 8
-            # refuses) and no CLIENT SETINFO (two more, refused by Redis before 7.2) leave SETNAME
-            # alone: at 500 ms each way, 5 round trips became 1 per connection.
-            "protocol": 2,
+            # that needs a connection pays them within its own time bound. No CLIENT SETINFO (two,
+            # refused by Redis before 7.2) and no CLIENT MAINT_NOTIFICATIONS (redis-py 8 with
+            # RESP3; refused before Redis 8): HELLO (RESP3) and SETNAME are left.
             **_NO_LIB_INFO,
+            **_NO_MAINT_NOTIFICATIONS,
         }
         try:
             self._pool = redis.ConnectionPool.from_url(redis_url, socket_timeout=self.socket_timeout, **common)

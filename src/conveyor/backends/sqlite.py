@@ -133,7 +133,7 @@ class SqliteBackend(Backend):
                     self.path, timeout=self._busy_timeout, isolation_level=None, check_same_thread=False
                 )
                 conn.row_factory = sqlite3.Row
-                conn.execute("PRAGMA journal_mode = WAL")
+                self._enter_wal(conn)
                 conn.execute(f"PRAGMA synchronous = {self._synchronous}")
                 # A checkpointed WAL is cut back to this size instead of keeping its peak forever.
                 conn.execute("PRAGMA journal_size_limit = 16777216")
@@ -143,6 +143,22 @@ class SqliteBackend(Backend):
             with self._lock:
                 self._all.append(conn)
         return conn
+
+    def _enter_wal(self, conn: sqlite3.Connection) -> None:
+        """Switch a new file to WAL. Processes opening a fresh file at once race for the switch,
+        which needs the file to themselves, and SQLite can refuse it at once ("database is
+        locked") without waiting out busy_timeout: retried here, within busy_timeout."""
+        deadline = time.monotonic() + self._busy_timeout
+        pause = 0.005
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
 
     @property
     def closed(self) -> bool:
