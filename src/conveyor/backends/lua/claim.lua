@@ -141,15 +141,14 @@ end
 local BASE = {'task', 'args', 'priority', 'run_at', 'attempt', 'max_attempts', 'timeout_s', 'meta', 'created_at',
   'fair_tag'}
 local NBASE, ATTEMPT = #BASE, 5  -- BASE[ATTEMPT] == 'attempt'
--- OMIT: what the reply never sends; KNOWN: OMIT and BASE, the fields of a plain claimed job.
+-- OMIT: what the reply never sends. PLAIN: how many fields a claimed job has when it has
+-- nothing beyond BASE and OMIT (fair_tag is in both).
 local OMIT = {queue = true, state = true, attempted_at = true, worker_id = true, lease_token = true,
   lease_expires_at = true, fair_tag = true}
-local KNOWN = {}
-for name in pairs(OMIT) do KNOWN[name] = true end
-for _, name in ipairs(BASE) do KNOWN[name] = true end
--- The fields of a claimed job that has nothing but these: BASE and KNOWN.
-local PLAIN = 0
-for _ in pairs(KNOWN) do PLAIN = PLAIN + 1 end
+local PLAIN = NBASE
+for name in pairs(OMIT) do
+  if name ~= 'fair_tag' then PLAIN = PLAIN + 1 end
+end
 local out, ids, running, states = {}, {}, {}, {}
 local rated, n_gated = {}, 0
 -- The largest tag claimed at priority p1, and at any other priority (by ZSET score).
@@ -197,7 +196,7 @@ for i, m in ipairs(picked) do
   -- claim) or once redriven (attempt back to 0, records kept): the others skip the LRANGE.
   local extra, errors = {}, {}
   local look = attempt > 1
-  -- With every field of KNOWN there (claim just wrote the others), the count tells whether
+  -- With every field of BASE there (claim just wrote OMIT's others), the count tells whether
   -- the hash holds more. If it does (a unique or fair key, limits, step records, a redrive...),
   -- or lacks one (a hash of an older layout), the reply sends it whole, base empty.
   if not complete or redis.call('HLEN', key) ~= PLAIN then
