@@ -364,7 +364,10 @@ def test_an_unreachable_redis_raises_store_unavailable_quickly(private_redis: Re
 
 def test_a_stalled_redis_times_out_instead_of_hanging(private_redis: RedisServer) -> None:
     b = open_backend(private_redis.url + "&socket_timeout=0.3")
-    admin = private_redis.client()
+    # A PAUSE ALL holds every client's commands, the admin's UNPAUSE too, until it runs out: the
+    # admin waits that out (redis-py 6 and later would retry a shorter timeout; 5.0 does not).
+    admin = redis.Redis(port=private_redis.port, password=private_redis.password, socket_timeout=10,
+                        socket_connect_timeout=1, decode_responses=True)
     try:
         b.enqueue_many([job()])  # connected
         admin.execute_command("CLIENT", "PAUSE", "3000", "ALL")
