@@ -222,11 +222,12 @@ class Execution:
         self._task: Task[Any, Any] | None = None
         self._call: tuple[tuple[Any, ...], dict[str, Any], contextvars.Context] | None = None
 
-    def prepare(self) -> None:
+    def prepare(self, *, here: bool = False) -> None:
         """Everything of the attempt up to the task's start, callable from any thread; a sync
         task is handed to its thread here. The worker calls it on the thread its claim came
         back on, so the job starts without waiting for the event loop to take the claim's reply
-        (that hop was a fifth of an idle worker's enqueue-to-start latency)."""
+        (that hop was a fifth of an idle worker's enqueue-to-start latency). ``here``: called
+        on one of the pool's threads, run the task on that thread next (TaskThreads.submit)."""
         self._prepared = True
         self.span = tracing.start_attempt(self.job)
         self._early = self._check()
@@ -238,7 +239,7 @@ class Execution:
         if not task.is_async:
             call = functools.partial(_guard_sync, functools.partial(task.fn, *args, **kwargs))
             # Its timeout counts from here: the thread's future fails when it runs out.
-            self.thread = self.pool.submit(functools.partial(ctx.run, call), timeout=self.job.timeout)
+            self.thread = self.pool.submit(functools.partial(ctx.run, call), timeout=self.job.timeout, here=here)
 
     async def run(self) -> Outcome:
         if not self._prepared:

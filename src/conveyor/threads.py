@@ -53,6 +53,7 @@ class ThreadCall:
 
 
 _callbacks_lock = threading.Lock()
+_NOT_OURS = object()  # submit() called from a thread that is not one of the pool's
 
 
 class _Deadlines:
@@ -132,20 +133,28 @@ class TaskThreads:
         self._finished: collections.deque[ThreadCall] = collections.deque()
         self._wake_pending = False
         self._closed = False
+        self._local = threading.local()  # on each of these threads: its call to run next (here=True)
         self._threads = [threading.Thread(target=self._serve, name=f"{name}_{i}", daemon=True) for i in range(size)]
         for t in self._threads:
             t.start()
 
-    def submit(self, fn: Callable[[], Any], timeout: float | None = None) -> ThreadCall:
+    def submit(self, fn: Callable[[], Any], timeout: float | None = None, *, here: bool = False) -> ThreadCall:
         """Run ``fn`` on a free thread; await ``.future`` for its result, which fails with
         CallTimedOut if ``timeout`` seconds pass first (the thread runs on). Callable from the
-        loop and from other threads (the future is the loop's)."""
+        loop and from other threads (the future is the loop's).
+        ``here``: made from a call running on one of these threads, ``fn`` runs on that same
+        thread the moment the current call returns, instead of waking another (the worker's
+        idle wait hands its first claimed job to itself: a thread hop is a tenth of an idle
+        worker's enqueue-to-start time). One such call per current call; any other is queued."""
         if self._closed:
             raise RuntimeError("task threads are shut down")
         call = ThreadCall(fn, self._loop.create_future())
         if timeout is not None:
             self._deadlines.add(call, timeout)
-        self._calls.put(call)
+        if here and getattr(self._local, "next", _NOT_OURS) is None:
+            self._local.next = call
+        else:
+            self._calls.put(call)
         return call
 
     def shutdown(self) -> None:
@@ -155,28 +164,39 @@ class TaskThreads:
             self._calls.put(None)
 
     def _serve(self) -> None:
+        local = self._local
+        local.next = None
         while True:
             call = self._calls.get()
-            if call is None:
+            if call is None:  # shutdown
                 return
-            try:
-                call.result = call.fn()
-            except BaseException as exc:  # handed to the awaiter, as a Future would
-                call.error = exc
-            with _callbacks_lock:
-                call._finished = True
-                callbacks, call._callbacks = call._callbacks, []
-            for cb in callbacks:
-                cb(call)
-            self._finished.append(call)
-            if not self._wake_pending:
-                # The flag is cleared by _collect before it reads the deque, so a result
-                # appended after that read always finds the flag clear and wakes the loop.
-                self._wake_pending = True
-                try:
-                    self._loop.call_soon_threadsafe(self._collect)
-                except RuntimeError:  # the loop is closed: nobody is waiting any more
+            while call is not None:
+                local.next = None
+                if not self._run(call):
                     return
+                call = local.next  # a call this one handed to its own thread (submit's here)
+
+    def _run(self, call: ThreadCall) -> bool:
+        """Run one call and hand its result to the loop; False once the loop is closed."""
+        try:
+            call.result = call.fn()
+        except BaseException as exc:  # handed to the awaiter, as a Future would
+            call.error = exc
+        with _callbacks_lock:
+            call._finished = True
+            callbacks, call._callbacks = call._callbacks, []
+        for cb in callbacks:
+            cb(call)
+        self._finished.append(call)
+        if not self._wake_pending:
+            # The flag is cleared by _collect before it reads the deque, so a result
+            # appended after that read always finds the flag clear and wakes the loop.
+            self._wake_pending = True
+            try:
+                self._loop.call_soon_threadsafe(self._collect)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                return False
+        return True
 
     def _collect(self) -> None:
         self._wake_pending = False

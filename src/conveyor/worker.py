@@ -12,6 +12,7 @@ import collections
 import concurrent.futures
 import contextlib
 import contextvars
+import functools
 import logging
 import os
 import random
@@ -252,8 +253,9 @@ class Worker:
         self._store = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="conveyor-store")
         self._beat = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="conveyor-heartbeat")
         self._maint = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="conveyor-maintenance")
-        self._waiter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="conveyor-wait")
-        self._pool = TaskThreads(self.concurrency, loop)
+        # One thread more than slots: an idle worker waits for jobs on it, and starts the first
+        # job it claims right there (see _wait_then_claim).
+        self._pool = TaskThreads(self.concurrency + 1, loop)
         if self.install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._request_stop)
@@ -293,7 +295,7 @@ class Worker:
                 await self._call(self._store, self.backend.remove_worker, self.id)
             except Exception:
                 log.exception("could not remove worker row")
-            for ex in (self._store, self._beat, self._maint, self._waiter):
+            for ex in (self._store, self._beat, self._maint):
                 ex.shutdown(wait=False, cancel_futures=True)
             self._pool.shutdown()
             log.info("worker %s stopped: %d succeeded, %d retried, %d dead, %d released",
@@ -419,17 +421,18 @@ class Worker:
             # more than concurrency + prefetch jobs (a claim from here carries no acks).
             # (`free` has already left out those the ack loop is writing; the rest wait in _acks.)
             try:
-                woken, waited = await self._park(
-                    self._call(self._waiter, self._wait_then_claim, queues, free - len(self._acks),
-                               self._startable()))
+                wait = functools.partial(self._wait_then_claim, queues, free - len(self._acks), self._startable())
+                woken, waited = await self._park(self._pool.submit(wait).future)
             except Exception:
                 log.exception("waiting for jobs failed")
                 await self._park(asyncio.sleep(self.poll_interval))
 
     def _wait_then_claim(self, queues: list[str], free: int, startable: int) -> tuple[bool, list[Job] | None]:
-        """On the waiter thread: wait for a wake-up, and claim on this thread at once, without
-        a hop to the loop and on to a store thread and back (the latency of an idle worker);
-        the first ``startable`` jobs claimed are started here too (see _prepare).
+        """On a task thread (one is free for it: the pool has one more than slots): wait for a
+        wake-up, and claim on this thread at once, without a hop to the loop and on to a store
+        thread and back (the latency of an idle worker); the first ``startable`` jobs claimed
+        are started here too (see _prepare), the first of them on this very thread once this
+        returns.
         The claim is the look at the store that tells a stale wake-up from real work. Returns
         (woken, the jobs claimed, or None if there was no claim to make)."""
         claims: list[tuple[str, int]] = []
@@ -537,7 +540,8 @@ class Worker:
 
     def _prepare(self, jobs: Sequence[Job], startable: int) -> None:
         """On the thread a claim came back on: start the first ``startable`` jobs' attempts
-        (a sync task is on its thread when this returns), so a job does not wait for the loop
+        (a sync task is handed to a thread: on the idle wait's task thread, the first of them
+        to that very thread, which runs it when the wait returns), so a job does not wait for the loop
         to take the claim's reply (a thread hop: a fifth of an idle worker's enqueue-to-start
         latency). The loop then launches them first thing (_start). A kill here is the same
         kill point as on the loop: the claim returned jobs."""
@@ -549,7 +553,8 @@ class Worker:
                 return  # the loop gives the rest back unrun
             execution = Execution(job, self.app.tasks, self._pool, self.backend, self.app.signer, self._context)
             try:
-                execution.prepare()
+                # On a task thread (the idle wait's), the first sync task runs on it next.
+                execution.prepare(here=True)
             except Exception:  # the loop's own start of the job meets it again and reports it
                 log.exception("job %d: could not start it on the claim's thread", job.id)
                 return

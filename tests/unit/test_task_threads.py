@@ -133,3 +133,36 @@ def test_calls_submitted_from_another_thread_time_out_too() -> None:
             pool.shutdown()
 
     run(main)
+
+
+def test_a_call_handed_here_runs_on_the_same_thread_once_the_current_call_returns() -> None:
+    """submit(here=True) from a call on a pool thread: the worker's idle wait starting the
+    first job it claimed on its own thread. The current call's result reaches the loop first;
+    a second such call, and one made off the pool, go to whichever thread is free."""
+
+    async def main() -> None:
+        pool = TaskThreads(3, asyncio.get_running_loop())
+        order: list[str] = []
+        try:
+            def job(name: str) -> str:
+                order.append(name)
+                return threading.current_thread().name
+
+            def wait() -> tuple[str, Any, Any]:
+                first = pool.submit(functools.partial(job, "first"), timeout=5, here=True)
+                second = pool.submit(functools.partial(job, "second"), timeout=5, here=True)
+                time.sleep(0.05)  # the second is on another thread meanwhile; the first waits for us
+                order.append("wait returns")
+                return threading.current_thread().name, first, second
+
+            waited_on, first, second = await pool.submit(wait).future
+            assert await first.future == waited_on
+            assert await second.future != waited_on
+            assert order.index("wait returns") < order.index("first")
+
+            outside = pool.submit(functools.partial(job, "outside"), here=True)  # from the loop: queued
+            assert (await outside.future).startswith("conveyor-task_")
+        finally:
+            pool.shutdown()
+
+    run(main)
