@@ -165,7 +165,6 @@ class TaskThreads:
 
     def _serve(self) -> None:
         local = self._local
-        local.next = None
         while True:
             call = self._calls.get()
             if call is None:  # shutdown
