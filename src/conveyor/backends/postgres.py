@@ -108,6 +108,7 @@ CONNECT_DEFAULTS = {
 STATEMENT_TIMEOUT_MS = 30_000
 POOL_TIMEOUT = 5.0  # longest wait for a connection: an outage surfaces as StoreError this soon
 REPLACE_WAIT = 1.0  # longest wait for the pool to replace a dead connection before it may grow
+ASK_EVERY = 0.5  # a wait for a connection asks the pool again this often (see _pooled)
 # Connections above min_size idle this long are closed (one per period; psycopg's default is
 # 10 min): a pool that grew while sessions were being killed comes back to its working size.
 MAX_IDLE = 60.0
@@ -290,6 +291,30 @@ def _configure(conn: psycopg.Connection[Any]) -> None:
         conn.execute("SET idle_in_transaction_session_timeout = 60000")
 
 
+@contextmanager
+def _pooled(pool: ConnectionPool[Any], until: float) -> Iterator[Any]:
+    """``pool.connection()``, waiting up to ``until`` (monotonic).
+
+    psycopg_pool stops reconnecting after ``reconnect_timeout``, and only a *new* request makes
+    it try again: a request already waiting would sit out its whole timeout though the server
+    is back (a server frozen past the reconnect timeout: every heartbeat then failed for up to
+    POOL_TIMEOUT after it thawed). So wait in turns of ASK_EVERY, each one a new request. While
+    the pool is still trying, a new request starts nothing more (it grows one connection at a
+    time), so asking again costs a lock and a queue entry."""
+    while True:
+        try:
+            conn = pool.getconn(timeout=min(until - time.monotonic(), ASK_EVERY))
+            break
+        except PoolTimeout:
+            if until - time.monotonic() <= 0:
+                raise
+    try:
+        with conn:
+            yield conn
+    finally:
+        pool.putconn(conn)
+
+
 def _await_idle(pool: ConnectionPool[Any], until: float) -> None:
     """Wait, up to REPLACE_WAIT, until the pool holds an idle connection (dead or alive).
 
@@ -383,7 +408,7 @@ class PostgresBackend(Backend):
                 if left <= 0:
                     raise StoreUnavailable(f"PostgreSQL: no live connection within {POOL_TIMEOUT:.1f}s "
                                            "(is the server up and answering?)")
-                with pool.connection(timeout=left) as conn:
+                with _pooled(pool, wait_until) as conn:
                     try:
                         guard = _Guard(conn, min(until, time.monotonic() + _statement_budget()), close=True)
                         with guard:
