@@ -313,6 +313,8 @@ class Report:
     lost: list[int] = field(default_factory=list)
     unexpected: list[int] = field(default_factory=list)
     duplicated: dict[int, int] = field(default_factory=dict)  # n -> extra executions
+    # n -> its executions "a<attempt> pid <pid> @<time.time()>", printed when over the bound
+    duplicate_runs: dict[int, list[str]] = field(default_factory=dict)
     recovered: list[int] = field(default_factory=list)
     enqueued_twice: list[int] = field(default_factory=list)
     not_succeeded: dict[int, str] = field(default_factory=dict)  # n -> state, for ok jobs
@@ -364,7 +366,8 @@ class Report:
         if self.terminal_with_lease:
             out.append(f"finished job still holds a lease: {some(self.terminal_with_lease)}")
         if self.duplicate_bound is not None and self.duplicated_total > self.duplicate_bound:
-            out.append(f"duplicated {self.duplicated_total} > bound {self.duplicate_bound}")
+            runs = "; ".join(f"n={n}: {', '.join(r)}" for n, r in list(self.duplicate_runs.items())[:12])
+            out.append(f"duplicated {self.duplicated_total} > bound {self.duplicate_bound}; the executions: {runs}")
         return out
 
     def summary(self) -> str:
@@ -432,6 +435,7 @@ def check(name: str, backend_name: str, seed: int, history: History, effects: It
             rep.not_succeeded[n] = str(job.state)
     rep.unexpected = sorted({n for n in runs if n not in attempted} | {n for n in by_n if n not in attempted})
     rep.duplicated = {n: len(r) - 1 for n, r in sorted(runs.items()) if len(r) > 1}
+    rep.duplicate_runs = {n: [f"a{x['attempt']} pid {x['pid']} @{x['t']:.3f}" for x in runs[n]] for n in rep.duplicated}
     rep.recovered = sorted(n for n in (info | failed) if n in by_n or n in runs)
     rep.enqueued_twice = sorted(n for n, js in by_n.items() if len(js) > 1)
 
