@@ -30,8 +30,12 @@ PERIOD_S = 0.002  # each canary's sleep
 STALL_S = 0.005  # woke this much late or more: a stall (the tightest latency bound is 20 ms)
 
 _CANARY = r"""
-import os, sys, time
-cpu, period, stall = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+import ctypes, os, signal, sys, time
+cpu, period, stall, parent = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+# A real-time process must not outlive the test that started it (killed by a timeout, say).
+ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+if os.getppid() != parent:
+    sys.exit(0)
 os.sched_setaffinity(0, {cpu})
 try:
     os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
@@ -69,7 +73,7 @@ class StallMonitor:
 
     def start(self) -> StallMonitor:
         for cpu in sorted(os.sched_getaffinity(0)):
-            p = subprocess.Popen([sys.executable, "-c", _CANARY, str(cpu), str(PERIOD_S), str(STALL_S)],
+            p = subprocess.Popen([sys.executable, "-c", _CANARY, str(cpu), str(PERIOD_S), str(STALL_S), str(os.getpid())],
                                  stdout=subprocess.PIPE, text=True)
             self._procs.append(p)
             assert p.stdout is not None

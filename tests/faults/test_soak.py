@@ -148,11 +148,12 @@ def test_soak(fault_store: FaultStore, make_cluster: Callable[..., Cluster], tmp
     sentinel = originals[0].name
     app = client_app(named_url(store, PREFIX + "producer"))
     sampler = Sampler(cluster, store, interval=SAMPLE_S, sampler_name=PREFIX + "sampler").start()
-    stalls = StallMonitor().start()
     nemesis = SoakNemesis(cluster, store, rng, kinds=kinds_for(store), interval=FAULT_EVERY, pause_s=PAUSE_S,
                           sentinel=sentinel, worker_prefix=PREFIX, pause_guard=store.pause_guard(PREFIX))
+    stalls = StallMonitor()
     load_before = os.getloadavg()[0]
     try:
+        stalls.start()
         history = History()
         jobs = [(n, round(rng.uniform(0.002, 0.008), 4)) for n in range(int(DURATION * RATE))]
         t_load = time.time()
