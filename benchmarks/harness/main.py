@@ -10,6 +10,7 @@ import random
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -77,6 +78,59 @@ def machine() -> dict[str, Any]:
     return env
 
 
+class HostSteal:
+    """The share of CPU time the hypervisor took from this VM while a store's run went on
+    (``steal`` in /proc/stat), sampled every second: a run on a contended host says so in its
+    own report, instead of the reader guessing from slow peers."""
+
+    def __init__(self) -> None:
+        self.shares: list[float] = []  # per interval
+        self.first = self.last = self._read()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="host-steal", daemon=True)
+
+    @staticmethod
+    def _read() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        # user nice system idle iowait irq softirq steal (guest time is inside user already)
+        return (fields[7], sum(fields[:8])) if len(fields) >= 8 else None
+
+    @staticmethod
+    def _share(a: tuple[int, int] | None, b: tuple[int, int] | None) -> float | None:
+        if a is None or b is None or b[1] <= a[1]:
+            return None
+        return (b[0] - a[0]) / (b[1] - a[1])
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            now = self._read()
+            share = self._share(self.last, now)
+            if share is not None:
+                self.shares.append(share)
+            self.last = now
+
+    def start(self) -> HostSteal:
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict[str, str]:
+        self._stop.set()
+        self._thread.join(5)
+        total = self._share(self.first, self._read())
+        if total is None:
+            return {"host steal": "not measured (no /proc/stat steal field)"}
+        busy = sum(1 for x in self.shares if x >= 0.05)
+        return {
+            "host steal (hypervisor)": f"{100 * total:.2f} % of CPU time over the run; "
+            f"worst second {100 * max(self.shares, default=0.0):.1f} %; "
+            f"{busy} of {len(self.shares)} seconds at 5 % or more"
+        }
+
+
 def main(a: argparse.Namespace) -> int:
     from harness import postgres_store, redis_store, sqlite_store
 
@@ -91,6 +145,7 @@ def main(a: argparse.Namespace) -> int:
         systems = a.systems or [*driver.SYSTEMS]
         started = time.perf_counter()
         env = machine()
+        steal = HostSteal().start()
         try:
             rounds, store_env = driver.run(a, rng, systems)
         except Exception as e:  # one store failing must not lose the others
@@ -99,7 +154,10 @@ def main(a: argparse.Namespace) -> int:
             traceback.print_exc()
             failed.append(f"{store}: {e!r}")
             continue
+        finally:
+            steal_env = steal.stop()
         env.update(store_env)
+        env.update(steal_env)
         env["load average at end (1 min)"] = f"{os.getloadavg()[0]:.2f}"
         env["elapsed"] = f"{time.perf_counter() - started:.0f} s"
         env["date"] = time.strftime("%Y-%m-%d %H:%M %Z")
