@@ -570,8 +570,9 @@ def test_a_worker_cut_off_past_its_lease_is_fenced(net: Net) -> None:
             b.join(30)
 
 
+@pytest.mark.parametrize("net", ["postgres"], indirect=True)
 def test_a_call_waiting_when_the_pool_gives_up_reconnecting_gets_a_connection_once_the_store_answers(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        net: Net, monkeypatch: pytest.MonkeyPatch) -> None:
     """psycopg_pool stops reconnecting after ``reconnect_timeout`` and tries again only for a
     *new* request. A call already waiting for a connection then sat out its whole wait though
     the server was back (what the server-freeze test showed: a worker's heartbeats failing for
@@ -579,39 +580,30 @@ def test_a_call_waiting_when_the_pool_gives_up_reconnecting_gets_a_connection_on
     waits. PostgreSQL only: redis-py connects on the calling thread, nothing waits on a pool."""
     from conveyor.backends import postgres as pmod
 
-    # A long wait, so the call is certainly still waiting when the pool gives up (~6-9 s into
-    # the blackhole with connect_timeout=1: attempts with growing pauses for reconnect_timeout).
+    # A long wait, so the call is certainly still waiting when the pool gives up (~6-11 s into
+    # the blackhole: connect attempts with growing pauses for reconnect_timeout).
     monkeypatch.setattr(pmod, "POOL_TIMEOUT", 60.0)
-    monkeypatch.setattr(pmod, "STATEMENT_TIMEOUT_MS", 2000)
-    with shared_store("postgres") as direct:
-        parts = urlsplit(direct)
-        with Proxy(parts.hostname or "127.0.0.1", parts.port or 0) as proxy:
-            app = Conveyor(_with_query(proxy.url_for(direct), "connect_timeout=1"))
-            try:
-                backend: Any = app.backend
-                assert backend.get(1) is None
-                proxy.blackhole()
-                assert proxy.reset() >= 1, "no connection was open through the proxy"
-                got: list[Any] = []
+    backend: Any = net.app().backend
+    assert backend.get(1) is None
+    net.proxy.blackhole()
+    assert net.proxy.reset() >= 1, "no connection was open through the proxy"
+    got: list[Any] = []
 
-                def call() -> None:
-                    try:
-                        got.append(backend.get(1))
-                    except BaseException as exc:  # reported below
-                        got.append(exc)
+    def call() -> None:
+        try:
+            got.append(backend.get(1))
+        except BaseException as exc:  # reported below
+            got.append(exc)
 
-                waiter = threading.Thread(target=call, daemon=True)
-                waiter.start()
-                wait_until(lambda: backend._pool.get_stats().get("pool_size", 1) == 0, timeout=30,
-                           message="the pool gave up reconnecting")
-                assert waiter.is_alive() and not got, f"the call ended before the pool gave up: {got}"
-                proxy.heal()
-                healed = time.monotonic()
-                waiter.join(15)
-                took = time.monotonic() - healed
-                assert got == [None], (f"the waiting call did not get a connection within 15 s of the store "
-                                       f"answering again: {got or 'still waiting'}")
-                print(f"the waiting call got its answer {took:.2f}s after healing")
-            finally:
-                proxy.heal()
-                app.close()
+    waiter = threading.Thread(target=call, daemon=True)
+    waiter.start()
+    wait_until(lambda: backend._pool.get_stats().get("pool_size", 1) == 0, timeout=30,
+               message="the pool gave up reconnecting")
+    assert waiter.is_alive() and not got, f"the call ended before the pool gave up: {got}"
+    net.proxy.heal()
+    healed = time.monotonic()
+    waiter.join(15)
+    took = time.monotonic() - healed
+    assert got == [None], (f"the waiting call did not get a connection within 15 s of the store "
+                           f"answering again: {got or 'still waiting'}")
+    print(f"the waiting call got its answer {took:.2f}s after healing")

@@ -391,10 +391,8 @@ def enqueue_ms(history: History) -> str:
 def latency_figures(stored: list[Job], healthy: Callable[[float], bool], stalls: StallMonitor) -> dict[str, Any]:
     """Claim latency (store clock) of the jobs enqueued while healthy and run in one attempt,
     but for those whose wait met a machine stall (counted, and in ``claim_p99_all_ms``)."""
-    values: list[float] = []
-    every: list[float] = []  # the stalled ones too
     timed: list[tuple[float, float, bool]] = []  # (created_at, latency ms, met a stall): where the tails fell
-    excluded = retried = stalled = 0
+    excluded = retried = 0
     for j in stored:
         if j.task != "fault.work" or j.state is not JobState.SUCCEEDED or j.attempted_at is None:
             continue
@@ -405,21 +403,17 @@ def latency_figures(stored: list[Job], healthy: Callable[[float], bool], stalls:
             retried += 1
             continue
         ready = max(j.created_at, j.run_at)
-        ms = 1000 * (j.attempted_at - ready)
-        every.append(ms)
-        met = stalls.overlaps(ready, j.attempted_at, after=CATCH_UP_S)
-        timed.append((round(j.created_at, 4), round(ms, 2), met))
-        if met:
-            stalled += 1
-        else:
-            values.append(ms)
-    values.sort()
-    every.sort()
+        timed.append((j.created_at, 1000 * (j.attempted_at - ready),
+                      stalls.overlaps(ready, j.attempted_at, after=CATCH_UP_S)))
+    every = sorted(ms for _, ms, _ in timed)
+    values = sorted(ms for _, ms, met in timed if not met)
+    raw = sorted((round(t, 4), round(ms, 2), met) for t, ms, met in timed)
+    stalled = len(every) - len(values)
     if not values:
-        return {"_values": sorted(timed), "claim_excluded_machine_stalls": stalled}
+        return {"_values": raw, "claim_excluded_machine_stalls": stalled}
     return {"claim_latency_jobs": len(values), "claim_excluded_near_faults": excluded,
             "claim_excluded_machine_stalls": stalled, "claim_healthy_but_retried": retried,
             "claim_p99_all_ms": round(percentile(every, 0.99), 1),
             "claim_p50_ms": round(percentile(values, 0.50), 1), "claim_p95_ms": round(percentile(values, 0.95), 1),
             "claim_p99_ms": round(percentile(values, 0.99), 1), "claim_max_ms": round(values[-1], 1),
-            "_values": sorted(timed)}
+            "_values": raw}

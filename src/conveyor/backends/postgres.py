@@ -299,8 +299,8 @@ def _pooled(pool: ConnectionPool[Any], until: float) -> Iterator[Any]:
     it try again: a request already waiting would sit out its whole timeout though the server
     is back (a server frozen past the reconnect timeout: every heartbeat then failed for up to
     POOL_TIMEOUT after it thawed). So wait in turns of ASK_EVERY, each one a new request. While
-    the pool is still trying, a new request starts nothing more (it grows one connection at a
-    time), so asking again costs a lock and a queue entry."""
+    the pool is growing, a new request starts nothing more (it grows one connection at a time);
+    otherwise, below max_size, it may start one connection, as the first request did."""
     while True:
         try:
             conn = pool.getconn(timeout=min(until - time.monotonic(), ASK_EVERY))
