@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from . import faultpoints
 from .app import Conveyor
-from .backends.base import Backend, Lease, WorkerInfo
+from .backends.base import Backend, Lease, LoopClaims, WorkerInfo
 from .errors import ConfigurationError, LeaseLost, StoreError
 from .executor import Execution, Outcome
 from .job import Job, JobState
@@ -185,6 +185,7 @@ class Worker:
         self._context: contextvars.Context | None = None  # what tasks run in copies of
         self._busy = 0  # slots taken, including threads still running past a timeout
         self._held: collections.deque[_Running] = collections.deque()  # claimed, waiting for a slot (prefetch)
+        self._loop_claims: LoopClaims | None = None
         self._stopping = False
         self._forced = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -256,6 +257,7 @@ class Worker:
         # One thread more than slots: an idle worker waits for jobs on it, and starts the first
         # job it claims right there (see _wait_then_claim).
         self._pool = TaskThreads(self.concurrency + 1, loop)
+        self._loop_claims = self.backend.loop_claims()
         if self.install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._request_stop)
@@ -298,6 +300,8 @@ class Worker:
             for ex in (self._store, self._beat, self._maint):
                 ex.shutdown(wait=False, cancel_futures=True)
             self._pool.shutdown()
+            if self._loop_claims is not None:
+                self._loop_claims.close()
             log.info("worker %s stopped: %d succeeded, %d retried, %d dead, %d released",
                      self.id, self.counters.succeeded, self.counters.retried, self.counters.dead,
                      self.counters.released)
@@ -460,17 +464,24 @@ class Worker:
         return self.backend.wait_for_jobs(queues, self.poll_interval), None
 
     async def _claim(self, free: int) -> list[Job]:
-        """A claim for ``free`` slots on a store thread; pending acks ride with its first call."""
+        """A claim for ``free`` slots, from the loop where the store can (Backend.loop_claims),
+        else on a store thread; pending acks ride with its first call."""
         batch, self._acks = self._acks[:ACK_BATCH], self._acks[ACK_BATCH:]
         startable = self._startable()
+        near = self._loop_claims
 
         def claim() -> tuple[list[bool] | None, list[Job]]:
             held, jobs = self._claim_sync(free, batch)
             self._prepare(jobs, startable)
             return held, jobs
 
+        held: list[bool] | None
         try:
-            held, jobs = await self._call(self._store, claim)
+            if near is not None and len(self.weights) == 1 and not self._stopping:
+                held, jobs = await self._claim_on_loop(near, free, batch)
+                self._prepare(jobs, startable)
+            else:
+                held, jobs = await self._call(self._store, claim)
         except BaseException:
             self._acks[:0] = batch
             raise
@@ -480,6 +491,19 @@ class Worker:
             for (running, _), ok in zip(batch, held, strict=True):
                 self._acked(running, ok)
         return jobs
+
+    async def _claim_on_loop(self, near: LoopClaims, free: int,
+                             batch: Sequence[tuple[_Running, str | None]]) -> tuple[list[bool], list[Job]]:
+        """_claim_sync's one claim of a single-queue worker, awaited on the loop; what the loop
+        cannot do without blocking (see LoopClaims) runs on a store thread."""
+        [queue] = self.weights
+        acks = [(r.lease, result) for r, result in batch]
+        got = await near.ack_and_claim(acks, queue, free, worker_id=self.id, lease_s=self.lease_s)
+        if callable(got):
+            got = await self._call(self._store, got)
+        if acks:
+            faultpoints.hit("after_ack")
+        return got
 
     def _claim_sync(self, free: int, acks: Sequence[tuple[_Running, str | None]]) -> tuple[list[bool] | None, list[Job]]:
         """The claims of one round, in turn, on the calling (store or waiter) thread: ``free``
@@ -539,7 +563,8 @@ class Worker:
         return 0 if self._held or self._stopping else self.concurrency - self._busy
 
     def _prepare(self, jobs: Sequence[Job], startable: int) -> None:
-        """On the thread a claim came back on: start the first ``startable`` jobs' attempts
+        """Where a claim came back (a store thread, the idle waiter's task thread, or the loop
+        itself with Backend.loop_claims): start the first ``startable`` jobs' attempts
         (a sync task is handed to a thread: on the idle wait's task thread, the first of them
         to that very thread, which runs it when the wait returns), so a job does not wait for the loop
         to take the claim's reply (a thread hop: a fifth of an idle worker's enqueue-to-start

@@ -295,10 +295,11 @@ def test_tasks_see_the_context_the_worker_was_started_in(app: Conveyor) -> None:
 
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_a_stop_during_a_claim_gives_back_only_the_jobs_not_yet_started(app: Conveyor, when: str) -> None:
-    """A claim's first jobs start on the claim's own thread (Worker._prepare). A stop that
-    comes before they start gives every job of the claim back unrun; one that comes after
-    lets the started ones finish (they are running jobs, and a graceful stop waits for
-    those) and gives back the rest: no job runs twice, none is left leased."""
+    """A claim's first jobs start where the claim came back (Worker._prepare: on a store
+    thread, or on the loop with Backend.loop_claims). A stop that comes before they start
+    gives every job of the claim back unrun; one that comes after lets the started ones
+    finish (they are running jobs, and a graceful stop waits for those) and gives back the
+    rest: no job runs twice, none is left leased."""
     ran: list[int] = []
 
     @app.task(name="note")
@@ -316,8 +317,14 @@ def test_a_stop_during_a_claim_gives_back_only_the_jobs_not_yet_started(app: Con
         if when == "after":
             real(claimed, startable)
         if len(calls) == 1:
-            wt.stop()
-            wait_until(lambda: worker.stopping)
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:  # on a store thread: the loop takes the stop meanwhile
+                wt.stop()
+                wait_until(lambda: worker.stopping)
+            else:  # on the loop, which runs the stop's callback only after this returns
+                wt._stop_requested = True
+                worker._request_stop()
         if when == "before":
             real(claimed, startable)
 

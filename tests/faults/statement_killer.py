@@ -129,10 +129,15 @@ class Tracker:
                 self.ids, self.tokens = [i for i, _ in leases], [t for _, t in leases]
         return True
 
-    def exit(self) -> None:
+    def exit(self, *, unless_unsent: bool = False) -> None:
+        """``unless_unsent``: a call that sent nothing (a claim from the event loop that handed
+        its work to the blocking code) leaves the target to the call that does."""
         self._local.op = None
         with self._lock:
             if self.owner != threading.get_ident():
+                return
+            if unless_unsent and not self.stmts:
+                self.owner = None
                 return
             self.owner, self.done = None, True
         if self.at == "trace":
@@ -375,6 +380,62 @@ def _install_redis(tracker: Tracker) -> None:
 
     AbstractConnection.send_packed_command = traced_send  # type: ignore[method-assign]
     _follow_calls(conveyor_redis.RedisBackend, tracker)
+    _install_redis_loop(tracker, describe)
+
+
+def _install_redis_loop(tracker: Tracker, describe: Any) -> None:
+    """The same kill points for the claims a worker makes from its event loop
+    (backends/redis_loop.py): its ack_and_claim is followed as the backend's is, and the
+    loop's socket writes (``sock_sendall``) as redis-py's."""
+    import asyncio.selector_events
+
+    from conveyor.backends.redis_loop import RedisLoopClaims
+
+    loop_call: Any = RedisLoopClaims.ack_and_claim
+
+    async def traced_call(self: Any, acks: Any, *args: Any, **kwargs: Any) -> Any:
+        op = "ack_and_claim" if acks else "claim"
+        entered = tracker.enter(op, [(lease.job_id, lease.token) for lease, _ in acks])
+        try:
+            return await loop_call(self, acks, *args, **kwargs)
+        finally:
+            if entered:
+                tracker.exit(unless_unsent=True)
+
+    RedisLoopClaims.ack_and_claim = functools.wraps(loop_call)(traced_call)  # type: ignore[method-assign]
+    loop_cls: Any = asyncio.selector_events.BaseSelectorEventLoop
+    sendall: Any = loop_cls.sock_sendall
+
+    async def traced_sendall(self: Any, sock: Any, data: Any) -> Any:
+        if not tracker.mine():
+            return await sendall(self, sock, data)
+        data = bytes(data)
+        cmds = _resp_commands(data)
+        names = [describe(argv) for _, _, argv in cmds]
+        scripts = [i for i, (_, _, argv) in enumerate(cmds) if argv[0].upper() == b"EVALSHA"]
+        index = len(tracker.stmts)
+        text = " + ".join(names)
+        tracker.stmts.append(normalize(text))
+        if not scripts or tracker.at == "trace":
+            return await sendall(self, sock, data)
+        if tracker.at == "before_send":
+            tracker.fire("before the script was sent", index, text, via="event loop")
+        host, port = sock.getsockname()[:2]
+        laddr = f"{host}:{port}"
+        if tracker.at == "after_send":
+            await sendall(self, sock, data)
+            tracker.fire("after the script was sent, before its reply was read", index, text, laddr=laddr,
+                         sent_bytes=len(data), via="event loop")
+        whole = tracker.cut_after
+        assert whole < len(scripts), (whole, names)
+        start, end, _ = cmds[scripts[whole]]
+        cut = start + (end - start) // 2
+        await sendall(self, sock, data[:cut])
+        tracker.fire(f"after writing {whole} whole script(s) and half of the next", index, text, laddr=laddr,
+                     whole_scripts=whole, sent_bytes=cut, total_bytes=len(data), via="event loop")
+        return None
+
+    loop_cls.sock_sendall = traced_sendall
 
 
 def install(backend: str, plan: dict[str, Any], record: str) -> Tracker:

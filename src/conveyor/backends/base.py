@@ -44,9 +44,9 @@ claims nothing until one frees: give heavily limited work its own queue or a fai
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import LeaseLost, PayloadError, QueueFull
 from ..job import Job, JobState
@@ -245,6 +245,25 @@ class Page:
     next_cursor: int | None  # pass back as ``cursor`` for the next page; None at the end
 
 
+ClaimReply = tuple[list[bool], list[Job]]
+
+
+class LoopClaims(Protocol):
+    """``ack_and_claim`` made from the worker's event loop, with the store's reply waking the
+    loop itself: no hand-off to a thread and back, which took a quarter of a busy worker's
+    claim cycle. Only the plain round trip is made on the loop. Anything that could block (no
+    connection yet, a broken one, a reply that needs the careful path) comes back as a
+    function that finishes the call the blocking way, for the worker to run on a thread; its
+    result or error is then the call's, as ``Backend.ack_and_claim`` would give them."""
+
+    async def ack_and_claim(
+        self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *, worker_id: str, lease_s: float,
+    ) -> ClaimReply | Callable[[], ClaimReply]: ...
+
+    def close(self) -> None:
+        """Close its connection (the worker calls it once its claims are over)."""
+
+
 class Backend(abc.ABC):
     """A store of jobs. Instances are safe to share between threads of one process."""
 
@@ -302,6 +321,11 @@ class Backend(abc.ABC):
         claimed without saying so come back when their leases expire."""
         held = self.ack_many(acks, now=now) if acks else []
         return held, self.claim(queue, limit, worker_id=worker_id, lease_s=lease_s, now=now)
+
+    def loop_claims(self) -> LoopClaims | None:
+        """An ``ack_and_claim`` the worker's event loop can await itself, or None (the default):
+        the worker then claims on a thread of its own. See :class:`LoopClaims`."""
+        return None
 
     @abc.abstractmethod
     def retry(self, lease: Lease, error: ErrorInfo, *, delay: float, now: float | None = None) -> JobState:

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import redis
@@ -51,6 +51,7 @@ from .base import (
     EnqueueResult,
     ErrorInfo,
     Lease,
+    LoopClaims,
     NewJob,
     Page,
     QueueStats,
@@ -585,23 +586,60 @@ class RedisBackend(Backend):
         if limit <= 0 or not acks:
             return super().ack_and_claim(acks, queue, limit, worker_id=worker_id, lease_s=lease_s, now=now)
         tokens = _tokens(limit)
+        calls = self._claim_calls(acks, queue, limit, worker_id, lease_s, now, tokens)
+        try:
+            replies = self._send_scripts(calls)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self._claims_lost(acks, exc, now)
+        return self._claims_done(acks, queue, limit, worker_id, lease_s, now, tokens, replies)
+
+    def _claim_calls(self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, worker_id: str,
+                     lease_s: float, now: float | None, tokens: list[str]) -> list[_ScriptCall]:
+        """The scripts of ack_and_claim: ack_many for the acks (if any), then the claim."""
         claim = ("claim", [*self.keys.header, *self.keys.block(queue)],
                  [1, queue, self._now_arg(now), limit, repr(float(lease_s)), worker_id, CLAIM_SCAN, *tokens])
-        try:
-            replies = self._send_scripts([self._acks_call(acks, now), claim])
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            # A claim that landed unseen expires and is reaped; the acks are checked one by one.
-            held = self._acks_held(acks, None, now)
+        return [self._acks_call(acks, now), claim] if acks else [claim]
+
+    def _claims_lost(self, acks: Sequence[tuple[Lease, str | None]], exc: Exception, now: float | None) -> NoReturn:
+        """The connection broke after _claim_calls were sent: a claim that landed unseen expires
+        and is reaped; the acks are checked one by one."""
+        if not acks:
             raise StoreUnavailable(f"Redis at {self._where} is unreachable: claim failed ({exc}); "
-                                   f"{sum(held)} of {len(acks)} acks written") from exc
-        held = self._acks_held(acks, replies[0], now)
-        res = replies[1]
+                                   "the reply was lost, so it may or may not have happened") from exc
+        held = self._acks_held(acks, None, now)
+        raise StoreUnavailable(f"Redis at {self._where} is unreachable: claim failed ({exc}); "
+                               f"{sum(held)} of {len(acks)} acks written") from exc
+
+    @staticmethod
+    def _claims_plain(acks: Sequence[tuple[Lease, str | None]], replies: Sequence[Any]) -> bool:
+        """Whether _claims_done can read these replies without calling the store: every ack
+        answered 'ok' or 'lost', and the claim answered jobs or nothing."""
+        if acks:
+            held = replies[0]
+            if not (isinstance(held, list) and len(held) == len(acks) and all(r in ("ok", "lost") for r in held)):
+                return False
+        res = replies[-1]
+        return isinstance(res, list) and (not res or res[0] not in ("need", "stale"))
+
+    def _claims_done(self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, worker_id: str,
+                     lease_s: float, now: float | None, tokens: list[str],
+                     replies: Sequence[Any]) -> tuple[list[bool], list[Job]]:
+        """What the replies of _claim_calls say: each ack held or not, and the jobs claimed.
+        Anything unusual takes the careful path (blocking): an ack not settled is acked on its
+        own, a claim answered 'need', 'stale' or an error is made again with claim()."""
+        held = self._acks_held(acks, replies[0], now) if acks else []
+        res = replies[-1]
         if isinstance(res, list) and (not res or res[0] not in ("need", "stale")):
             return held, self._claimed(res, queue, worker_id, tokens)
         if isinstance(res, Exception) and not isinstance(res, redis.ResponseError):
             raise StoreError(f"Redis at {self._where}: claim failed: {res}")
         # 'need'/'stale' (the queue's blocks changed), or an error reply: the careful path.
         return held, self.claim(queue, limit, worker_id=worker_id, lease_s=lease_s, now=now)
+
+    def loop_claims(self) -> LoopClaims | None:
+        from .redis_loop import RedisLoopClaims
+
+        return RedisLoopClaims.make(self)
 
     def _acks_call(self, acks: Sequence[tuple[Lease, str | None]], now: float | None) -> _ScriptCall:
         """One ack_many call for the batch, with the blocks of every queue its jobs may be in."""
@@ -663,12 +701,16 @@ class RedisBackend(Backend):
             raise
         finally:
             (self._idle if first is None else self._idle_blocking).append(conn)
+        self._reload_refused(calls, replies)
+        return replies if first is None else [head, *replies]
+
+    def _reload_refused(self, calls: Sequence[_ScriptCall], replies: Sequence[Any]) -> None:
+        """Load again the scripts the server answered NOSCRIPT to (blocking)."""
         for name in {name for (name, _, _), r in zip(calls, replies, strict=True)
                      if isinstance(r, redis.exceptions.NoScriptError)}:
             script = self._scripts[name]
             script.sha = self._call("load scripts", functools.partial(self._r.script_load, script.script),
                                     safe=True)
-        return replies if first is None else [head, *replies]
 
     def _checkout(self, *, blocking: bool = False) -> Any:
         if self._pid != os.getpid():

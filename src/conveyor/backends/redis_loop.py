@@ -1,0 +1,168 @@
+"""Redis claims made from the worker's event loop (``Backend.loop_claims``).
+
+A busy worker's cycle is: its acks and its next claim go out in one round trip, the claimed
+jobs start, they finish, and again. Made on a store thread, each claim cost two hand-offs
+between threads (loop to thread, thread back to loop, each a wake-up and a turn at the GIL):
+about 200 us of an 800 us cycle of eight no-op jobs. Here the loop writes the two scripts to a
+socket of its own and is woken by the reply, as it is woken by anything else.
+
+Only that plain round trip runs on the loop. Everything else is left to RedisBackend's
+blocking code, handed back as a function for a store thread: connecting (the handshake, AUTH,
+SELECT), a connection found broken before sending, one that breaks after (the acks are then
+checked one by one), NOSCRIPT, a claim answered 'need' or 'stale', an ack not settled, an
+error reply. So the careful paths stay in one place, and this module is only a transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import socket
+import ssl
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis
+
+from .base import ClaimReply, Lease
+from .redis import RedisBackend, _tokens
+
+try:
+    import hiredis
+except ImportError:  # the redis extra brings it; without it, claims stay on a store thread
+    hiredis = None  # type: ignore[assignment]
+
+log = logging.getLogger("conveyor.backends.redis")
+
+
+def _reply_error(text: str) -> redis.ResponseError:
+    # NOSCRIPT is the one error reply told apart here (its scripts are loaded again); every
+    # other goes down the careful path, which meets it again and reports it as the sync calls do.
+    if text.startswith("NOSCRIPT"):
+        return redis.exceptions.NoScriptError(text)
+    return redis.ResponseError(text)
+
+
+class RedisLoopClaims:
+    """See the module's text. One per worker; used by its claim loop only, one call at a time."""
+
+    def __init__(self, backend: RedisBackend) -> None:
+        self._b = backend
+        self._conn: Any = None
+        self._sock: socket.socket | None = None
+        self._reader: Any = None
+
+    @classmethod
+    def make(cls, backend: RedisBackend) -> RedisLoopClaims | None:
+        return None if hiredis is None else cls(backend)
+
+    async def ack_and_claim(
+        self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *, worker_id: str, lease_s: float,
+    ) -> ClaimReply | Callable[[], ClaimReply]:
+        b = self._b
+        if limit <= 0 or b.closed or not self._usable():
+            return functools.partial(self._connect_after, acks, queue, limit, worker_id, lease_s)
+        tokens = _tokens(limit)
+        calls = b._claim_calls(acks, queue, limit, worker_id, lease_s, None, tokens)
+        try:
+            replies = await self._round_trip(calls)
+        except asyncio.CancelledError:
+            self._drop()  # its replies would be read as the next call's
+            raise
+        except (OSError, TimeoutError, redis.RedisError) as exc:
+            self._drop()
+            return functools.partial(b._claims_lost, acks, _as_redis_error(exc), None)
+        if b._claims_plain(acks, replies):
+            return b._claims_done(acks, queue, limit, worker_id, lease_s, None, tokens, replies)
+
+        def careful() -> ClaimReply:
+            b._reload_refused(calls, replies)
+            return b._claims_done(acks, queue, limit, worker_id, lease_s, None, tokens, replies)
+
+        return careful
+
+    def close(self) -> None:
+        self._drop()
+
+    # -- the socket ---------------------------------------------------------------------------
+    def _usable(self) -> bool:
+        """Connected, and nothing waiting on the socket: no stray reply, and not closed by the
+        server (a restart, CLIENT KILL), which a send would not notice until too late to know
+        whether the scripts ran."""
+        sock = self._sock
+        if sock is None:
+            return False
+        try:
+            sock.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            return True
+        except OSError:
+            pass
+        self._drop()
+        return False
+
+    def _connect_after(self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, worker_id: str,
+                       lease_s: float) -> ClaimReply:
+        """On a store thread: the call the blocking way, then a connection for the next one
+        (made after, so a store that is down costs the call no connect timeout of ours)."""
+        b = self._b
+        if acks:
+            out = b.ack_and_claim(acks, queue, limit, worker_id=worker_id, lease_s=lease_s)
+        else:
+            out = [], b.claim(queue, limit, worker_id=worker_id, lease_s=lease_s)
+        try:
+            self._connect()
+        except Exception as exc:  # the next call takes this path again
+            log.debug("no connection for claims from the event loop yet: %s", exc)
+        return out
+
+    def _connect(self) -> None:
+        self._drop()
+        conn: Any = self._b._pool.make_connection()
+        self._b._made.append(conn)  # closed with the backend too
+        conn.connect()  # redis-py's handshake (HELLO, AUTH, SELECT, CLIENT SETNAME)
+        sock = getattr(conn, "_sock", None)
+        if not isinstance(sock, socket.socket) or isinstance(sock, ssl.SSLSocket):
+            # TLS records do not map onto the loop's socket reads: that worker claims on a thread.
+            conn.disconnect()
+            return
+        sock.setblocking(False)
+        self._conn, self._sock = conn, sock
+        self._reader = hiredis.Reader(encoding="utf-8", replyError=_reply_error,
+                                      protocolError=redis.exceptions.InvalidResponse)
+
+    def _drop(self) -> None:
+        conn: Any = self._conn
+        self._conn, self._sock, self._reader = None, None, None
+        if conn is not None:
+            conn.disconnect()
+
+    async def _round_trip(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]) -> list[Any]:
+        sock, reader = self._sock, self._reader
+        assert sock is not None and reader is not None
+        scripts = self._b._scripts
+        packed = b"".join(hiredis.pack_command(("EVALSHA", scripts[name].sha, len(keys), *keys, *args))
+                          for name, keys, args in calls)
+        loop = asyncio.get_running_loop()
+        replies: list[Any] = []
+        async with asyncio.timeout(self._b.socket_timeout):
+            await loop.sock_sendall(sock, packed)
+            while len(replies) < len(calls):
+                reply = reader.gets()
+                if reply is not False:
+                    replies.append(reply)  # an error reply comes as its exception, not raised
+                    continue
+                data = await loop.sock_recv(sock, 65536)
+                if not data:
+                    raise redis.ConnectionError("Redis closed the connection")
+                reader.feed(data)
+        return replies
+
+
+def _as_redis_error(exc: BaseException) -> Exception:
+    if isinstance(exc, redis.RedisError):
+        return exc
+    if isinstance(exc, TimeoutError):
+        return redis.TimeoutError(f"no reply within the socket timeout ({exc!r})")
+    return redis.ConnectionError(str(exc) or repr(exc))

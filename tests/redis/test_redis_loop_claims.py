@@ -1,0 +1,236 @@
+"""Claims made from the worker's event loop (conveyor/backends/redis_loop.py): the plain round
+trip on the loop, and every unusual case handed to the blocking code, with the same outcome as
+RedisBackend.ack_and_claim. Each test runs on a private redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from redisrig import RedisServer
+from support import running_worker, wait_for_job
+
+from conveyor import Conveyor, JobState
+from conveyor.backends import open_backend
+from conveyor.backends.base import Lease, NewJob
+from conveyor.backends.redis import RedisBackend
+from conveyor.backends.redis_loop import RedisLoopClaims
+from conveyor.errors import StoreUnavailable
+from conveyor.job import Job
+
+BUSY_LUA = """
+local t = redis.call('TIME')
+local until_us = tonumber(t[1]) * 1000000 + tonumber(t[2]) + tonumber(ARGV[1])
+repeat t = redis.call('TIME') until tonumber(t[1]) * 1000000 + tonumber(t[2]) >= until_us
+return 1
+"""
+
+
+def new_job(i: int = 0) -> NewJob:
+    return NewJob(task="t", queue="default", args=json.dumps({"i": i}), max_attempts=3, timeout=30.0)
+
+
+def open_redis(url: str) -> RedisBackend:
+    b = open_backend(url)
+    assert isinstance(b, RedisBackend)
+    return b
+
+
+@pytest.fixture
+def backend(private_redis: RedisServer) -> Iterator[RedisBackend]:
+    b = open_redis(private_redis.url)
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def claims_of(backend: RedisBackend) -> RedisLoopClaims:
+    lc = backend.loop_claims()
+    assert isinstance(lc, RedisLoopClaims)
+    return lc
+
+
+def call(lc: RedisLoopClaims, acks: list[tuple[Lease, str | None]], limit: int) -> tuple[bool, Any]:
+    """One ack_and_claim from an event loop: (made on the loop?, its result or the blocking
+    remainder's, run here as the worker runs it on a store thread)."""
+    got = asyncio.run(lc.ack_and_claim(acks, "default", limit, worker_id="w", lease_s=30))
+    if callable(got):
+        return False, got()
+    return True, got
+
+
+def leases(jobs: list[Job]) -> list[tuple[Lease, str | None]]:
+    return [(Lease(j.id, j.lease_token or ""), json.dumps(j.id)) for j in jobs]
+
+
+def connected(backend: RedisBackend, lc: RedisLoopClaims) -> None:
+    """The first call has no connection: it claims the blocking way and connects for the next.
+    (Its two jobs are acked with ack_many, so the server has every script the loop sends:
+    NOSCRIPT is a test of its own.)"""
+    on_loop, (held, jobs) = call(lc, [], 2)
+    assert not on_loop and held == [] and len(jobs) == 2
+    assert backend.ack_many([(Lease(j.id, j.lease_token or ""), None) for j in jobs]) == [True, True]
+
+
+def test_a_claim_from_the_loop_gives_what_the_blocking_claim_gives(backend: RedisBackend) -> None:
+    backend.enqueue_many([new_job(i) for i in range(8)])
+    lc = claims_of(backend)
+    try:
+        connected(backend, lc)
+        on_loop, (held, first) = call(lc, [], 3)
+        assert on_loop and held == [] and len(first) == 3
+        on_loop, (held, second) = call(lc, leases(first), 3)
+        assert on_loop and held == [True, True, True] and len(second) == 3
+        for j in first:
+            stored = backend.get(j.id)
+            assert stored is not None and stored.state is JobState.SUCCEEDED and stored.result == j.id
+        for j in second:
+            assert j == backend.get(j.id)  # every field, the lease token too
+    finally:
+        lc.close()
+
+
+def test_an_ack_whose_lease_is_gone_is_refused_on_the_loop_too(backend: RedisBackend) -> None:
+    backend.enqueue_many([new_job(i) for i in range(4)])
+    lc = claims_of(backend)
+    try:
+        connected(backend, lc)
+        [j] = backend.claim("default", 1, worker_id="w", lease_s=30)
+        stale = (Lease(j.id, "0" * 32), None)
+        on_loop, (held, jobs) = call(lc, [stale, *leases([j])], 1)
+        assert on_loop and held == [False, True] and len(jobs) == 1
+    finally:
+        lc.close()
+
+
+def test_a_connection_the_server_closed_is_noticed_before_anything_is_sent(
+    backend: RedisBackend, private_redis: RedisServer
+) -> None:
+    backend.enqueue_many([new_job(i) for i in range(6)])
+    lc = claims_of(backend)
+    admin = private_redis.client()
+    try:
+        connected(backend, lc)
+        on_loop, (_, first) = call(lc, [], 2)
+        assert on_loop
+        admin.execute_command("CLIENT", "KILL", "SKIPME", "yes")  # the loop's connection, and the pool's
+        time.sleep(0.05)
+        on_loop, (held, second) = call(lc, leases(first), 2)
+        assert not on_loop and held == [True, True] and len(second) == 2
+        on_loop, (held, _) = call(lc, leases(second), 1)  # connected again by the call before
+        assert on_loop and held == [True, True]
+    finally:
+        admin.close()
+        lc.close()
+
+
+def test_noscript_on_the_loop_takes_the_careful_path(backend: RedisBackend, private_redis: RedisServer) -> None:
+    backend.enqueue_many([new_job(i) for i in range(6)])
+    lc = claims_of(backend)
+    admin = private_redis.client()
+    try:
+        connected(backend, lc)
+        on_loop, (_, first) = call(lc, [], 2)
+        admin.script_flush()
+        on_loop, (held, second) = call(lc, leases(first), 2)
+        assert not on_loop and held == [True, True] and len(second) == 2
+        assert admin.script_exists(backend._scripts["ack_many"].sha, backend._scripts["claim"].sha) == [True, True]
+        on_loop, (held, _) = call(lc, leases(second), 1)
+        assert on_loop and held == [True, True]
+    finally:
+        admin.close()
+        lc.close()
+
+
+def busy(private_redis: RedisServer, us: int) -> Callable[[], None]:
+    """Keep the server busy in a script for ``us`` microseconds; returns the join."""
+    admin = private_redis.client()
+    t = threading.Thread(target=lambda: admin.eval(BUSY_LUA, 0, us), daemon=True)
+    t.start()
+    time.sleep(0.1)
+
+    def join() -> None:
+        t.join(10)
+        admin.close()
+
+    return join
+
+
+def test_a_reply_lost_after_sending_checks_each_ack(private_redis: RedisServer) -> None:
+    """The scripts were sent, the reply does not come within the socket timeout: the acks may
+    have landed (here they do, once the busy server reads them), so each is checked, and the
+    call reports the store unreachable. The next call connects again."""
+    b = open_redis(private_redis.url + "&socket_timeout=0.3")
+    b.enqueue_many([new_job(i) for i in range(6)])
+    lc = claims_of(b)
+    try:
+        connected(b, lc)
+        on_loop, (_, first) = call(lc, [], 2)
+        assert on_loop
+        join = busy(private_redis, 800_000)
+        got = asyncio.run(lc.ack_and_claim(leases(first), "default", 2, worker_id="w", lease_s=30))
+        assert callable(got)
+        with pytest.raises(StoreUnavailable, match="2 of 2 acks written"):
+            got()
+        join()
+        for j in first:
+            assert b.get(j.id).state is JobState.SUCCEEDED  # type: ignore[union-attr]
+        on_loop, _ = call(lc, [], 1)
+        assert not on_loop  # the connection was dropped: its reply would be read as the next call's
+    finally:
+        lc.close()
+        b.close()
+
+
+def test_a_claim_cancelled_on_the_loop_drops_its_connection(backend: RedisBackend,
+                                                             private_redis: RedisServer) -> None:
+    backend.enqueue_many([new_job(i) for i in range(4)])
+    lc = claims_of(backend)
+    try:
+        connected(backend, lc)
+        join = busy(private_redis, 500_000)
+
+        async def cancel_midway() -> None:
+            task = asyncio.ensure_future(lc.ack_and_claim([], "default", 1, worker_id="w", lease_s=30))
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(cancel_midway())
+        assert lc._sock is None
+        join()
+    finally:
+        lc.close()
+
+
+def test_a_single_queue_worker_claims_from_its_loop(private_redis: RedisServer,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's claims go through RedisLoopClaims (a change that sent them back to a store
+    thread would cost a quarter of the drain rate and pass every other test)."""
+    trips = {"loop": 0}
+    real = RedisLoopClaims._round_trip
+
+    async def counted(self: RedisLoopClaims, calls: Any) -> Any:
+        trips["loop"] += 1
+        return await real(self, calls)
+
+    monkeypatch.setattr(RedisLoopClaims, "_round_trip", counted)
+    app = Conveyor(private_redis.url)
+    try:
+        @app.task(name="add")
+        def add(a: int, b: int) -> int:
+            return a + b
+
+        handles = [add.enqueue(i, 1) for i in range(40)]
+        with running_worker(app, concurrency=2):
+            assert [wait_for_job(app, h.id).result for h in handles] == [i + 1 for i in range(40)]
+        assert trips["loop"] > 0
+    finally:
+        app.close()
