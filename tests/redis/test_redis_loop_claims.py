@@ -130,6 +130,53 @@ def test_a_connection_the_server_closed_is_noticed_before_anything_is_sent(
         lc.close()
 
 
+def test_reconnecting_reuses_one_connection_of_the_pool(backend: RedisBackend, private_redis: RedisServer) -> None:
+    """Each make_connection() counts against the pool's max_connections for good: a worker whose
+    connection is dropped again and again must not use that count up (then no store call of the
+    process could get a connection)."""
+    backend.enqueue_many([new_job(i) for i in range(30)])
+    lc = claims_of(backend)
+    admin = private_redis.client()
+    try:
+        connected(backend, lc)
+        made = backend._pool._created_connections  # type: ignore[attr-defined]
+        for _ in range(5):
+            admin.execute_command("CLIENT", "KILL", "SKIPME", "yes")
+            time.sleep(0.05)
+            on_loop, (_, jobs) = call(lc, [], 1)
+            assert not on_loop and len(jobs) == 1  # noticed, claimed the blocking way, connected again
+            on_loop, (_, jobs) = call(lc, [], 1)
+            assert on_loop and len(jobs) == 1
+        # The killed pool connections of the blocking claims are made again too, but reused.
+        assert backend._pool._created_connections - made <= 1  # type: ignore[attr-defined]
+        assert backend._made.count(lc._own) == 1
+    finally:
+        admin.close()
+        lc.close()
+
+
+def test_no_claims_from_the_loop_over_tls() -> None:
+    """TLS records do not map onto the loop's socket reads: those workers claim on a thread
+    (no server is needed: nothing connects until a call)."""
+    tls = RedisBackend("rediss://127.0.0.1:1/0")
+    plain = RedisBackend("redis://127.0.0.1:1/0")
+    try:
+        assert tls.loop_claims() is None
+        assert isinstance(plain.loop_claims(), RedisLoopClaims)
+    finally:
+        tls.close()
+        plain.close()
+
+
+def test_a_closed_loop_claims_does_not_connect_again(backend: RedisBackend) -> None:
+    backend.enqueue_many([new_job(i) for i in range(4)])
+    lc = claims_of(backend)
+    connected(backend, lc)
+    lc.close()
+    on_loop, (_, jobs) = call(lc, [], 1)
+    assert not on_loop and len(jobs) == 1 and lc._sock is None
+
+
 def test_noscript_on_the_loop_takes_the_careful_path(backend: RedisBackend, private_redis: RedisServer) -> None:
     backend.enqueue_many([new_job(i) for i in range(6)])
     lc = claims_of(backend)

@@ -22,6 +22,7 @@ import socket
 import ssl
 from collections.abc import Callable, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
 
@@ -49,13 +50,24 @@ class RedisLoopClaims:
 
     def __init__(self, backend: RedisBackend) -> None:
         self._b = backend
+        # One connection object for the worker's life, connected again after a drop: each
+        # make_connection() counts against the pool's max_connections for good.
+        self._own: Any = None
         self._conn: Any = None
         self._sock: socket.socket | None = None
         self._reader: Any = None
+        self._closed = False
 
     @classmethod
     def make(cls, backend: RedisBackend) -> RedisLoopClaims | None:
-        return None if hiredis is None else cls(backend)
+        """None where the claims stay on a store thread: without hiredis (or one older than
+        2.2.1, which has no pack_command), and over TLS, whose records do not map onto the
+        loop's plain socket reads."""
+        if hiredis is None or not hasattr(hiredis, "pack_command"):
+            return None
+        if urlsplit(backend._redis_url).scheme == "rediss":
+            return None
+        return cls(backend)
 
     async def ack_and_claim(
         self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *, worker_id: str, lease_s: float,
@@ -83,6 +95,7 @@ class RedisLoopClaims:
         return careful
 
     def close(self) -> None:
+        self._closed = True
         self._drop()
 
     # -- the socket ---------------------------------------------------------------------------
@@ -92,6 +105,9 @@ class RedisLoopClaims:
         whether the scripts ran."""
         sock = self._sock
         if sock is None:
+            return False
+        if self._reader.has_data():  # a reply no call asked for
+            self._drop()
             return False
         try:
             sock.recv(1, socket.MSG_PEEK)
@@ -119,12 +135,17 @@ class RedisLoopClaims:
 
     def _connect(self) -> None:
         self._drop()
-        conn: Any = self._b._pool.make_connection()
-        self._b._made.append(conn)  # closed with the backend too
+        if self._closed or self._b.closed:
+            return
+        if self._own is None:
+            self._own = self._b._pool.make_connection()
+            self._b._made.append(self._own)  # closed with the backend too
+        conn: Any = self._own
         conn.connect()  # redis-py's handshake (HELLO, AUTH, SELECT, CLIENT SETNAME)
         sock = getattr(conn, "_sock", None)
         if not isinstance(sock, socket.socket) or isinstance(sock, ssl.SSLSocket):
-            # TLS records do not map onto the loop's socket reads: that worker claims on a thread.
+            # make() refuses TLS URLs; this catches a connection class that wraps its socket.
+            self._closed = True
             conn.disconnect()
             return
         sock.setblocking(False)
