@@ -22,7 +22,6 @@ import socket
 import ssl
 from collections.abc import Callable, Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
 import redis
 
@@ -53,7 +52,6 @@ class RedisLoopClaims:
         # One connection object for the worker's life, connected again after a drop: each
         # make_connection() counts against the pool's max_connections for good.
         self._own: Any = None
-        self._conn: Any = None
         self._sock: socket.socket | None = None
         self._reader: Any = None
         self._closed = False
@@ -65,7 +63,7 @@ class RedisLoopClaims:
         loop's plain socket reads."""
         if hiredis is None or not hasattr(hiredis, "pack_command"):
             return None
-        if urlsplit(backend._redis_url).scheme == "rediss":
+        if issubclass(backend._pool.connection_class, redis.SSLConnection):
             return None
         return cls(backend)
 
@@ -144,20 +142,20 @@ class RedisLoopClaims:
         conn.connect()  # redis-py's handshake (HELLO, AUTH, SELECT, CLIENT SETNAME)
         sock = getattr(conn, "_sock", None)
         if not isinstance(sock, socket.socket) or isinstance(sock, ssl.SSLSocket):
-            # make() refuses TLS URLs; this catches a connection class that wraps its socket.
+            # make() refuses TLS pools; this catches any other class that wraps its socket.
             self._closed = True
             conn.disconnect()
             return
         sock.setblocking(False)
-        self._conn, self._sock = conn, sock
+        self._sock = sock
         self._reader = hiredis.Reader(encoding="utf-8", replyError=_reply_error,
                                       protocolError=redis.exceptions.InvalidResponse)
 
     def _drop(self) -> None:
-        conn: Any = self._conn
-        self._conn, self._sock, self._reader = None, None, None
-        if conn is not None:
-            conn.disconnect()
+        connected = self._sock is not None
+        self._sock, self._reader = None, None
+        if connected:
+            self._own.disconnect()
 
     async def _round_trip(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]) -> list[Any]:
         sock, reader = self._sock, self._reader
