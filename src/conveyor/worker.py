@@ -22,13 +22,13 @@ import socket
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from . import faultpoints
 from .app import Conveyor
-from .backends.base import Backend, Lease, LoopClaims, WorkerInfo
+from .backends.base import Backend, ClaimReply, Lease, LoopClaims, WorkerInfo
 from .errors import ConfigurationError, LeaseLost, StoreError
 from .executor import Execution, Outcome
 from .job import Job, JobState
@@ -40,6 +40,10 @@ from .threads import TaskThreads
 log = logging.getLogger("conveyor.worker")
 ACK_BATCH = 256  # most acks written in one store transaction
 T = TypeVar("T")
+# A round of claims (Worker._claim_steps): yields (acks, queue, how many) per store call, is
+# sent each call's (held, jobs), returns (held or None, every job claimed).
+ClaimSteps = Generator[tuple[list[tuple[Lease, str | None]], str, int], ClaimReply,
+                       tuple[list[bool] | None, list[Job]]]
 
 
 def parse_queues(spec: str | Sequence[str] | Mapping[str, int]) -> dict[str, int]:
@@ -477,7 +481,7 @@ class Worker:
 
         held: list[bool] | None
         try:
-            if near is not None and len(self.weights) == 1 and not self._stopping:
+            if near is not None and not self._stopping:
                 held, jobs = await self._claim_on_loop(near, free, batch)
                 self._prepare(jobs, startable)
             else:
@@ -493,42 +497,72 @@ class Worker:
         return jobs
 
     async def _claim_on_loop(self, near: LoopClaims, free: int,
-                             batch: Sequence[tuple[_Running, str | None]]) -> tuple[list[bool], list[Job]]:
-        """_claim_sync's one claim of a single-queue worker, awaited on the loop; what the loop
-        cannot do without blocking (see LoopClaims) runs on a store thread."""
-        [queue] = self.weights
-        acks = [(r.lease, result) for r, result in batch]
-        got = await near.ack_and_claim(acks, queue, free, worker_id=self.id, lease_s=self.lease_s)
-        if callable(got):
-            got = await self._call(self._store, got)
-        if acks:
-            faultpoints.hit("after_ack")
-        return got
+                             acks: Sequence[tuple[_Running, str | None]]) -> tuple[list[bool] | None, list[Job]]:
+        """_claim_sync's round, each store call awaited on the loop; what the loop cannot do
+        without blocking (see LoopClaims) runs on a store thread."""
+        steps = self._claim_steps(free, acks)
+        try:
+            step = next(steps)
+            while True:
+                step_acks, queue, want = step
+                try:
+                    got = await near.ack_and_claim(step_acks, queue, want, worker_id=self.id, lease_s=self.lease_s)
+                    if callable(got):
+                        got = await self._call(self._store, got)
+                except Exception as exc:
+                    step = steps.throw(exc)
+                else:
+                    step = steps.send(got)
+        except StopIteration as done:
+            result: tuple[list[bool] | None, list[Job]] = done.value
+            return result
 
     def _claim_sync(self, free: int, acks: Sequence[tuple[_Running, str | None]]) -> tuple[list[bool] | None, list[Job]]:
-        """The claims of one round, in turn, on the calling (store or waiter) thread: ``free``
-        slots split across the queues by weight, each queue's unused share passed on to the
-        next (work-conserving). ``acks`` go with the first claim (``ack_and_claim``); returns
-        whether each was held (None if no claim was made), and the jobs claimed."""
+        """The claims of one round (see _claim_steps), made in turn on the calling (store or
+        waiter) thread."""
+        steps = self._claim_steps(free, acks)
+        backend = self.backend
+        try:
+            step = next(steps)
+            while True:
+                step_acks, queue, want = step
+                try:
+                    if step_acks:
+                        got = backend.ack_and_claim(step_acks, queue, want, worker_id=self.id, lease_s=self.lease_s)
+                    else:
+                        got = [], backend.claim(queue, want, worker_id=self.id, lease_s=self.lease_s)
+                except Exception as exc:
+                    step = steps.throw(exc)
+                else:
+                    step = steps.send(got)
+        except StopIteration as done:
+            result: tuple[list[bool] | None, list[Job]] = done.value
+            return result
+
+    def _claim_steps(self, free: int, acks: Sequence[tuple[_Running, str | None]]) -> ClaimSteps:
+        """The claims of one round, as a plan its caller carries out (_claim_sync on a thread,
+        _claim_on_loop on the loop): ``free`` slots split across the queues by weight, each
+        queue's unused share passed on to the next (work-conserving). Yields (acks, queue, how
+        many) for each store call (``acks`` go with the first one only, else it is a plain
+        claim), and is sent that call's (held, jobs), or thrown its error. Returns whether each
+        ack was held (None if no claim was made), and the jobs claimed."""
         claimed: list[Job] = []
         held: list[bool] | None = None
         acked = False  # the acks were written: from now on this round must return, not raise
         carry = 0
         full: list[str] = []
         plan = plan_strict(free, self.weights) if self.strict else plan_claims(free, self.weights, self._rng)
-        backend = self.backend
         for queue, share in plan:
             want = share + carry
             if want <= 0 or self._stopping:
                 continue
             try:
                 if held is None and acks:
-                    held, jobs = backend.ack_and_claim([(r.lease, result) for r, result in acks], queue, want,
-                                                       worker_id=self.id, lease_s=self.lease_s)
+                    held, jobs = yield [(r.lease, result) for r, result in acks], queue, want
                     acked = True
                     faultpoints.hit("after_ack")
                 else:
-                    jobs = backend.claim(queue, want, worker_id=self.id, lease_s=self.lease_s)
+                    _, jobs = yield [], queue, want
                     if held is None:
                         held = []  # no acks to carry: a claim was made
             except Exception:
@@ -547,7 +581,7 @@ class Worker:
             if carry <= 0 or self._stopping:
                 break
             try:
-                jobs = backend.claim(queue, carry, worker_id=self.id, lease_s=self.lease_s)
+                _, jobs = yield [], queue, carry
             except Exception:
                 log.exception("claim on queue %s failed; running the %d job(s) already claimed",
                               queue, len(claimed))

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 from support import running_worker, wait_for_job, wait_until
 
 from conveyor import Conveyor, JobState, Reject, current_job
+from conveyor.backends.base import LoopClaims
 from conveyor.worker import plan_strict
 
 CONCURRENCY = 4
@@ -159,7 +161,7 @@ def test_a_failed_claim_on_one_queue_does_not_strand_jobs_claimed_from_another(a
     job = on_a.enqueue()
     backend = app.backend
     real_claim = backend.claim
-    failed = []
+    failed: list[str] = []
 
     def flaky_claim(queue: str, limit: int, **kw: object) -> list[object]:
         if queue == "b" and not failed:
@@ -167,11 +169,33 @@ def test_a_failed_claim_on_one_queue_does_not_strand_jobs_claimed_from_another(a
             raise StoreError("injected: the store blinked")
         return real_claim(queue, limit, **kw)  # type: ignore[arg-type]
 
+    # A store whose worker claims from its event loop (Backend.loop_claims) fails there too.
+    real_loop_claims = backend.loop_claims
+
+    class FlakyLoopClaims:
+        def __init__(self, near: LoopClaims) -> None:
+            self.near = near
+
+        async def ack_and_claim(self, acks: Any, queue: str, limit: int, **kw: Any) -> Any:
+            if queue == "b" and not failed:
+                failed.append(queue)
+                raise StoreError("injected: the store blinked")
+            return await self.near.ack_and_claim(acks, queue, limit, **kw)
+
+        def close(self) -> None:
+            self.near.close()
+
+    def flaky_loop_claims() -> FlakyLoopClaims | None:
+        near = real_loop_claims()
+        return None if near is None else FlakyLoopClaims(near)
+
     backend.claim = flaky_claim  # type: ignore[assignment, method-assign]
+    backend.loop_claims = flaky_loop_claims  # type: ignore[assignment, method-assign]
     try:
         with running_worker(app, queues="a:2,b:1", strict=True, concurrency=4):
             done = wait_for_job(app, job.id, timeout=10)
     finally:
         backend.claim = real_claim  # type: ignore[method-assign]
+        backend.loop_claims = real_loop_claims  # type: ignore[method-assign]
     assert failed == ["b"]
     assert done.state is JobState.SUCCEEDED and done.attempts == 1 and done.errors == []

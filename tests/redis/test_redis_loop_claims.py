@@ -281,3 +281,50 @@ def test_a_single_queue_worker_claims_from_its_loop(private_redis: RedisServer,
         assert trips["loop"] > 0
     finally:
         app.close()
+
+
+def test_a_worker_on_weighted_queues_claims_from_its_loop(private_redis: RedisServer,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each queue's claim of a weighted worker's round goes through RedisLoopClaims too, and
+    the round still passes a queue's unused share on: every job of both queues runs, and no
+    claim is made on a store thread once the loop has its connection."""
+    queues_on_loop: list[str] = []
+    real_claim = RedisLoopClaims.ack_and_claim
+    blocking = {"claims": 0}
+    real_blocking = RedisBackend.claim
+
+    async def counted(self: RedisLoopClaims, acks: Any, queue: str, limit: int, **kw: Any) -> Any:
+        got = await real_claim(self, acks, queue, limit, **kw)
+        if not callable(got):
+            queues_on_loop.append(queue)
+        return got
+
+    def counted_blocking(self: RedisBackend, *args: Any, **kw: Any) -> Any:
+        blocking["claims"] += 1
+        return real_blocking(self, *args, **kw)
+
+    monkeypatch.setattr(RedisLoopClaims, "ack_and_claim", counted)
+    monkeypatch.setattr(RedisBackend, "claim", counted_blocking)
+    app = Conveyor(private_redis.url)
+    try:
+        @app.task(name="bulk_add", queue="bulk")
+        def bulk_add(a: int, b: int) -> int:
+            return a + b
+
+        @app.task(name="urgent_add", queue="urgent")
+        def urgent_add(a: int, b: int) -> int:
+            return a + b
+
+        # Many in "bulk" and few in "urgent": once "urgent" runs dry its share goes to "bulk".
+        handles = [bulk_add.enqueue(i, 1) for i in range(60)]
+        handles += [urgent_add.enqueue(i, 2) for i in range(5)]
+        with running_worker(app, concurrency=4, queues="urgent:3,bulk:1"):
+            results = [wait_for_job(app, h.id).result for h in handles]
+            claims_before_stop = blocking["claims"]
+        assert results == [i + 1 for i in range(60)] + [i + 2 for i in range(5)]
+        assert {"bulk", "urgent"} <= set(queues_on_loop)
+        # The first claim connects the loop's socket the blocking way; the idle waiter claims
+        # on its own thread. Busy rounds do not: far fewer blocking claims than loop ones.
+        assert claims_before_stop < len(queues_on_loop)
+    finally:
+        app.close()
