@@ -506,7 +506,8 @@ class Worker:
             while True:
                 step_acks, queue, want = step
                 try:
-                    got = await near.ack_and_claim(step_acks, queue, want, worker_id=self.id, lease_s=self.lease_s)
+                    got = await near.ack_and_claim(step_acks, queue, want, worker_id=self.id, lease_s=self.lease_s,
+                                                   wanted=self._claiming)
                     if callable(got):
                         got = await self._call(self._store, got)
                 except Exception as exc:
@@ -538,6 +539,9 @@ class Worker:
         except StopIteration as done:
             result: tuple[list[bool] | None, list[Job]] = done.value
             return result
+
+    def _claiming(self) -> bool:
+        return not self._stopping
 
     def _claim_steps(self, free: int, acks: Sequence[tuple[_Running, str | None]]) -> ClaimSteps:
         """The claims of one round, as a plan its caller carries out (_claim_sync on a thread,

@@ -96,6 +96,31 @@ def test_a_claim_from_the_loop_gives_what_the_blocking_claim_gives(backend: Redi
         lc.close()
 
 
+def test_a_blocking_claim_no_longer_wanted_writes_its_acks_and_claims_nothing(backend: RedisBackend) -> None:
+    """A worker that begins to stop while its claim waits for a store thread (no connection on
+    the loop yet) writes its acks and takes no jobs it would only give back."""
+    backend.enqueue_many([new_job(i) for i in range(4)])
+    lc = claims_of(backend)
+    try:
+        first = backend.claim("default", 2, worker_id="w", lease_s=30)
+        stopping = {"now": False}
+        got = asyncio.run(lc.ack_and_claim(leases(first), "default", 2, worker_id="w", lease_s=30,
+                                           wanted=lambda: not stopping["now"]))
+        assert callable(got)  # no connection yet: the rest is for a store thread
+        stopping["now"] = True
+        held, claimed = got()
+        assert held == [True, True] and claimed == []
+        for j in first:
+            stored = backend.get(j.id)
+            assert stored is not None and stored.state is JobState.SUCCEEDED
+        assert backend.stats().queues[0].available == 2
+        # Still wanted (and connected by the call above): claims as before, from the loop.
+        on_loop, (held, second) = call(lc, [], 2)
+        assert on_loop and held == [] and len(second) == 2
+    finally:
+        lc.close()
+
+
 def test_an_ack_whose_lease_is_gone_is_refused_on_the_loop_too(backend: RedisBackend) -> None:
     backend.enqueue_many([new_job(i) for i in range(4)])
     lc = claims_of(backend)

@@ -258,7 +258,11 @@ class LoopClaims(Protocol):
 
     async def ack_and_claim(
         self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *, worker_id: str, lease_s: float,
-    ) -> ClaimReply | Callable[[], ClaimReply]: ...
+        wanted: Callable[[], bool] | None = None,
+    ) -> ClaimReply | Callable[[], ClaimReply]:
+        """``wanted``: asked by a returned function before it claims; False makes it claim
+        nothing (its acks are still written). The worker's "not stopping"."""
+        ...
 
     def close(self) -> None:
         """Close its connection (the worker calls it once its claims are over)."""

@@ -69,10 +69,11 @@ class RedisLoopClaims:
 
     async def ack_and_claim(
         self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *, worker_id: str, lease_s: float,
+        wanted: Callable[[], bool] | None = None,
     ) -> ClaimReply | Callable[[], ClaimReply]:
         b = self._b
         if limit <= 0 or b.closed or not self._usable():
-            return functools.partial(self._connect_after, acks, queue, limit, worker_id, lease_s)
+            return functools.partial(self._connect_after, acks, queue, limit, worker_id, lease_s, wanted)
         tokens = _tokens(limit)
         calls = b._claim_calls(acks, queue, limit, worker_id, lease_s, None, tokens)
         try:
@@ -117,10 +118,14 @@ class RedisLoopClaims:
         return False
 
     def _connect_after(self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, worker_id: str,
-                       lease_s: float) -> ClaimReply:
+                       lease_s: float, wanted: Callable[[], bool] | None) -> ClaimReply:
         """On a store thread: the call the blocking way, then a connection for the next one
-        (made after, so a store that is down costs the call no connect timeout of ours)."""
+        (made after, so a store that is down costs the call no connect timeout of ours).
+        ``wanted`` is asked again here, after the hop: a worker that began to stop meanwhile
+        writes its acks and claims nothing, rather than claim jobs only to give them back."""
         b = self._b
+        if wanted is not None and not wanted():
+            limit = 0
         if acks:
             out = b.ack_and_claim(acks, queue, limit, worker_id=worker_id, lease_s=lease_s)
         else:
