@@ -317,8 +317,11 @@ def test_a_worker_on_weighted_queues_claims_from_its_loop(private_redis: RedisSe
     real_claim = RedisLoopClaims.ack_and_claim
     blocking = {"claims": 0}
     real_blocking = RedisBackend.claim
+    real_blocking_acks = RedisBackend.ack_and_claim
+    asked_if_wanted: list[bool] = []
 
     async def counted(self: RedisLoopClaims, acks: Any, queue: str, limit: int, **kw: Any) -> Any:
+        asked_if_wanted.append(callable(kw.get("wanted")))
         got = await real_claim(self, acks, queue, limit, **kw)
         if not callable(got):
             queues_on_loop.append(queue)
@@ -328,8 +331,13 @@ def test_a_worker_on_weighted_queues_claims_from_its_loop(private_redis: RedisSe
         blocking["claims"] += 1
         return real_blocking(self, *args, **kw)
 
+    def counted_blocking_acks(self: RedisBackend, *args: Any, **kw: Any) -> Any:
+        blocking["claims"] += 1
+        return real_blocking_acks(self, *args, **kw)
+
     monkeypatch.setattr(RedisLoopClaims, "ack_and_claim", counted)
     monkeypatch.setattr(RedisBackend, "claim", counted_blocking)
+    monkeypatch.setattr(RedisBackend, "ack_and_claim", counted_blocking_acks)
     app = Conveyor(private_redis.url)
     try:
         @app.task(name="bulk_add", queue="bulk")
@@ -348,8 +356,10 @@ def test_a_worker_on_weighted_queues_claims_from_its_loop(private_redis: RedisSe
             claims_before_stop = blocking["claims"]
         assert results == [i + 1 for i in range(60)] + [i + 2 for i in range(5)]
         assert {"bulk", "urgent"} <= set(queues_on_loop)
+        assert asked_if_wanted and all(asked_if_wanted)  # a stopping worker's fallback claims nothing
         # The first claim connects the loop's socket the blocking way; the idle waiter claims
-        # on its own thread. Busy rounds do not: far fewer blocking claims than loop ones.
+        # on its own thread. Busy rounds, with acks or without, do not: far fewer blocking
+        # claims than loop ones.
         assert claims_before_stop < len(queues_on_loop)
     finally:
         app.close()

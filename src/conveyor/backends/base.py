@@ -260,8 +260,9 @@ class LoopClaims(Protocol):
         self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *, worker_id: str, lease_s: float,
         wanted: Callable[[], bool] | None = None,
     ) -> ClaimReply | Callable[[], ClaimReply]:
-        """``wanted``: asked by a returned function before it claims; False makes it claim
-        nothing (its acks are still written). The worker's "not stopping"."""
+        """``wanted``: the worker's "not stopping". A returned function that has sent nothing
+        yet asks it before it claims; False makes it claim nothing (its acks are still
+        written). One that finishes a call already sent settles what the store did."""
         ...
 
     def close(self) -> None:
