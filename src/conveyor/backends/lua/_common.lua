@@ -1,4 +1,5 @@
--- _common.lua: the prelude every Conveyor script starts with (redis.py prepends it at load).
+-- _common.lua: the prelude every Conveyor script but enqueue_one starts with, after _core.lua
+-- (redis.py prepends both at load).
 --
 -- KEYS, the same header for every script (P is the app's prefix "{name}", whose braces are the
 -- Redis Cluster hash tag, so every key below, and every key made by appending a job id to a
@@ -54,9 +55,6 @@ local K_WORKERS, K_SEEN, K_CRON = KEYS[14], KEYS[15], KEYS[16]
 local P_CONC, P_RATE = KEYS[17], KEYS[18]
 local NHEAD, NQK = 18, 10
 local KEEP_ERRORS = 20
--- Markers kept per wake list: enough to wake several idle workers for a burst, few enough
--- that leftovers cause only a handful of spurious wake-ups.
-local WAKE_MAX = 8
 
 local NQ = tonumber(ARGV[1])
 local Q = {}
@@ -75,51 +73,6 @@ local A = 2 + NQ
 local function arg(i) return ARGV[A + i - 1] end
 local function xkey(i) return KEYS[NHEAD + NQ * NQK + i] end
 
--- The store's clock unless the caller injected a time (tests do).
-local function clock(s)
-  if s ~= nil and s ~= '' then return tonumber(s) end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
-
--- Lua's own number-to-string keeps 14 digits, which would shift times by up to 0.1 ms;
--- 17 significant digits give back the very same double in Python.
-local function num(x) return string.format('%.17g', x) end
-local function jnum(x)
-  local s = num(x)
-  if not string.find(s, '[.eEn]') then s = s .. '.0' end
-  return s
-end
-
--- Claim order inside one queue is (priority, fair_tag, run_at, id). The ZSET score holds the
--- priority (a small integer, exact), and equal scores sort by member bytes, so the member is
--- the fair tag zero-padded to 16 digits, then a fixed-width, byte-sortable image of the exact
--- double run_at, then the zero-padded id. A composite float score (priority * 1e13 +
--- run_at_ms) would need more than the 53 bits a double holds and would also round run_at to a
--- millisecond. Tags and ids are integers below 2^53 (one per job ever enqueued), so 16 digits
--- hold them. The id is always the last 16 bytes, so id_of also reads members written before
--- tags existed (21 + 16 bytes, no tag: tag_of gives 0).
-local TWO53 = 9007199254740992
-local MEMBER_TAIL = 37  -- sortable(run_at) (21) .. id (16)
-local function member(tag, run_at, id)
-  local code
-  if run_at > 0 then
-    local m, e = math.frexp(run_at)
-    code = string.format('2%04d%016.0f', e + 1100, m * TWO53)
-  elseif run_at < 0 then
-    local m, e = math.frexp(-run_at)
-    code = string.format('0%04d%016.0f', 1900 - e, TWO53 - 1 - m * TWO53)
-  else
-    code = '100000000000000000000'
-  end
-  return string.format('%016.0f', tag) .. code .. string.format('%016.0f', tonumber(id))
-end
-local function id_of(m) return tostring(tonumber(string.sub(m, -16))) end
-local function tag_of(m)
-  if #m <= MEMBER_TAIL then return 0 end
-  return tonumber(string.sub(m, 1, #m - MEMBER_TAIL))
-end
-
 -- Variadic commands in slices, so a long argument list never overflows Lua's C stack.
 local SLICE = 1000
 local function call_many(cmd, key, args)
@@ -130,17 +83,6 @@ end
 
 local function is_unfinished(state)
   return state == 'scheduled' or state == 'available' or state == 'running'
-end
-
-local function wake(q, n)
-  if n <= 0 then return end
-  local marks = {}
-  for i = 1, math.min(n, WAKE_MAX) do marks[i] = '1' end
-  -- LPUSH answers the new length: the trim is needed only past the cap (one call less on
-  -- every enqueue while workers keep up).
-  if redis.call('LPUSH', q.wake, unpack(marks)) > WAKE_MAX then
-    redis.call('LTRIM', q.wake, 0, WAKE_MAX - 1)
-  end
 end
 
 -- ck, rk: the job's concurrency_key and rate_key as the caller read them with HMGET (false when
@@ -200,10 +142,8 @@ end
 -- Fair sharing (start-time fair queuing, backends/base.py). Each (queue, priority) is a round
 -- of its own: in P:q:<queue>:fair, 'v:<priority>' is its virtual time (claim raises it to the
 -- largest tag it hands out at that priority) and 't:<priority>:<fair key>' the tag of that
--- key's last job in it. pkey writes a priority the same way whether it comes from ARGV, a job
--- hash or a ZSET score (+ 0 turns a -0 into 0). Fields 'vtime' and 'k:<fair key>' are the
+-- key's last job in it. Fields 'vtime' and 'k:<fair key>' are the
 -- layout before rounds were per priority: nothing reads them, and prune drops them.
-local function pkey(p) return string.format('%.0f', tonumber(p) + 0) end
 
 -- The tags one script hands out (enqueue to new jobs, redrive to revived ones): each field is
 -- read once, tags are given in call order (a batch takes consecutive tags per key), and save()
