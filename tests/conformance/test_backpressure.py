@@ -120,3 +120,6 @@ def test_app_queue_limit_and_wait_if_full(app: Conveyor) -> None:
         app.queue("mail", max_depth=0)
     app.queue("mail", max_depth=None)
     send.enqueue(5)  # no limit any more
+    app.queue("mail", max_depth=2)  # a limit set after the task's last enqueue holds at once
+    with pytest.raises(QueueFull):
+        send.enqueue(6)
