@@ -175,14 +175,13 @@ class _Keys:
     def __init__(self, prefix: str) -> None:
         p = "{" + prefix + "}"
         self.p = p
+        self.job_prefix, self.all_jobs = f"{p}:job:", f"{p}:jobs"
+        self.queues, self.ids, self.cron = f"{p}:queues", f"{p}:ids", f"{p}:cron"
         self.header = [
-            f"{p}:job:", f"{p}:errors:", f"{p}:jobs", *(f"{p}:state:{s}" for s in STATES),
-            f"{p}:unique", f"{p}:expiries", f"{p}:queues", f"{p}:ids", f"{p}:workers", f"{p}:seen",
-            f"{p}:cron", f"{p}:conc:", f"{p}:rate:",
+            self.job_prefix, f"{p}:errors:", self.all_jobs, *(f"{p}:state:{s}" for s in STATES),
+            f"{p}:unique", f"{p}:expiries", self.queues, self.ids, f"{p}:workers", f"{p}:seen",
+            self.cron, f"{p}:conc:", f"{p}:rate:",
         ]
-        self.queues = f"{p}:queues"
-        self.ids = f"{p}:ids"
-        self.cron = f"{p}:cron"
 
     def job(self, job_id: int) -> str:
         return f"{self.p}:job:{job_id}"
@@ -464,7 +463,7 @@ class RedisBackend(Backend):
         keys = self._one_keys.get(job.queue)
         if keys is None:
             k = self.keys
-            keys = [k.header[0], k.header[2], k.state("available"), k.queues, k.ids,
+            keys = [k.job_prefix, k.all_jobs, k.state("available"), k.queues, k.ids,
                     *(k.queue(job.queue, what) for what in ("available", "jobs", "wake", "fair", "due"))]
             if len(self._one_keys) > MAX_CACHED_QUEUES:
                 self._one_keys.clear()

@@ -204,6 +204,13 @@ local function wake_if_first_scheduled(q, id)
   if head[1] == id then wake(q, 1) end
 end
 
+-- A time as a JSON number (num() gives '5' for a whole second; JSON readers want 5.0 as a float).
+local function jnum(x)
+  local s = num(x)
+  if not string.find(s, '[.eEn]') then s = s .. '.0' end
+  return s
+end
+
 -- rest: the JSON members kind, type, message, traceback (encoded by the client, or below).
 local function add_error(id, attempt, now, worker_id, rest)
   local wid = 'null'

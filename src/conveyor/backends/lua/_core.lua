@@ -15,11 +15,6 @@ end
 -- Lua's own number-to-string keeps 14 digits, which would shift times by up to 0.1 ms;
 -- 17 significant digits give back the very same double in Python.
 local function num(x) return string.format('%.17g', x) end
-local function jnum(x)
-  local s = num(x)
-  if not string.find(s, '[.eEn]') then s = s .. '.0' end
-  return s
-end
 
 -- Claim order inside one queue is (priority, fair_tag, run_at, id). The ZSET score holds the
 -- priority (a small integer, exact), and equal scores sort by member bytes, so the member is
