@@ -98,6 +98,7 @@ def redis(a: argparse.Namespace, url: str) -> Row:
     n = a.jobs
     app, noop, _ = make_app(url)
     template = noop.enqueue(0).id
+    app.backend.stats()  # folds the queue's inbox: the template is indexed like the rows below
     p = app.backend.keys.p  # type: ignore[attr-defined]
     app.close()
     r = redis_py.Redis.from_url(url.split("?")[0])

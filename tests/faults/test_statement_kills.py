@@ -270,6 +270,9 @@ def redis_problems(store: FaultStore) -> list[str]:
                 if int(h.get("fair_tag", 0)) > vtime:
                     out.append(f"{where}: fair tag {h.get('fair_tag')} past its round's vtime {vtime}")
         for q in queues:
+            # store_problems listed every job and read the stats first: both fold the inboxes.
+            if r.llen(f"{p}:q:{q}:inbox"):
+                out.append(f"queue {q}: inbox not folded by list_jobs and stats")
             if int(fair[q].get("gated", 0) or 0) != 0:
                 out.append(f"queue {q}: gated count {fair[q].get('gated')} without any limited job")
     finally:

@@ -5,6 +5,8 @@ member, compared store against store. Runs on a private redis-server."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ from conveyor.backends import redis as redis_backend
 from conveyor.backends.base import NewJob
 from conveyor.backends.redis import RedisBackend
 from conveyor.errors import StoreError
+from conveyor.job import JobState
 
 
 def plain(i: int, **kw: Any) -> NewJob:
@@ -89,6 +92,13 @@ def test_the_short_script_writes_what_the_general_one_writes(private_redis: Redi
                 got_general = general.enqueue_many([job], now=now)
             assert got_short == got_general
         r = private_redis.client()
+        # The short script left its jobs' index entries in the inboxes: the next script given
+        # the queue (stats here, for every queue) folds them in, and then the stores are equal.
+        before = dump(r, "short")
+        assert before["{P}:q:default:inbox"] and before["{P}:q:other:inbox"]
+        assert "{P}:q:default:inbox" not in dump(r, "general")
+        short.stats()
+        general.stats()
         assert dump(r, "short") == dump(r, "general")
         assert {s.split(":")[1] for s in sent if s.startswith("short:")} >= {"enqueue_one"}
         assert "short:enqueue" not in sent and "general:enqueue_one" not in sent
@@ -136,5 +146,114 @@ def test_jobs_with_options_take_the_general_script(private_redis: RedisServer,
         sent.clear()
         b.enqueue_many([plain(1), plain(2)])  # a batch, even of plain jobs
         assert sent == ["enqueue"]
+    finally:
+        b.close()
+
+
+def inbox_len(b: RedisBackend, queue: str = "default") -> int:
+    return int(b._r.llen(b.keys.queue(queue, "inbox")))
+
+
+def test_enqueue_one_folds_its_inbox_when_it_is_full(private_redis: RedisServer) -> None:
+    b = store(private_redis, "full")
+    try:
+        fold_at = 256  # FOLD_AT in _core.lua
+        ids = [r.id for job in [plain(i) for i in range(fold_at + 1)] for r in b.enqueue_many([job])]
+        # The 256th enqueue folded all 256; the 257th waits in the inbox alone.
+        assert inbox_len(b) == 1
+        r = private_redis.client()
+        indexed = [int(i) for i in r.zrange(b.keys.queue("default", "jobs"), 0, -1)]
+        assert indexed == ids[:fold_at]
+        assert r.zcard(b.keys.queue("default", "available")) == fold_at
+        assert r.zcard(b.keys.queue("default", "due")) == fold_at
+        assert r.zcard(b.keys.state("available")) == fold_at
+        assert r.zcard(b.keys.all_jobs) == fold_at
+    finally:
+        b.close()
+
+
+# Each reader and writer of a queue, met with jobs that are still in the inbox: (what it does,
+# what it must see).
+def _list_all(b: RedisBackend) -> None:
+    assert [j.id for j in b.list_jobs().jobs] == [3, 2, 1]
+
+
+def _list_queue(b: RedisBackend) -> None:
+    assert [j.id for j in b.list_jobs(queue="default", state=JobState.AVAILABLE).jobs] == [3, 2, 1]
+
+
+def _list_state(b: RedisBackend) -> None:
+    assert [j.id for j in b.list_jobs(state=JobState.AVAILABLE).jobs] == [3, 2, 1]
+
+
+def _stats(b: RedisBackend) -> None:
+    [q] = b.stats(now=1_000_010.0).queues
+    assert (q.queue, q.available, q.oldest_available_age) == ("default", 3, 10.0)
+
+
+def _peek(b: RedisBackend) -> None:
+    assert b._peek(["default"]) == (True, None)
+
+
+def _claim(b: RedisBackend) -> None:
+    # Priority first: job 2 was enqueued with priority -1.
+    assert [j.id for j in b.claim("default", 3, worker_id="w", lease_s=30)] == [2, 1, 3]
+
+
+def _cancel(b: RedisBackend) -> None:
+    assert b.cancel(2)
+    assert [j.id for j in b.claim("default", 3, worker_id="w", lease_s=30)] == [1, 3]
+
+
+def _purge(b: RedisBackend) -> None:
+    # Only finished jobs are purged: the waiting ones stay, indexed.
+    assert b.purge(state=JobState.DEAD) == 0
+    assert [j.id for j in b.list_jobs(queue="default").jobs] == [3, 2, 1]
+
+
+def _general_enqueue(b: RedisBackend) -> None:
+    # A job with options goes the general way: the inbox is folded before it, so the order
+    # within the round holds (its fair key starts a round at the same virtual time).
+    [res] = b.enqueue_many([plain(9, fair_key="k")])
+    assert [j.id for j in b.claim("default", 4, worker_id="w", lease_s=30)] == [2, 1, 3, res.id]
+
+
+@pytest.mark.parametrize("use", [_list_all, _list_queue, _list_state, _stats, _peek, _claim, _cancel, _purge,
+                                 _general_enqueue], ids=lambda f: f.__name__.strip("_"))
+def test_every_script_given_the_queue_sees_the_inbox(private_redis: RedisServer, use: Any) -> None:
+    b = store(private_redis, f"sees{use.__name__}")
+    try:
+        for n, job in enumerate([plain(1), plain(2, priority=-1), plain(3)]):
+            b.enqueue_many([job], now=1_000_000.0 + n)
+        assert inbox_len(b) == 3
+        assert private_redis.client().zcard(b.keys.queue("default", "available")) == 0
+        use(b)
+        assert inbox_len(b) == 0
+    finally:
+        b.close()
+
+
+def test_the_first_jobs_after_a_fold_wake_idle_workers(private_redis: RedisServer) -> None:
+    b = store(private_redis, "wake")
+    r = private_redis.client()
+    wake = b.keys.queue("default", "wake")
+    try:
+        for i in range(20):
+            b.enqueue_many([plain(i)])
+        # One marker for each of the first 8 jobs in the inbox, none after (the list keeps 8).
+        assert inbox_len(b) == 20 and r.llen(wake) == 8
+        assert len(b.claim("default", 20, worker_id="w", lease_s=30)) == 20  # folds, takes all
+        r.delete(wake)
+        # A worker waiting now looked first (a fold): the next job is the inbox's first again,
+        # and its marker wakes the worker.
+        woke: list[bool] = []
+        waiter = threading.Thread(target=lambda: woke.append(b.wait_for_jobs(["default"], timeout=10.0)))
+        waiter.start()
+        time.sleep(0.3)
+        assert waiter.is_alive()
+        b.enqueue_many([plain(99)])
+        waiter.join(timeout=5.0)
+        assert woke == [True]
+        assert [j.args for j in b.claim("default", 5, worker_id="w", lease_s=30)] == [[99]]
     finally:
         b.close()

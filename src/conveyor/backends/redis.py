@@ -75,8 +75,8 @@ _ScriptCall = tuple[str, Sequence[str], Sequence[Any]]  # script name, keys, arg
 
 PREFIX_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 STATES = ("scheduled", "available", "running", "succeeded", "dead", "cancelled")
-QUEUE_KEYS = ("available", "scheduled", "running", "succeeded", "dead", "cancelled", "jobs", "wake", "fair", "due")
-READ_ONLY_SCRIPTS = {"stats", "list_jobs", "peek"}
+QUEUE_KEYS = ("available", "scheduled", "running", "succeeded", "dead", "cancelled", "jobs", "wake", "fair", "due",
+              "inbox")
 # Only new work (enqueue, and cron ticks, which use the enqueue script) is refused when Redis is
 # at maxmemory. Claiming, finishing and pruning must go on, or a full Redis could never drain:
 # they run with allow-oom. So does record_step: its side effect has happened already, and a
@@ -207,12 +207,9 @@ def _load_script(name: str) -> str:
     body = folder.joinpath(f"{name}.lua").read_text("utf-8")
     # A shebang makes Redis 7 check the script's flags before it runs: a script that grows the
     # store is refused whole at maxmemory instead of failing at its first write, half-done.
-    if name in READ_ONLY_SCRIPTS:
-        shebang = "#!lua flags=no-writes"
-    elif name in GROWING_SCRIPTS:
-        shebang = "#!lua"
-    else:
-        shebang = "#!lua flags=allow-oom"
+    # No script is no-writes: even the readers (stats, list_jobs, peek) fold the inboxes of
+    # the queues they are given into their indexes first (fold_inbox in _core.lua).
+    shebang = "#!lua" if name in GROWING_SCRIPTS else "#!lua flags=allow-oom"
     return f"{shebang}\n{common}\n{body}"
 
 
@@ -464,7 +461,7 @@ class RedisBackend(Backend):
         if keys is None:
             k = self.keys
             keys = [k.job_prefix, k.all_jobs, k.state("available"), k.queues, k.ids,
-                    *(k.queue(job.queue, what) for what in ("available", "jobs", "wake", "fair", "due"))]
+                    *(k.queue(job.queue, what) for what in ("available", "jobs", "wake", "fair", "due", "inbox"))]
             if len(self._one_keys) > MAX_CACHED_QUEUES:
                 self._one_keys.clear()
             self._one_keys[job.queue] = keys
@@ -852,17 +849,13 @@ class RedisBackend(Backend):
     ) -> Page:
         if limit <= 0:
             return Page(jobs=[], next_cursor=None)
-        indexes = []
-        if state is not None:
-            indexes.append(self.keys.state(str(JobState(state))))
-        if queue is not None:
-            indexes.append(self.keys.queue(queue, "jobs"))
-        if not indexes:
-            indexes.append(f"{self.keys.p}:jobs")
-        args = [0, len(indexes), "" if cursor is None else int(cursor), limit, max(LIST_BUDGET, limit + 1),
+        # The queue's block, or every queue's: the script folds their inboxes before it reads.
+        args = ["" if cursor is None else int(cursor), limit, max(LIST_BUDGET, limit + 1),
                 "" if state is None else str(JobState(state)), queue or "", task or ""]
-        keys = [*self.keys.header, *indexes]
-        raw, next_cursor = self._call("list jobs", lambda: self._script("list_jobs", keys, args), safe=True)
+        if queue is None:
+            raw, next_cursor = self._run("list_jobs", self._all_queues(), args, safe=True, all_queues=True)
+        else:
+            raw, next_cursor = self._run("list_jobs", [queue], args, safe=True)
         return Page(jobs=[self._job(r) for r in raw], next_cursor=int(next_cursor) if next_cursor else None)
 
     def stats(self, *, now: float | None = None, worker_ttl: float = 60.0, finished: bool = True) -> Stats:

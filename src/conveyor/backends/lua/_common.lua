@@ -24,7 +24,7 @@
 --   KEYS[18] P:rate:       prefix key; P:rate:<rate key> is a ZSET of the claims of jobs with
 --                          that key, member = id:lease token, score = claim time + the job's
 --                          rate_period (the end of its window); PEXPIREd to its last entry
--- then one block of 10 keys per queue named in ARGV, in the same order:
+-- then one block of 11 keys per queue named in ARGV, in the same order:
 --   P:q:<queue>:available  ZSET, score = priority, member = tag .. sortable(run_at) .. id
 --                          (see member())
 --   P:q:<queue>:scheduled  ZSET id, score = run_at
@@ -38,6 +38,8 @@
 --                          'gated' -> how many available jobs have a concurrency or rate key
 --                          (see enter_available)
 --   P:q:<queue>:due        ZSET of the available ids, score = run_at: the oldest waiting job
+--   P:q:<queue>:inbox      LIST of plain jobs enqueue_one wrote but did not index yet, folded
+--                          into the indexes above before any script reads them (fold_inbox)
 -- then any keys of the script's own (xkey(i)).
 --
 -- ARGV: ARGV[1] = number of queue blocks n, ARGV[2..n+1] = their queue names, then the
@@ -53,7 +55,7 @@ local K_STATE = {
 local K_UNIQUE, K_EXPIRIES, K_QUEUES, K_IDS = KEYS[10], KEYS[11], KEYS[12], KEYS[13]
 local K_WORKERS, K_SEEN, K_CRON = KEYS[14], KEYS[15], KEYS[16]
 local P_CONC, P_RATE = KEYS[17], KEYS[18]
-local NHEAD, NQK = 18, 10
+local NHEAD, NQK = 18, 11
 local KEEP_ERRORS = 20
 
 local NQ = tonumber(ARGV[1])
@@ -67,19 +69,17 @@ for i = 1, NQ do
     name = name, available = KEYS[b + 1], scheduled = KEYS[b + 2], running = KEYS[b + 3],
     succeeded = KEYS[b + 4], dead = KEYS[b + 5], cancelled = KEYS[b + 6],
     jobs = KEYS[b + 7], wake = KEYS[b + 8], fair = KEYS[b + 9], due = KEYS[b + 10],
+    inbox = KEYS[b + 11],
   }
+end
+-- Before anything reads a queue's indexes, its inbox goes into them (see fold_inbox).
+for i = 1, NQ do
+  local q = Q[QNAMES[i]]
+  fold_inbox(q.inbox, K_ALL, K_STATE.available, q.jobs, q.available, q.due)
 end
 local A = 2 + NQ
 local function arg(i) return ARGV[A + i - 1] end
 local function xkey(i) return KEYS[NHEAD + NQ * NQK + i] end
-
--- Variadic commands in slices, so a long argument list never overflows Lua's C stack.
-local SLICE = 1000
-local function call_many(cmd, key, args)
-  for s = 1, #args, SLICE do
-    redis.call(cmd, key, unpack(args, s, math.min(s + SLICE - 1, #args)))
-  end
-end
 
 local function is_unfinished(state)
   return state == 'scheduled' or state == 'available' or state == 'running'

@@ -1,5 +1,6 @@
 -- _core.lua: what every script starts with, _common.lua's prelude and enqueue_one alike
--- (redis.py prepends it at load): time, number and member encodings, and the wake-up.
+-- (redis.py prepends it at load): time, number and member encodings, the wake-up, and the
+-- inbox fold.
 
 -- Markers kept per wake list: enough to wake several idle workers for a burst, few enough
 -- that leftovers cause only a handful of spurious wake-ups.
@@ -60,3 +61,41 @@ local function wake(q, n)
   end
 end
 
+
+-- Variadic commands in slices, so a long argument list never overflows Lua's C stack.
+local SLICE = 1000
+local function call_many(cmd, key, args)
+  for s = 1, #args, SLICE do
+    redis.call(cmd, key, unpack(args, s, math.min(s + SLICE - 1, #args)))
+  end
+end
+
+-- The inbox (P:q:<queue>:inbox) holds plain jobs enqueue_one wrote whole (hash, fair tag,
+-- member) but did not yet put in their indexes: five ZADDs into large sets were most of that
+-- script's time, and one by one each enqueue is a round trip the caller waits on. Every other
+-- script given a queue's block folds its inbox first (_common.lua's prelude), so no script
+-- ever reads that queue's indexes with jobs missing from them, and the order is kept: the
+-- inbox is folded before anything else can change the queue (a claim raising a round's
+-- virtual time, an enqueue with options), so the tags and members enqueue_one wrote are the
+-- ones an immediate write would have made. enqueue_one folds too when the inbox reaches
+-- FOLD_AT, which bounds the work any one script does here.
+-- An entry is 'priority run_at member' (the member ends in the id, see id_of).
+local FOLD_AT = 256
+local function fold_inbox(inbox, all, state_available, jobs, available, due)
+  local items = redis.call('LRANGE', inbox, 0, -1)
+  if #items == 0 then return end
+  redis.call('DEL', inbox)
+  local ids, members, dues = {}, {}, {}
+  for i, item in ipairs(items) do
+    local p, t, m = string.match(item, '^(%S+) (%S+) (%S+)$')
+    local id = id_of(m)
+    ids[2 * i - 1], ids[2 * i] = id, id
+    members[2 * i - 1], members[2 * i] = p, m
+    dues[2 * i - 1], dues[2 * i] = t, id
+  end
+  call_many('ZADD', all, ids)
+  call_many('ZADD', state_available, ids)
+  call_many('ZADD', jobs, ids)
+  call_many('ZADD', available, members)
+  call_many('ZADD', due, dues)
+end

@@ -1,32 +1,38 @@
 -- enqueue_one: the enqueue script's work for one plain job, written out: a job due now with no
 -- unique key, depth limit, fair key, concurrency or rate limit, and no cron tick. Most
 -- enqueues are that, and one by one each is a round trip the caller waits on: this script
--- takes 10 keys and 8 arguments instead of 28 and 25, skips the general script's batch
--- bookkeeping and the shared prelude (only _core.lua comes before it), and writes exactly
--- what enqueue.lua writes for such a job (tests/redis/test_enqueue_one.py compares the two).
+-- takes 11 keys and 8 arguments instead of 29 and 25, skips the general script's batch
+-- bookkeeping and the shared prelude (only _core.lua comes before it), writes the job whole
+-- and leaves its index entries in the queue's inbox (fold_inbox in _core.lua), to be written
+-- in bulk by the next script given the queue. Once folded, the store holds exactly what
+-- enqueue.lua writes for such a job (tests/redis/test_enqueue_one.py compares the two).
 -- KEYS: P:job:, P:jobs, P:state:available, P:queues, P:ids, then the queue's available, jobs,
---   wake, fair and due keys (see _common.lua for each).
+--   wake, fair, due and inbox keys (see _common.lua for each).
 -- ARGV: now ('' = the store's clock), queue, task, args (JSON), priority, max_attempts,
 --   timeout_s, meta (JSON).
 -- Returns {now, id, 1}, as enqueue.lua does for a batch of one.
 local P_JOB, K_ALL, K_AVAILABLE, K_QUEUES, K_IDS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local Q_AVAILABLE, Q_JOBS, Q_WAKE, Q_FAIR, Q_DUE = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local Q_AVAILABLE, Q_JOBS, Q_WAKE, Q_FAIR, Q_DUE, Q_INBOX = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
 local now = clock(ARGV[1])
 local qn, task, args, prio, maxa, timeout, meta = unpack(ARGV, 2, 8)
 local t = num(now)
 -- Fair sharing: without a fair key a job is a round of its own, the round's virtual time + 1
--- (tags.take in _common.lua).
+-- (tags.take in _common.lua). Nothing raises that time while the inbox holds jobs: a claim
+-- folds them first.
 local tag = tonumber(redis.call('HGET', Q_FAIR, 'v:' .. pkey(prio)) or 0) + 1
 local id = tostring(redis.call('INCR', K_IDS))
 local m = member(tag, now, id)
 redis.call('HSET', P_JOB .. id, 'task', task, 'queue', qn, 'args', args, 'priority', prio, 'run_at', t,
   'attempt', 0, 'max_attempts', maxa, 'timeout_s', timeout, 'meta', meta, 'created_at', t,
   'fair_tag', string.format('%.0f', tag), 'state', 'available', 'm', m)
-redis.call('ZADD', K_ALL, id, id)
-redis.call('SADD', K_QUEUES, qn)
-redis.call('ZADD', K_AVAILABLE, id, id)
-redis.call('ZADD', Q_JOBS, id, id)
-redis.call('ZADD', Q_AVAILABLE, prio, m)
-redis.call('ZADD', Q_DUE, t, id)
-wake({wake = Q_WAKE}, 1)
+local waiting = redis.call('RPUSH', Q_INBOX, prio .. ' ' .. t .. ' ' .. m)
+-- The first job since the inbox was last folded names the queue in P:queues (which never
+-- shrinks), so a queue with an inbox is always there.
+if waiting == 1 then redis.call('SADD', K_QUEUES, qn) end
+-- Wake-up markers: one per job for the first WAKE_MAX since the last fold, as many as the list
+-- keeps. Every worker checks (claim or peek, which fold) before it blocks and after it pops a
+-- marker, so a longer inbox means none of those markers has been acted on yet: one more would
+-- wake nobody new.
+if waiting <= WAKE_MAX then wake({wake = Q_WAKE}, 1) end
+if waiting >= FOLD_AT then fold_inbox(Q_INBOX, K_ALL, K_AVAILABLE, Q_JOBS, Q_AVAILABLE, Q_DUE) end
 return {t, id, 1}

@@ -1,17 +1,23 @@
--- list_jobs (read-only): jobs newest first (descending id) matching the filters, from the
--- smaller of the candidate indexes given, with a bounded amount of work per call.
--- KEYS: the common header (no queue blocks), then 1 or 2 index ZSETs of ids scored by id
---   (P:jobs, P:state:<state>, P:q:<queue>:jobs).
--- ARGV: 0; nindex, cursor (exclusive upper id bound, '' = from the newest), limit, budget
+-- list_jobs: jobs newest first (descending id) matching the filters, from the smaller of the
+-- candidate indexes, with a bounded amount of work per call. It writes only what the prelude
+-- does: the inboxes of the queues given, folded into their indexes.
+-- KEYS: the common header, then the block of the queue filtered on, or of every queue.
+-- ARGV: n, queue names; cursor (exclusive upper id bound, '' = from the newest), limit, budget
 --   (ids to look at, at most), state, queue, task filters ('' = any)
--- Returns {{id, HGETALL, errors}... (up to limit), next cursor or ''}. The cursor is the last
--- job returned when more match, or the last id looked at when the budget ran out first.
-local idx = xkey(1)
-if tonumber(arg(1)) == 2 and redis.call('ZCARD', xkey(2)) < redis.call('ZCARD', idx) then idx = xkey(2) end
+-- Returns {{id, HGETALL, errors}... (up to limit), next cursor or ''}, or {'stale'} (no queue
+-- filter, and not every queue's block given). The cursor is the last job
+-- returned when more match, or the last id looked at when the budget ran out first.
+local fs, fq, ft = arg(4), arg(5), arg(6)
+if fq == '' and not queues_complete() then return {'stale'} end
+-- Every index here is a ZSET of ids scored by id (P:jobs, P:state:<state>, P:q:<queue>:jobs).
+local idx = K_ALL
+if fq ~= '' then idx = Q[fq].jobs end
+if fs ~= '' and (fq == '' or redis.call('ZCARD', K_STATE[fs]) < redis.call('ZCARD', idx)) then
+  idx = K_STATE[fs]
+end
 local upper = '+inf'
-if arg(2) ~= '' then upper = '(' .. arg(2) end
-local limit, budget = tonumber(arg(3)), tonumber(arg(4))
-local fs, fq, ft = arg(5), arg(6), arg(7)
+if arg(1) ~= '' then upper = '(' .. arg(1) end
+local limit, budget = tonumber(arg(2)), tonumber(arg(3))
 local found, looked, last = {}, 0, nil
 local exhausted = false
 while #found <= limit and looked < budget do
