@@ -852,10 +852,8 @@ class RedisBackend(Backend):
         # The queue's block, or every queue's: the script folds their inboxes before it reads.
         args = ["" if cursor is None else int(cursor), limit, max(LIST_BUDGET, limit + 1),
                 "" if state is None else str(JobState(state)), queue or "", task or ""]
-        if queue is None:
-            raw, next_cursor = self._run("list_jobs", self._all_queues(), args, safe=True, all_queues=True)
-        else:
-            raw, next_cursor = self._run("list_jobs", [queue], args, safe=True)
+        queues = self._all_queues() if queue is None else [queue]
+        raw, next_cursor = self._run("list_jobs", queues, args, safe=True, all_queues=queue is None)
         return Page(jobs=[self._job(r) for r in raw], next_cursor=int(next_cursor) if next_cursor else None)
 
     def stats(self, *, now: float | None = None, worker_ttl: float = 60.0, finished: bool = True) -> Stats:

@@ -40,7 +40,6 @@
 --   P:q:<queue>:due        ZSET of the available ids, score = run_at: the oldest waiting job
 --   P:q:<queue>:inbox      LIST of plain jobs enqueue_one wrote but did not index yet, folded
 --                          into the indexes above before any script reads them (fold_inbox)
--- then any keys of the script's own (xkey(i)).
 --
 -- ARGV: ARGV[1] = number of queue blocks n, ARGV[2..n+1] = their queue names, then the
 -- script's own arguments (arg(i)). Queue keys are never built here from data: a script that
@@ -79,7 +78,6 @@ for i = 1, NQ do
 end
 local A = 2 + NQ
 local function arg(i) return ARGV[A + i - 1] end
-local function xkey(i) return KEYS[NHEAD + NQ * NQK + i] end
 
 local function is_unfinished(state)
   return state == 'scheduled' or state == 'available' or state == 'running'
