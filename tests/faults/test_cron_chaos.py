@@ -15,6 +15,11 @@ run late but the one due at the restarted scheduler's first check (the catch-up:
 after the restart); ticks then continue, one job each; every tick job ran (side-effect log);
 progress: at least RUN_S - 3 ticks, emitted by at least 2 different processes. CI: 3
 schedulers for 6 s; full: 5 for 120 s.
+
+A tick is excused from "missing" only beside a machine stall of at least LONG_STALL_S, measured
+by ``StallMonitor``'s real-time canaries: this VM is now and then paused by its host (its wall
+clock then steps forward by seconds), and every scheduler, being frozen too, wakes to the
+catch-up policy, which runs only the latest tick. Such ticks are reported, never hidden.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from harness import (
     pick,
     read_effects,
 )
+from stall_monitor import StallMonitor
 
 pytestmark = [pytest.mark.faults, pytest.mark.process]
 
@@ -46,11 +52,20 @@ SCHEDULERS = pick(3, 5)
 RUN_S = pick(6.0, 120.0)
 OUTAGE_S = 2.5
 EXPR = "* * * * * *"
+# A scheduler checks every 0.25-0.75 s: a freeze this long can make it step over a tick.
+LONG_STALL_S = 0.5
+
+
+def stalled_ticks(ticks: list[int], stalls: StallMonitor) -> list[int]:
+    """The ticks whose second [t, t + 1) met a machine stall of LONG_STALL_S or more."""
+    long = [s for s in stalls.stalls if s.end - s.start >= LONG_STALL_S]
+    return [t for t in ticks if any(s.start < t + 1 and s.end > t for s in long)]
 
 
 @pytest.mark.timeout(pick(150, 400))
 def test_one_job_per_tick_while_schedulers_die(fault_store: FaultStore, make_cluster) -> None:  # type: ignore[no-untyped-def]
     seed, rng = make_rng(f"R10 cron chaos / {fault_store.name}")
+    stalls = StallMonitor().start()
     cluster: Cluster = make_cluster(fault_store.url, url_for=fault_store.url_for("fcron-"))
     spec = WorkerSpec(concurrency=2, lease=2.0, scheduler=True, env={"FAULT_CRON": EXPR})
     cluster.wait_started(*[cluster.spawn(spec, wait=False) for _ in range(SCHEDULERS)])
@@ -77,6 +92,7 @@ def test_one_job_per_tick_while_schedulers_die(fault_store: FaultStore, make_clu
         # A worker without a scheduler runs what the killed ones left.
         cluster.spawn(WorkerSpec(concurrency=4, lease=2.0))
         drain(app.backend, 60, cluster.diagnosis)
+        stalls.stop()
 
         jobs = all_jobs(app.backend, task="fault.tick")
         per_tick = Counter(float(j.meta["cron"]["tick"]) for j in jobs)
@@ -84,6 +100,8 @@ def test_one_job_per_tick_while_schedulers_die(fault_store: FaultStore, make_clu
         before = [t for t in ticks if t <= t_down]
         first, last = before[0], before[-1]
         missing = [t for t in range(int(first), int(last) + 1) if float(t) not in per_tick]
+        stalled = stalled_ticks(missing, stalls)
+        missing = [t for t in missing if t not in stalled]
         duplicated = {t: c - 1 for t, c in per_tick.items() if c > 1}
         # Catch-up policy: the restarted scheduler runs the latest tick at its first check
         # (>= the tick of t_spawn) and none of the older missed ones.
@@ -91,6 +109,8 @@ def test_one_job_per_tick_while_schedulers_die(fault_store: FaultStore, make_clu
         skipped = math.floor(t_spawn) - int(last) - 1
         after = [t for t in ticks if t > last]
         missing_after = [t for t in range(int(after[0]), int(after[-1]) + 1) if float(t) not in per_tick] if after else []
+        stalled_after = stalled_ticks(missing_after, stalls)
+        missing_after = [t for t in missing_after if t not in stalled_after]
         ran = Counter(float(r["tick"]) for r in read_effects(cluster.log) if r["e"] == "tick")
         not_run = [t for t in ticks if not ran.get(t)]
         emitters = {p.name: len(re.findall(r"cron fault\.cron: enqueued job", p.stderr())) for p in cluster.procs}
@@ -109,7 +129,8 @@ def test_one_job_per_tick_while_schedulers_die(fault_store: FaultStore, make_clu
                           "catch_up_tick_s_after_restart": round(after[0] - t_spawn, 2) if after else None,
                           "ticks_after_restart": len(after),
                           "processes_that_emitted": emitted_by,
-                          "tick_jobs_run_twice": sum(1 for c in ran.values() if c > 1)}
+                          "tick_jobs_run_twice": sum(1 for c in ran.values() if c > 1),
+                          "ticks_missed_in_machine_stalls": stalled + stalled_after, **stalls.summary()}
         report.emit()
 
         assert not duplicated, f"ticks with more than one job: {duplicated}"
@@ -127,4 +148,5 @@ def test_one_job_per_tick_while_schedulers_die(fault_store: FaultStore, make_clu
         if fault_store.sqlite_path is not None:
             assert fault_store.integrity() == "ok"
     finally:
+        stalls.stop()
         app.close()
