@@ -6,6 +6,7 @@ Each test runs on a private redis-server (see conftest.py), never the shared one
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -420,6 +421,33 @@ def test_script_flush_between_calls_is_transparent(backend: RedisBackend, privat
     [claimed] = backend.claim("default", 1, worker_id="w", lease_s=30, now=T0)
     backend.ack(Lease(claimed.id, claimed.lease_token or ""), json.dumps(1), now=T0 + 1)
     assert backend.get(claimed.id).state is JobState.SUCCEEDED  # type: ignore[union-attr]
+
+
+def test_a_forked_child_talks_on_connections_of_its_own(backend: RedisBackend) -> None:
+    # The parent's idle connection is in the pool when it forks: a child that wrote on it
+    # would read the parent's replies (and the parent the child's).
+    backend.enqueue_many([job()], now=T0)
+    [parent_conn] = backend._idle
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, never return into pytest
+        code = 1
+        try:
+            ids = [backend.enqueue_many([job()], now=T0)[0].id for _ in range(3)]
+            mine = backend._idle == backend._made and parent_conn not in backend._made
+            os.write(w, json.dumps({"ids": ids, "own": mine}).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r) as f:
+        report = json.loads(f.read() or "{}")
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert report["own"] is True
+    after = backend.enqueue_many([job()], now=T0)[0].id  # on the parent's own connection still
+    assert backend._idle == [parent_conn]
+    assert sorted([1, *report["ids"], after]) == [1, 2, 3, 4, 5]
 
 
 def test_script_flush_before_the_pipelined_ack_and_claim(backend: RedisBackend, private_redis: RedisServer) -> None:
