@@ -56,21 +56,26 @@ EXPR = "* * * * * *"
 LONG_STALL_S = 0.5
 
 
-def stalled_ticks(ticks: list[int], stalls: StallMonitor) -> list[int]:
-    """The ticks whose second [t, t + 1) met a machine stall of LONG_STALL_S or more."""
+def excuse_stalled(ticks: list[int], stalls: StallMonitor) -> tuple[list[int], list[int]]:
+    """(still missing, excused): a tick is excused if its second [t, t + 1) met a machine
+    stall of LONG_STALL_S or more."""
     long = [s for s in stalls.stalls if s.end - s.start >= LONG_STALL_S]
-    return [t for t in ticks if any(s.start < t + 1 and s.end > t for s in long)]
+    excused = [t for t in ticks if any(s.start < t + 1 and s.end > t for s in long)]
+    return [t for t in ticks if t not in excused], excused
 
 
 @pytest.mark.timeout(pick(150, 400))
 def test_one_job_per_tick_while_schedulers_die(fault_store: FaultStore, make_cluster) -> None:  # type: ignore[no-untyped-def]
     seed, rng = make_rng(f"R10 cron chaos / {fault_store.name}")
+    # Started first, so a stall while the schedulers start is seen too; stopped in the finally,
+    # so its canaries never outlive a failed start.
     stalls = StallMonitor().start()
-    cluster: Cluster = make_cluster(fault_store.url, url_for=fault_store.url_for("fcron-"))
-    spec = WorkerSpec(concurrency=2, lease=2.0, scheduler=True, env={"FAULT_CRON": EXPR})
-    cluster.wait_started(*[cluster.spawn(spec, wait=False) for _ in range(SCHEDULERS)])
-    app = client_app(fault_store.url)
+    app = None
     try:
+        cluster: Cluster = make_cluster(fault_store.url, url_for=fault_store.url_for("fcron-"))
+        spec = WorkerSpec(concurrency=2, lease=2.0, scheduler=True, env={"FAULT_CRON": EXPR})
+        cluster.wait_started(*[cluster.spawn(spec, wait=False) for _ in range(SCHEDULERS)])
+        app = client_app(fault_store.url)
         nemesis = Nemesis(cluster, rng, interval=(0.8, 1.6), faults=("kill", "pause"), pause_s=3.0, keep=1,
                           pause_guard=fault_store.pause_guard("fcron-"))
         nemesis.start()
@@ -99,18 +104,16 @@ def test_one_job_per_tick_while_schedulers_die(fault_store: FaultStore, make_clu
         ticks = sorted(per_tick)
         before = [t for t in ticks if t <= t_down]
         first, last = before[0], before[-1]
-        missing = [t for t in range(int(first), int(last) + 1) if float(t) not in per_tick]
-        stalled = stalled_ticks(missing, stalls)
-        missing = [t for t in missing if t not in stalled]
+        missing, stalled = excuse_stalled(
+            [t for t in range(int(first), int(last) + 1) if float(t) not in per_tick], stalls)
         duplicated = {t: c - 1 for t, c in per_tick.items() if c > 1}
         # Catch-up policy: the restarted scheduler runs the latest tick at its first check
         # (>= the tick of t_spawn) and none of the older missed ones.
         in_outage = [t for t in ticks if last < t < math.floor(t_spawn)]
         skipped = math.floor(t_spawn) - int(last) - 1
         after = [t for t in ticks if t > last]
-        missing_after = [t for t in range(int(after[0]), int(after[-1]) + 1) if float(t) not in per_tick] if after else []
-        stalled_after = stalled_ticks(missing_after, stalls)
-        missing_after = [t for t in missing_after if t not in stalled_after]
+        missing_after, stalled_after = excuse_stalled(
+            [t for t in range(int(after[0]), int(after[-1]) + 1) if float(t) not in per_tick] if after else [], stalls)
         ran = Counter(float(r["tick"]) for r in read_effects(cluster.log) if r["e"] == "tick")
         not_run = [t for t in ticks if not ran.get(t)]
         emitters = {p.name: len(re.findall(r"cron fault\.cron: enqueued job", p.stderr())) for p in cluster.procs}
@@ -149,4 +152,5 @@ def test_one_job_per_tick_while_schedulers_die(fault_store: FaultStore, make_clu
             assert fault_store.integrity() == "ok"
     finally:
         stalls.stop()
-        app.close()
+        if app is not None:
+            app.close()
