@@ -97,3 +97,13 @@ class StoreUnavailable(StoreError):
     The message says whether the operation did not happen or, when a reply was lost in
     flight, may have happened.
     """
+
+
+class ClaimLost(StoreUnavailable):
+    """The reply to a claim that carried acks was lost: the claim may have happened (its jobs
+    come back when their leases run out), and the acks were checked one by one afterwards.
+    ``acks_held`` says, for each, whether it was written: they are settled, not to be sent again."""
+
+    def __init__(self, message: str, acks_held: list[bool]) -> None:
+        super().__init__(message)
+        self.acks_held = acks_held

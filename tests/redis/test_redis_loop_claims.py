@@ -12,8 +12,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import redis
 from redisrig import RedisServer
-from support import running_worker, wait_for_job
+from support import WorkerThread, running_worker, wait_for_job
 
 from conveyor import Conveyor, JobState
 from conveyor.backends import open_backend
@@ -287,13 +288,13 @@ def test_a_single_queue_worker_claims_from_its_loop(private_redis: RedisServer,
     """The worker's claims go through RedisLoopClaims (a change that sent them back to a store
     thread would cost a quarter of the drain rate and pass every other test)."""
     trips = {"loop": 0}
-    real = RedisLoopClaims._round_trip
+    real = RedisLoopClaims._read
 
-    async def counted(self: RedisLoopClaims, calls: Any) -> Any:
+    async def counted(self: RedisLoopClaims, n: int) -> Any:
         trips["loop"] += 1
-        return await real(self, calls)
+        return await real(self, n)
 
-    monkeypatch.setattr(RedisLoopClaims, "_round_trip", counted)
+    monkeypatch.setattr(RedisLoopClaims, "_read", counted)
     app = Conveyor(private_redis.url)
     try:
         @app.task(name="add")
@@ -361,5 +362,193 @@ def test_a_worker_on_weighted_queues_claims_from_its_loop(private_redis: RedisSe
         # on its own thread. Busy rounds, with acks or without, do not: far fewer blocking
         # claims than loop ones.
         assert claims_before_stop < len(queues_on_loop)
+    finally:
+        app.close()
+
+
+# -- claims sent ahead (Worker._send_ahead) -----------------------------------------------------
+
+def test_a_claim_sent_from_the_reply_hook_is_read_by_finish(backend: RedisBackend) -> None:
+    """claim_ahead sends at once, from on_reply (the socket is free as soon as a reply is in),
+    and finish reads what ack_and_claim would have: its acks held, its own jobs."""
+    backend.enqueue_many([new_job(i) for i in range(9)])
+    lc = claims_of(backend)
+    try:
+        connected(backend, lc)  # 7 left
+        _, (_, first) = call(lc, [], 2)
+        sent: list[Any] = []
+        told: list[int] = []
+
+        def hook(got: int) -> None:
+            told.append(got)
+            sent.append(lc.claim_ahead(leases(first), "default", 3, worker_id="w", lease_s=30))
+
+        async def both() -> tuple[Any, Any]:
+            got = await lc.ack_and_claim([], "default", 2, worker_id="w", lease_s=30, on_reply=hook)
+            assert told == [2] and sent[0] is not None
+            return got, await lc.finish(sent[0], on_reply=told.append)
+
+        (held1, second), (held2, third) = asyncio.run(both())
+        assert told == [2, 3]
+        assert held1 == [] and len(second) == 2
+        assert held2 == [True, True] and len(third) == 3
+        assert len({j.id for j in first + second + third}) == 7
+        for j in first:
+            stored = backend.get(j.id)
+            assert stored is not None and stored.state is JobState.SUCCEEDED and stored.result == j.id
+        for j in third:
+            assert j == backend.get(j.id)  # running, with the lease token the reply gave
+        assert backend.stats().queues[0].available == 0
+    finally:
+        lc.close()
+
+
+def test_a_claim_ahead_without_a_connection_sends_nothing(backend: RedisBackend) -> None:
+    backend.enqueue_many([new_job(i) for i in range(2)])
+    lc = claims_of(backend)
+    try:
+        assert lc.claim_ahead([], "default", 2, worker_id="w", lease_s=30) is None
+        [q] = backend.stats().queues
+        assert q.running == 0 and q.available == 2
+    finally:
+        lc.close()
+
+
+def _short_jobs(app: Conveyor, n: int) -> list[Any]:
+    @app.task(name="double")
+    def double(i: int) -> int:
+        return 2 * i
+
+    return double.enqueue_many([(i,) for i in range(n)])
+
+
+def _count_ahead(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    sent = {"ahead": 0}
+    real = RedisLoopClaims.claim_ahead
+
+    def counted(self: RedisLoopClaims, *args: Any, **kw: Any) -> Any:
+        got = real(self, *args, **kw)
+        sent["ahead"] += got is not None
+        return got
+
+    monkeypatch.setattr(RedisLoopClaims, "claim_ahead", counted)
+    return sent
+
+
+def test_a_prefetching_worker_sends_claims_ahead_and_runs_every_job_once(
+    private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Short jobs, prefetch = concurrency: claims go out ahead, and still every job runs once
+    and the store never sees more than concurrency + prefetch jobs leased to the worker."""
+    sent = _count_ahead(monkeypatch)
+    app = Conveyor(private_redis.url)
+    peak = {"leased": 0}
+    watching = threading.Event()
+
+    def watch() -> None:
+        while not watching.is_set():
+            running = sum(q.running for q in app.backend.stats(finished=False).queues)
+            peak["leased"] = max(peak["leased"], running)
+
+    try:
+        jobs = _short_jobs(app, 600)
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            with running_worker(app, concurrency=4, prefetch=4) as wt:
+                done = [wait_for_job(app, j.id, timeout=30) for j in jobs]
+        finally:
+            watching.set()
+            watcher.join()
+        assert [j.state for j in done] == [JobState.SUCCEEDED] * 600
+        assert [j.result for j in done] == [2 * i for i in range(600)]
+        assert all(j.attempts == 1 for j in done)
+        assert wt.worker.counters.claimed == 600
+        assert sent["ahead"] > 0, "no claim was sent ahead"
+        assert 0 < peak["leased"] <= 4 + 4
+    finally:
+        app.close()
+
+
+def test_no_claims_ahead_without_prefetch(private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without prefetch a claim ahead could take only part of the slots: none is sent."""
+    sent = _count_ahead(monkeypatch)
+    app = Conveyor(private_redis.url)
+    try:
+        jobs = _short_jobs(app, 200)
+        with running_worker(app, concurrency=4):
+            assert all(wait_for_job(app, j.id).state is JobState.SUCCEEDED for j in jobs)
+        assert sent["ahead"] == 0
+    finally:
+        app.close()
+
+
+def test_a_stop_while_a_claim_ahead_is_out_releases_its_jobs_unrun(
+    private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stop comes while a claim sent ahead waits for its reply: the worker still reads it,
+    and gives its jobs back unrun, rather than leave them leased until the lease runs out."""
+    real = RedisLoopClaims.finish
+    box: dict[str, Any] = {}
+
+    async def stop_first(self: RedisLoopClaims, ahead: Any, on_reply: Any = None) -> Any:
+        if "stopped" not in box:
+            box["stopped"] = ahead.limit
+            box["wt"].worker.stop()  # on the worker's loop, as a signal handler would
+        return await real(self, ahead, on_reply)
+
+    monkeypatch.setattr(RedisLoopClaims, "finish", stop_first)
+    app = Conveyor(private_redis.url)
+    try:
+        jobs = _short_jobs(app, 400)
+        wt = box["wt"] = WorkerThread(app, concurrency=4, prefetch=4)
+        wt.start()
+        wt.join()
+        assert "stopped" in box, "no claim was sent ahead"
+        states = [app.get_job(j.id) for j in jobs]
+        assert not [j.id for j in states if j.state is JobState.RUNNING]
+        assert all(j.attempts == 0 for j in states if j.state is JobState.AVAILABLE)
+        assert wt.worker.counters.released >= box["stopped"]  # the claim ahead's jobs at least
+        assert sum(j.state is JobState.SUCCEEDED for j in states) == wt.worker.counters.succeeded
+    finally:
+        app.close()
+
+
+def test_a_claim_ahead_whose_reply_is_lost_is_settled_carefully(
+    private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection breaks before a claim sent ahead is read: its acks are checked one by one,
+    the jobs it claimed unseen come back when their lease runs out, and every job still runs."""
+    real_finish, real_read = RedisLoopClaims.finish, RedisLoopClaims._read
+    box = {"broken": 0, "reading_ahead": False}
+
+    async def finish(self: RedisLoopClaims, ahead: Any, on_reply: Any = None) -> Any:
+        box["reading_ahead"] = True
+        try:
+            return await real_finish(self, ahead, on_reply)
+        finally:
+            box["reading_ahead"] = False
+
+    async def read(self: RedisLoopClaims, n: int) -> Any:
+        replies = await real_read(self, n)  # the claim ran: its jobs are leased to us, unseen
+        if box["reading_ahead"] and not box["broken"]:
+            box["broken"] += 1
+            raise redis.ConnectionError("connection lost (test)")
+        return replies
+
+    monkeypatch.setattr(RedisLoopClaims, "finish", finish)
+    monkeypatch.setattr(RedisLoopClaims, "_read", read)
+    app = Conveyor(private_redis.url)
+    try:
+        jobs = _short_jobs(app, 200)
+        with running_worker(app, concurrency=4, prefetch=4, visibility_timeout=1.0) as wt:
+            done = [wait_for_job(app, j.id, timeout=30) for j in jobs]
+        assert box["broken"] == 1
+        # The acks it carried were settled by the careful path, not sent again (then refused,
+        # and their jobs reported as leases lost).
+        assert wt.worker.counters.succeeded == 200
+        assert [(j.id, j.state) for j in done if j.state is not JobState.SUCCEEDED] == []
+        assert [j.result for j in done] == [2 * i for i in range(200)]
+        assert sum(j.attempts == 2 for j in done) == 4  # the lost claim's: run after their lease ran out
     finally:
         app.close()

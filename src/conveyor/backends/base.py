@@ -258,11 +258,25 @@ class LoopClaims(Protocol):
 
     async def ack_and_claim(
         self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *, worker_id: str, lease_s: float,
-        wanted: Callable[[], bool] | None = None,
+        wanted: Callable[[], bool] | None = None, on_reply: Callable[[int], None] | None = None,
     ) -> ClaimReply | Callable[[], ClaimReply]:
         """``wanted``: the worker's "not stopping". A returned function that has sent nothing
         yet asks it before it claims; False makes it claim nothing (its acks are still
-        written). One that finishes a call already sent settles what the store did."""
+        written). One that finishes a call already sent settles what the store did.
+        ``on_reply``: called with the number of jobs claimed once the store's reply is in, before
+        it is read into jobs; it may send the next claim with ``claim_ahead``."""
+        ...
+
+    def claim_ahead(
+        self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *, worker_id: str, lease_s: float,
+    ) -> Any:
+        """Send an ``ack_and_claim`` without waiting for it; None if it could not be sent at
+        once, and then nothing was. ``finish`` takes what it returns, before any other call."""
+        ...
+
+    async def finish(self, ahead: Any, on_reply: Callable[[int], None] | None = None,
+                     ) -> ClaimReply | Callable[[], ClaimReply]:
+        """The outcome of a claim ``claim_ahead`` sent, as ``ack_and_claim`` gives it."""
         ...
 
     def close(self) -> None:

@@ -34,6 +34,7 @@ from redis.commands.core import Script
 from redis.retry import Retry
 
 from ..errors import (
+    ClaimLost,
     ConfigurationError,
     InvalidName,
     JobNotFound,
@@ -635,8 +636,8 @@ class RedisBackend(Backend):
             raise StoreUnavailable(f"Redis at {self._where} is unreachable: claim failed ({exc}); "
                                    "the reply was lost, so it may or may not have happened") from exc
         held = self._acks_held(acks, None, now)
-        raise StoreUnavailable(f"Redis at {self._where} is unreachable: claim failed ({exc}); "
-                               f"{sum(held)} of {len(acks)} acks written") from exc
+        raise ClaimLost(f"Redis at {self._where} is unreachable: claim failed ({exc}); "
+                        f"{sum(held)} of {len(acks)} acks written", held) from exc
 
     @staticmethod
     def _claims_plain(acks: Sequence[tuple[Lease, str | None]], replies: Sequence[Any]) -> bool:

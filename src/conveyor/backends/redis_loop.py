@@ -21,6 +21,7 @@ import logging
 import socket
 import ssl
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -69,27 +70,81 @@ class RedisLoopClaims:
 
     async def ack_and_claim(
         self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *, worker_id: str, lease_s: float,
-        wanted: Callable[[], bool] | None = None,
+        wanted: Callable[[], bool] | None = None, on_reply: Callable[[int], None] | None = None,
     ) -> ClaimReply | Callable[[], ClaimReply]:
         b = self._b
         if limit <= 0 or b.closed or not self._usable():
             return functools.partial(self._connect_after, acks, queue, limit, worker_id, lease_s, wanted)
         tokens = _tokens(limit)
         calls = b._claim_calls(acks, queue, limit, worker_id, lease_s, None, tokens)
+        sock = self._sock
+        assert sock is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + b.socket_timeout
         try:
-            replies = await self._round_trip(calls)
+            async with asyncio.timeout_at(deadline):
+                await loop.sock_sendall(sock, self._pack(calls))
+        except asyncio.CancelledError:
+            self._drop()  # sent in part, perhaps: nothing on it can be trusted
+            raise
+        except (OSError, TimeoutError, redis.RedisError) as exc:
+            self._drop()
+            return functools.partial(b._claims_lost, acks, _as_redis_error(exc), None)
+        return await self._finish(_Ahead(acks, queue, limit, worker_id, lease_s, tokens, calls), on_reply, deadline)
+
+    def claim_ahead(
+        self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *, worker_id: str, lease_s: float,
+    ) -> _Ahead | None:
+        """Send a claim now and return at once; ``finish`` reads its reply. None (nothing
+        sent) where the plain path cannot be taken, or the socket takes only part of it."""
+        b = self._b
+        if limit <= 0 or b.closed or not self._usable():
+            return None
+        tokens = _tokens(limit)
+        calls = b._claim_calls(acks, queue, limit, worker_id, lease_s, None, tokens)
+        packed = self._pack(calls)
+        assert self._sock is not None
+        try:
+            sent = self._sock.send(packed)
+        except BlockingIOError:
+            return None  # nothing sent
+        except OSError:
+            self._drop()
+            return None
+        if sent != len(packed):
+            self._drop()  # part of a command went out: the connection is of no further use
+            return None
+        return _Ahead(acks, queue, limit, worker_id, lease_s, tokens, calls)
+
+    async def finish(self, ahead: _Ahead, on_reply: Callable[[int], None] | None = None,
+                     ) -> ClaimReply | Callable[[], ClaimReply]:
+        """The reply of a claim sent by ``claim_ahead``, as ``ack_and_claim`` gives it."""
+        return await self._finish(ahead, on_reply, asyncio.get_running_loop().time() + self._b.socket_timeout)
+
+    async def _finish(self, a: _Ahead, on_reply: Callable[[int], None] | None,
+                      deadline: float) -> ClaimReply | Callable[[], ClaimReply]:
+        b = self._b
+        try:
+            async with asyncio.timeout_at(deadline):
+                replies = await self._read(len(a.calls))
         except asyncio.CancelledError:
             self._drop()  # its replies would be read as the next call's
             raise
         except (OSError, TimeoutError, redis.RedisError) as exc:
             self._drop()
-            return functools.partial(b._claims_lost, acks, _as_redis_error(exc), None)
-        if b._claims_plain(acks, replies):
-            return b._claims_done(acks, queue, limit, worker_id, lease_s, None, tokens, replies)
+            return functools.partial(b._claims_lost, a.acks, _as_redis_error(exc), None)
+        if on_reply is not None:
+            # The socket is free again: the caller may send its next claim now, for Redis to run
+            # while this reply is read into jobs here. It is told how many jobs the reply holds
+            # ([time, expiry, job, ...]; 0 for an answer other than jobs).
+            res = replies[-1]
+            on_reply(len(res) - 2 if isinstance(res, list) and res and res[0] not in ("need", "stale") else 0)
+        if b._claims_plain(a.acks, replies):
+            return b._claims_done(a.acks, a.queue, a.limit, a.worker_id, a.lease_s, None, a.tokens, replies)
 
         def careful() -> ClaimReply:
-            b._reload_refused(calls, replies)
-            return b._claims_done(acks, queue, limit, worker_id, lease_s, None, tokens, replies)
+            b._reload_refused(a.calls, replies)
+            return b._claims_done(a.acks, a.queue, a.limit, a.worker_id, a.lease_s, None, a.tokens, replies)
 
         return careful
 
@@ -145,6 +200,14 @@ class RedisLoopClaims:
             self._b._made.append(self._own)  # closed with the backend too
         conn: Any = self._own
         conn.connect()  # redis-py's handshake (HELLO, AUTH, SELECT, CLIENT SETNAME)
+        # The scripts this connection sends, loaded first: a NOSCRIPT ack_many ahead of a claim
+        # that runs would leave the acked jobs leased beside the new ones (more than the worker
+        # may hold) until the careful path acks them. A restarted Redis, which has none, also
+        # drops the connection, so each new one loads them.
+        for name in ("ack_many", "claim"):
+            script = self._b._scripts[name]
+            conn.send_command("SCRIPT", "LOAD", script.script)
+            script.sha = conn.read_response()
         sock = getattr(conn, "_sock", None)
         if not isinstance(sock, socket.socket) or isinstance(sock, ssl.SSLSocket):
             # make() refuses TLS pools; this catches any other class that wraps its socket.
@@ -162,26 +225,40 @@ class RedisLoopClaims:
         if connected:
             self._own.disconnect()
 
-    async def _round_trip(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]) -> list[Any]:
+    def _pack(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]) -> bytes:
+        scripts = self._b._scripts
+        return b"".join(hiredis.pack_command(("EVALSHA", scripts[name].sha, len(keys), *keys, *args))
+                        for name, keys, args in calls)
+
+    async def _read(self, n: int) -> list[Any]:
+        """The next ``n`` replies on the socket (an error reply comes as its exception, not raised)."""
         sock, reader = self._sock, self._reader
         assert sock is not None and reader is not None
-        scripts = self._b._scripts
-        packed = b"".join(hiredis.pack_command(("EVALSHA", scripts[name].sha, len(keys), *keys, *args))
-                          for name, keys, args in calls)
         loop = asyncio.get_running_loop()
         replies: list[Any] = []
-        async with asyncio.timeout(self._b.socket_timeout):
-            await loop.sock_sendall(sock, packed)
-            while len(replies) < len(calls):
-                reply = reader.gets()
-                if reply is not False:
-                    replies.append(reply)  # an error reply comes as its exception, not raised
-                    continue
-                data = await loop.sock_recv(sock, 65536)
-                if not data:
-                    raise redis.ConnectionError("Redis closed the connection")
-                reader.feed(data)
+        while len(replies) < n:
+            reply = reader.gets()
+            if reply is not False:
+                replies.append(reply)
+                continue
+            data = await loop.sock_recv(sock, 65536)
+            if not data:
+                raise redis.ConnectionError("Redis closed the connection")
+            reader.feed(data)
         return replies
+
+
+@dataclass(frozen=True)
+class _Ahead:
+    """A claim sent and not yet read: what reading its replies needs."""
+
+    acks: Sequence[tuple[Lease, str | None]]
+    queue: str
+    limit: int
+    worker_id: str
+    lease_s: float
+    tokens: list[str]
+    calls: list[tuple[str, Sequence[str], Sequence[Any]]]
 
 
 def _as_redis_error(exc: BaseException) -> Exception:
