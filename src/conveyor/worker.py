@@ -511,8 +511,7 @@ class Worker:
         if held is None:
             self._acks[:0] = batch  # no claim was made: they go with the next one
         else:
-            for (running, _), ok in zip(batch, held, strict=True):
-                self._acked(running, ok)
+            self._acked_all(batch, held)
         return jobs
 
     async def _claim_on_loop(self, near: LoopClaims, free: int, acks: Sequence[tuple[_Running, str | None]],
@@ -589,18 +588,20 @@ class Worker:
         if batch:
             faultpoints.hit("after_ack")
         self._prepare(jobs, startable)
-        for (running, _), ok in zip(batch, held, strict=True):
-            self._acked(running, ok)
+        self._acked_all(batch, held)
         return jobs
 
     def _acks_back(self, batch: Sequence[tuple[_Running, str | None]], exc: BaseException) -> None:
         """After a failed claim: its acks go with the next one, unless the store settled them
         one by one already (ClaimLost), which sending them again would report as leases lost."""
         if isinstance(exc, ClaimLost) and len(exc.acks_held) == len(batch):
-            for (running, _), ok in zip(batch, exc.acks_held, strict=True):
-                self._acked(running, ok)
+            self._acked_all(batch, exc.acks_held)
         else:
             self._acks[:0] = batch
+
+    def _acked_all(self, batch: Sequence[tuple[_Running, str | None]], held: Sequence[bool]) -> None:
+        for (running, _), ok in zip(batch, held, strict=True):
+            self._acked(running, ok)
 
     def _claim_sync(self, free: int, acks: Sequence[tuple[_Running, str | None]]) -> tuple[list[bool] | None, list[Job]]:
         """The claims of one round (see _claim_steps), made in turn on the calling (store or
@@ -912,8 +913,7 @@ class Worker:
                     self._acks_in_flight -= len(batch)
                     if self._slot_freed is not None:
                         self._slot_freed.set()
-                for (running, _), ok in zip(batch, held, strict=True):
-                    self._acked(running, ok)
+                self._acked_all(batch, held)
 
     async def _record(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
         """Write a job's outcome, retrying a store that is briefly away (a restart, a killed

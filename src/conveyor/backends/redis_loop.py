@@ -21,8 +21,7 @@ import logging
 import socket
 import ssl
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 
@@ -75,22 +74,8 @@ class RedisLoopClaims:
         b = self._b
         if limit <= 0 or b.closed or not self._usable():
             return functools.partial(self._connect_after, acks, queue, limit, worker_id, lease_s, wanted)
-        tokens = _tokens(limit)
-        calls = b._claim_calls(acks, queue, limit, worker_id, lease_s, None, tokens)
-        sock = self._sock
-        assert sock is not None
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + b.socket_timeout
-        try:
-            async with asyncio.timeout_at(deadline):
-                await loop.sock_sendall(sock, self._pack(calls))
-        except asyncio.CancelledError:
-            self._drop()  # sent in part, perhaps: nothing on it can be trusted
-            raise
-        except (OSError, TimeoutError, redis.RedisError) as exc:
-            self._drop()
-            return functools.partial(b._claims_lost, acks, _as_redis_error(exc), None)
-        return await self._finish(_Ahead(acks, queue, limit, worker_id, lease_s, tokens, calls), on_reply, deadline)
+        a = self._claim_call(acks, queue, limit, worker_id, lease_s)
+        return await self._finish(a, on_reply, self._pack(a.calls))
 
     def claim_ahead(
         self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *, worker_id: str, lease_s: float,
@@ -100,9 +85,8 @@ class RedisLoopClaims:
         b = self._b
         if limit <= 0 or b.closed or not self._usable():
             return None
-        tokens = _tokens(limit)
-        calls = b._claim_calls(acks, queue, limit, worker_id, lease_s, None, tokens)
-        packed = self._pack(calls)
+        a = self._claim_call(acks, queue, limit, worker_id, lease_s)
+        packed = self._pack(a.calls)
         assert self._sock is not None
         try:
             sent = self._sock.send(packed)
@@ -114,21 +98,33 @@ class RedisLoopClaims:
         if sent != len(packed):
             self._drop()  # part of a command went out: the connection is of no further use
             return None
-        return _Ahead(acks, queue, limit, worker_id, lease_s, tokens, calls)
+        return a
 
     async def finish(self, ahead: _Ahead, on_reply: Callable[[int], None] | None = None,
                      ) -> ClaimReply | Callable[[], ClaimReply]:
         """The reply of a claim sent by ``claim_ahead``, as ``ack_and_claim`` gives it."""
-        return await self._finish(ahead, on_reply, asyncio.get_running_loop().time() + self._b.socket_timeout)
+        return await self._finish(ahead, on_reply, None)
+
+    def _claim_call(self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, worker_id: str,
+                    lease_s: float) -> _Ahead:
+        tokens = _tokens(limit)
+        return _Ahead(acks, queue, limit, worker_id, lease_s, tokens,
+                      self._b._claim_calls(acks, queue, limit, worker_id, lease_s, None, tokens))
 
     async def _finish(self, a: _Ahead, on_reply: Callable[[int], None] | None,
-                      deadline: float) -> ClaimReply | Callable[[], ClaimReply]:
+                      packed: bytes | None) -> ClaimReply | Callable[[], ClaimReply]:
+        """Send ``packed`` (None: sent already, by claim_ahead), read the replies, and read
+        them into what ack_and_claim returns."""
         b = self._b
+        sock = self._sock
+        assert sock is not None
         try:
-            async with asyncio.timeout_at(deadline):
+            async with asyncio.timeout(b.socket_timeout):
+                if packed is not None:
+                    await asyncio.get_running_loop().sock_sendall(sock, packed)
                 replies = await self._read(len(a.calls))
         except asyncio.CancelledError:
-            self._drop()  # its replies would be read as the next call's
+            self._drop()  # sent in part perhaps, or its replies would be read as the next call's
             raise
         except (OSError, TimeoutError, redis.RedisError) as exc:
             self._drop()
@@ -248,8 +244,7 @@ class RedisLoopClaims:
         return replies
 
 
-@dataclass(frozen=True)
-class _Ahead:
+class _Ahead(NamedTuple):
     """A claim sent and not yet read: what reading its replies needs."""
 
     acks: Sequence[tuple[Lease, str | None]]
