@@ -423,6 +423,43 @@ def test_script_flush_between_calls_is_transparent(backend: RedisBackend, privat
     assert backend.get(claimed.id).state is JobState.SUCCEEDED  # type: ignore[union-attr]
 
 
+def test_connections_a_burst_opened_are_closed_once_idle(backend: RedisBackend, private_redis: RedisServer,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Five threads wait at once, each on a blocking connection of its own; once those have been
+    # idle for IDLE_CLOSE_S, the next call closes all but the one used last, on the server too.
+    monkeypatch.setattr(redis_backend, "IDLE_CLOSE_S", 0.3)
+    admin = private_redis.client()
+
+    def ours() -> int:
+        return sum(1 for c in admin.client_list() if c.get("name") == "conveyor")
+
+    try:
+        together = threading.Barrier(5)
+
+        def wait() -> None:
+            together.wait()
+            backend.wait_and_claim(["default"], 0.2, [("default", 1)], worker_id="w", lease_s=30)
+
+        threads = [threading.Thread(target=wait) for _ in range(5)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(backend._idle_blocking) == 5
+        burst = ours()
+        last_used = backend._idle_blocking[-1]
+        time.sleep(0.4)
+        backend.enqueue_many([job("other")], now=T0)
+        assert backend._idle_blocking == [last_used] and len(backend._idle) == 1
+        assert ours() <= burst - 4
+        # A stack of one is never emptied: the next wait, long after, is on the connection kept.
+        time.sleep(0.4)
+        assert backend.wait_and_claim(["default"], 0.2, [("default", 1)], worker_id="w", lease_s=30) == (False, None)
+        assert backend._idle_blocking == [last_used] and last_used.is_connected
+    finally:
+        admin.close()
+
+
 def test_a_forked_child_talks_on_connections_of_its_own(backend: RedisBackend) -> None:
     # The parent's idle connection is in the pool when it forks: a child that wrote on it
     # would read the parent's replies (and the parent the child's).
@@ -434,7 +471,7 @@ def test_a_forked_child_talks_on_connections_of_its_own(backend: RedisBackend) -
         code = 1
         try:
             ids = [backend.enqueue_many([job()], now=T0)[0].id for _ in range(3)]
-            mine = backend._idle == backend._made and parent_conn not in backend._made
+            mine = set(backend._idle) == backend._made and parent_conn not in backend._made
             os.write(w, json.dumps({"ids": ids, "own": mine}).encode())
             code = 0
         finally:

@@ -104,6 +104,11 @@ WAIT_SLICE = 1.0  # longest single BLPOP; the socket timeout of waiters is this 
 LIST_BUDGET = 20_000  # ids one list_jobs call looks at before it hands back a cursor
 BATCH = 1000  # jobs one redrive/purge script handles, so a big DLQ never blocks Redis for long
 MAX_CACHED_QUEUES = 100_000
+# A connection of _send_scripts idle this long is closed, all but the most recently used: a burst
+# of calls from several threads (a worker waking from a pause, a producer's request spike) made
+# one each, and they would otherwise stay open for the process's life. The one kept serves a
+# quiet producer without a handshake per call; a burst that comes back pays one per extra thread.
+IDLE_CLOSE_S = 2.0
 
 
 # No CLIENT SETINFO on connect (see RedisBackend.__init__): redis-py 7+ takes driver_info=None;
@@ -128,6 +133,8 @@ class _NotSent(redis.ConnectionError):
 
 
 class _ConnectMixin:
+    idle_since = 0.0  # monotonic time it was last handed back to its idle stack (_send_scripts)
+
     def connect(self) -> None:
         try:
             super().connect()  # type: ignore[misc]
@@ -287,10 +294,10 @@ class RedisBackend(Backend):
         self._waiters = 0
         self._private_wake = f"{self.keys.p}:wake:{uuid.uuid4().hex}"
         # The connections of _send_scripts (see there): idle ones (those for the idle wait's
-        # blocking pop apart, with its longer timeout), and every one made, for close().
+        # blocking pop apart, with its longer timeout), and every one open, for close().
         self._idle: list[Any] = []
         self._idle_blocking: list[Any] = []
-        self._made: list[Any] = []
+        self._made: set[Any] = set()
         self._pid = _PID[0]
         self._closed = False
 
@@ -731,7 +738,7 @@ class RedisBackend(Backend):
             conn.disconnect()  # replies may be left unread on it
             raise
         finally:
-            (self._idle if first is None else self._idle_blocking).append(conn)
+            self._checkin(self._idle if first is None else self._idle_blocking, conn)
         if refused:
             self._reload_refused(calls, replies)
         return replies if first is None else [head, *replies]
@@ -747,13 +754,40 @@ class RedisBackend(Backend):
     def _checkout(self, *, blocking: bool = False) -> Any:
         if self._pid != _PID[0]:
             # A forked child must not talk on its parent's sockets: it makes its own.
-            self._idle, self._idle_blocking, self._made, self._pid = [], [], [], _PID[0]
+            self._idle, self._idle_blocking, self._made, self._pid = [], [], set(), _PID[0]
         try:
             return (self._idle_blocking if blocking else self._idle).pop()  # atomic: no lock needed
         except IndexError:
             conn = (self._block_pool if blocking else self._pool).make_connection()
-            self._made.append(conn)
+            self._made.add(conn)
             return conn
+
+    def _checkin(self, stack: list[Any], conn: Any) -> None:
+        """Hand ``conn`` back (to the top: the next checkout takes the most recently used),
+        then close what has been idle for IDLE_CLOSE_S in either stack (see there)."""
+        now = time.monotonic()
+        conn.idle_since = now
+        stack.append(conn)
+        self._close_idle(self._idle, now)
+        self._close_idle(self._idle_blocking, now)
+
+    def _close_idle(self, stack: list[Any], now: float) -> None:
+        # A stack's bottom is its longest idle: checkouts and checkins both happen at the top.
+        # No lock: a connection in a stack is nobody's, and remove() fails (ValueError) if a
+        # checkout took it after it was looked at.
+        while len(stack) > 1:
+            try:
+                oldest = stack[0]
+            except IndexError:
+                return
+            if now - oldest.idle_since < IDLE_CLOSE_S:
+                return
+            try:
+                stack.remove(oldest)
+            except ValueError:
+                return
+            self._made.discard(oldest)
+            oldest.disconnect()
 
     def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """One script call: its reply, or its error reply raised; sent again once after NOSCRIPT."""

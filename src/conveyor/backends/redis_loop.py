@@ -193,7 +193,7 @@ class RedisLoopClaims:
             return
         if self._own is None:
             self._own = self._b._pool.make_connection()
-            self._b._made.append(self._own)  # closed with the backend too
+            self._b._made.add(self._own)  # closed with the backend too
         conn: Any = self._own
         conn.connect()  # redis-py's handshake (HELLO, AUTH, SELECT, CLIENT SETNAME)
         # The scripts this connection sends, loaded first: a NOSCRIPT ack_many ahead of a claim
