@@ -495,7 +495,9 @@ def test_a_stop_while_a_claim_ahead_is_out_releases_its_jobs_unrun(
     async def stop_first(self: RedisLoopClaims, ahead: Any, on_reply: Any = None) -> Any:
         if "stopped" not in box:
             box["stopped"] = ahead.limit
-            box["wt"].worker.stop()  # on the worker's loop, as a signal handler would
+            # What a signal handler's callback does, here at once: stop() only schedules it, and
+            # a reply already in the socket is read without a turn of the loop to run it.
+            box["wt"].worker._request_stop()
         return await real(self, ahead, on_reply)
 
     monkeypatch.setattr(RedisLoopClaims, "finish", stop_first)
