@@ -115,6 +115,8 @@ def main() -> None:
               help="Jobs to claim beyond the free slots and hold, leased, until a slot frees: faster for "
                    "short jobs; held jobs wait behind running ones (even urgent ones), and no other worker "
                    "can take them.")
+@click.option("--prefetch-hold", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds a prefetched job may wait for a slot before it is given back to its queue.")
 @click.option("--processes", "-p", default=1, show_default=True, type=click.IntRange(min=1),
               help="Worker processes; more than 1 runs them under a supervisor that restarts crashed ones.")
 @click.option("--visibility-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -131,7 +133,8 @@ def main() -> None:
 @click.option("--no-scheduler", is_flag=True,
               help="Don't run the app's cron schedules in this worker (any number of workers may run them).")
 @pass_ctx
-def worker(obj: Ctx, queues: str | None, concurrency: int, prefetch: int, processes: int, visibility_timeout: float | None,
+def worker(obj: Ctx, queues: str | None, concurrency: int, prefetch: int, prefetch_hold: float, processes: int,
+           visibility_timeout: float | None,
            grace_period: float, poll_interval: float, strict: bool, metrics_port: int | None,
            metrics_addr: str, no_scheduler: bool) -> None:
     """Run jobs. SIGTERM or Ctrl-C stops gracefully; a second one hurries."""
@@ -143,7 +146,7 @@ def worker(obj: Ctx, queues: str | None, concurrency: int, prefetch: int, proces
     # Built here even when children will run it: a bad option fails now, not in a restart loop.
     w = Worker(app, queues=queues, concurrency=concurrency, visibility_timeout=visibility_timeout,
                grace_period=grace_period, poll_interval=poll_interval, strict=strict,
-               scheduler=not no_scheduler, prefetch=prefetch)
+               scheduler=not no_scheduler, prefetch=prefetch, prefetch_hold=prefetch_hold)
     if processes > 1:
         from .supervisor import Supervisor
 
@@ -153,7 +156,8 @@ def worker(obj: Ctx, queues: str | None, concurrency: int, prefetch: int, proces
             os.environ["CONVEYOR_URL"] = obj.url
         argv += ["--log-level", logging.getLevelName(logging.getLogger().level), "--log-format", obj.log_format,
                  "worker", "--queues", queues,
-                 "--concurrency", str(concurrency), "--prefetch", str(prefetch), "--grace", str(grace_period),
+                 "--concurrency", str(concurrency), "--prefetch", str(prefetch), "--prefetch-hold", str(prefetch_hold),
+                 "--grace", str(grace_period),
                  "--poll-interval", str(poll_interval)]
         if strict:
             argv.append("--strict")

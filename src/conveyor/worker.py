@@ -107,6 +107,7 @@ class _Running:
     freed: bool = False  # its slot went back when the task finished, before the outcome landed
     settled: bool = False  # the outcome was written (or refused): no more heartbeats
     acking: bool = False  # succeeded: its ack is queued or being written (then _acked settles it)
+    held_at: float = 0.0  # when it was held for a slot (prefetch), time.monotonic()
 
 
 @dataclass
@@ -133,6 +134,11 @@ class Worker:
     a held job is this worker's (other workers cannot take it) and waits behind the running
     ones, and a job enqueued later, even a higher-priority one, can start only after the held
     ones. Leases, fencing and acks are unchanged; at stop, held jobs are released unrun.
+
+    ``prefetch_hold`` (default 1 s): a held job that has waited this long for a slot (long jobs
+    fill them all) is released back to its queue unrun, its attempt not counted, where an idle
+    worker can take it; until a slot frees, this worker then claims no more than its free slots.
+    So a held job never waits behind long ones for more than this.
     """
 
     def __init__(
@@ -152,17 +158,21 @@ class Worker:
         strict: bool = False,
         scheduler: bool = True,
         prefetch: int = 0,
+        prefetch_hold: float = 1.0,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be >= 1, got {concurrency}")
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
             raise ConfigurationError(f"prefetch must be an int >= 0, got {prefetch!r}")
+        if not prefetch_hold > 0:
+            raise ConfigurationError(f"prefetch_hold must be > 0 seconds, got {prefetch_hold!r}")
         self.app = app
         self.weights = parse_queues(queues)
         self.strict = strict  # strict priority between queues instead of weighted sharing
         self.scheduler = scheduler  # run the app's cron schedules here too (safe in every worker)
         self.concurrency = concurrency
         self.prefetch = prefetch
+        self.prefetch_hold = float(prefetch_hold)
         self.lease_s = float(app.visibility_timeout if visibility_timeout is None else visibility_timeout)
         if not self.lease_s > 0:
             raise ConfigurationError(f"visibility_timeout must be > 0 seconds, got {visibility_timeout!r}")
@@ -189,6 +199,9 @@ class Worker:
         self._context: contextvars.Context | None = None  # what tasks run in copies of
         self._busy = 0  # slots taken, including threads still running past a timeout
         self._held: collections.deque[_Running] = collections.deque()  # claimed, waiting for a slot (prefetch)
+        self._hold_timer: asyncio.TimerHandle | None = None  # for the longest held job (_hold_expired)
+        self._prefetch_paused = False  # held jobs were given back for want of a slot; until one frees
+        self._giving_back: set[asyncio.Task[None]] = set()  # releases of held jobs in flight
         self._loop_claims: LoopClaims | None = None
         # A claim sent ahead (see _send_ahead), not read yet: (what finish takes, the acks it
         # carries, the slots it asked for).
@@ -354,7 +367,7 @@ class Worker:
         gather_until = 0.0  # while gathering freed slots for one claim: until when
         while waited is not None or self._ahead is not None or not self._stopping:
             # (claimed jobs are started or released, a claim sent ahead included)
-            free = self.concurrency + self.prefetch - self._busy - len(self._held) - self._acks_in_flight
+            free = self.concurrency + self._prefetch_now() - self._busy - len(self._held) - self._acks_in_flight
             if self._ahead is not None:
                 asked = self._ahead[2]
                 try:
@@ -559,7 +572,7 @@ class Worker:
         if near is None or self._ahead is not None or got < asked or not self._may_send_ahead():
             return
         batch_size = self.concurrency
-        free = self.concurrency + self.prefetch - self._busy - len(self._held) - self._acks_in_flight - asked
+        free = self.concurrency + self._prefetch_now() - self._busy - len(self._held) - self._acks_in_flight - asked
         if free < batch_size:
             return
         batch, self._acks = self._acks[:ACK_BATCH], self._acks[ACK_BATCH:]
@@ -719,7 +732,9 @@ class Worker:
         elif self._busy < self.concurrency and not self._held:
             self._launch(running)
         else:
+            running.held_at = time.monotonic()
             self._held.append(running)
+            self._arm_hold_timer()
 
     def _launch(self, running: _Running) -> None:
         assert self._loop is not None
@@ -736,9 +751,49 @@ class Worker:
             self._launch(running)
 
     def _drop_held(self, running: _Running) -> None:
-        """A held job that will not run here (its lease is gone): forget it."""
+        """A held job that will not run here (its lease is gone, or it is given back): forget it."""
         running.settled = True
         self._running.pop(running.job.id, None)
+
+    def _prefetch_now(self) -> int:
+        return 0 if self._prefetch_paused else self.prefetch
+
+    def _arm_hold_timer(self) -> None:
+        """Time the longest held job (the deque's first: jobs are held and launched in order)."""
+        if self._hold_timer is None and self._held and self._loop is not None:
+            wait = self._held[0].held_at + self.prefetch_hold - time.monotonic()
+            self._hold_timer = self._loop.call_later(max(0.0, wait), self._hold_expired)
+
+    def _hold_expired(self) -> None:
+        """Give back the held jobs that waited prefetch_hold for a slot: every slot is taken by
+        longer jobs, and an idle worker could be running them. Without a pause this worker
+        would claim them (or their neighbours) straight back into the same wait."""
+        self._hold_timer = None
+        if self._stopping or self._loop is None:
+            return  # the stop gives back every held job itself
+        now = time.monotonic()
+        leases = []
+        while self._held and now - self._held[0].held_at >= self.prefetch_hold:
+            running = self._held.popleft()
+            if not (running.lost or running.settled):
+                leases.append(running.lease)
+            self._drop_held(running)
+        if leases:
+            self._prefetch_paused = True
+            task = self._loop.create_task(self._give_back(leases), name="conveyor-give-back")
+            self._giving_back.add(task)
+            task.add_done_callback(self._giving_back.discard)
+        self._arm_hold_timer()
+
+    async def _give_back(self, leases: list[Lease]) -> None:
+        try:
+            released = await self._call(self._store, self.backend.release, leases)
+        except Exception:
+            log.exception("could not give back %d held job(s); their leases expire in %gs", len(leases), self.lease_s)
+            return
+        self.counters.released += len(released)
+        log.info("gave back %d prefetched job(s) held %gs without a free slot: %s",
+                 len(released), self.prefetch_hold, released)
 
     async def _run_job(self, running: _Running) -> None:
         job = running.job
@@ -796,6 +851,7 @@ class Worker:
 
     def _free_slot(self) -> None:
         self._busy -= 1
+        self._prefetch_paused = False
         if self._held:
             self._launch_held()
         if self._slot_freed is not None:
@@ -1021,6 +1077,11 @@ class Worker:
     async def _drain(self) -> None:
         """After stop: wait for running jobs up to the grace period, then release the rest."""
         assert self._stopped is not None
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
+        if self._giving_back:
+            await asyncio.wait(list(self._giving_back))
         tasks = [r.task for r in self._running.values() if r.task is not None]
         if tasks and not self._forced:
             stopper = asyncio.ensure_future(self._stopped.wait())

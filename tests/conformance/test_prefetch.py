@@ -1,6 +1,7 @@
 """Worker prefetch: jobs claimed beyond the free slots are held (leased, heartbeated) and start
 when a slot frees; never more than ``concurrency`` run at once; a stop releases the held ones
-unrun; a held job that is cancelled never runs. On every backend."""
+unrun; a held job that is cancelled never runs; one held for ``prefetch_hold`` without a slot
+is given back, for an idle worker to run. On every backend."""
 
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def test_a_stop_releases_the_held_jobs_unrun(app: Conveyor) -> None:
 
     first = first_blocks.enqueue(0)
     held = first_blocks.enqueue_many([(i,) for i in (1, 2, 3)])
-    wt = WorkerThread(app, concurrency=1, prefetch=3).start()
+    wt = WorkerThread(app, concurrency=1, prefetch=3, prefetch_hold=60).start()
     try:
         assert started.wait(10)
         wait_until(lambda: running_in_store(app) == 4, message="the three jobs held beside the running one")
@@ -103,7 +104,7 @@ def test_a_cancelled_held_job_never_runs(app: Conveyor) -> None:
 
     first = blocker.enqueue()
     doomed = victim.enqueue()
-    with running_worker(app, concurrency=1, prefetch=1, visibility_timeout=0.6) as wt:
+    with running_worker(app, concurrency=1, prefetch=1, prefetch_hold=60, visibility_timeout=0.6) as wt:
         assert started.wait(10)
         wait_until(lambda: running_in_store(app) == 2, message="the victim held beside the blocker")
         assert app.backend.cancel(doomed.id)
@@ -120,3 +121,55 @@ def test_a_cancelled_held_job_never_runs(app: Conveyor) -> None:
 def test_prefetch_must_be_a_count(app: Conveyor, bad: object) -> None:
     with pytest.raises(ConveyorError, match="prefetch"):
         Worker(app, prefetch=bad)  # type: ignore[arg-type]
+
+
+def test_a_job_held_past_prefetch_hold_goes_back_for_an_idle_worker(app: Conveyor) -> None:
+    """A long job fills the one slot: the two jobs held beside it go back to the queue unrun
+    after prefetch_hold, the worker claims no more while its slot stays busy, and a second
+    worker runs them meanwhile."""
+    started = threading.Event()
+    go_on = threading.Event()
+    ran: list[tuple[str, int]] = []
+
+    @app.task(name="first_is_long")
+    def first_is_long(i: int) -> int:
+        ran.append((threading.current_thread().name, i))
+        if i == 0:
+            started.set()
+            go_on.wait(20)
+        return i
+
+    first = first_is_long.enqueue(0)
+    held = first_is_long.enqueue_many([(1,), (2,)])
+    hoarder = WorkerThread(app, concurrency=1, prefetch=2, prefetch_hold=0.3, visibility_timeout=5.0).start()
+    try:
+        assert started.wait(10)
+        wait_until(lambda: hoarder.worker.counters.released == 2, timeout=10,
+                   message="the two held jobs given back after prefetch_hold")
+        for job in held:
+            back = app.get_job(job.id)
+            assert back.state is JobState.AVAILABLE
+            assert back.attempts == 0  # given back unrun: the attempt does not count
+        # Its slot still busy, the worker does not claim them (or others) back into the wait.
+        time.sleep(0.5)
+        assert running_in_store(app) == 1
+        assert hoarder.worker.counters.claimed == 3
+        with running_worker(app, concurrency=2) as idle:
+            done = [wait_for_job(app, j.id, timeout=10) for j in held]
+        assert [j.state for j in done] == [JobState.SUCCEEDED] * 2
+        assert [j.attempts for j in done] == [1, 1]
+        assert idle.worker.counters.succeeded == 2
+        assert app.get_job(first.id).state is JobState.RUNNING
+    finally:
+        go_on.set()
+        hoarder.stop()
+        hoarder.join()
+    assert app.get_job(first.id).state is JobState.SUCCEEDED
+    assert sorted(i for _, i in ran) == [0, 1, 2]
+    assert hoarder.worker.counters.succeeded == 1
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan")])
+def test_prefetch_hold_must_be_positive(app: Conveyor, bad: float) -> None:
+    with pytest.raises(ConveyorError, match="prefetch_hold"):
+        Worker(app, prefetch=1, prefetch_hold=bad)

@@ -16,6 +16,8 @@ BAD_OPTIONS = [
     # 0 makes an idle worker spin on write-locking claims (a whole core, and the store's lock).
     pytest.param(["--poll-interval", "0"], "poll", id="poll-interval-0"),
     pytest.param(["--grace", "-1"], "grace", id="grace-negative"),
+    # 0 would give every held job back the moment it is held: prefetch that only churns.
+    pytest.param(["--prefetch", "2", "--prefetch-hold", "0"], "prefetch-hold", id="prefetch-hold-0"),
     pytest.param(["--processes", "0"], "processes", id="processes-0"),
     pytest.param(["--queues", "bad!name"], "queue", id="bad-queue-name"),
     # Under a supervisor, a bad option must not become an endless restart loop of failing children.
