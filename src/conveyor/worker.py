@@ -429,13 +429,8 @@ class Worker:
                 for job in [j for j in jobs if j.id in self._prepared]:
                     self._start(job)
                 leases = [Lease(j.id, j.lease_token) for j in jobs if j.lease_token and j.id not in self._running]
-                try:
-                    if leases:
-                        released = await self._call(self._store, self.backend.release, leases)
-                        self.counters.released += len(released)
-                except Exception:
-                    log.exception("could not release %d job(s) claimed at stop; their leases expire in %gs",
-                                  len(leases), self.lease_s)
+                if leases:
+                    await self._release(leases, "job(s) claimed at stop")
                 continue  # the loop ends, once a claim sent ahead is read and given back too
             for job in jobs:
                 self._start(job)
@@ -786,14 +781,21 @@ class Worker:
         self._arm_hold_timer()
 
     async def _give_back(self, leases: list[Lease]) -> None:
+        released = await self._release(leases, "held job(s)")
+        if released:
+            log.info("gave back %d prefetched job(s) held %gs without a free slot: %s",
+                     len(released), self.prefetch_hold, released)
+
+    async def _release(self, leases: list[Lease], what: str) -> list[int]:
+        """Give ``leases`` back to the store unrun (attempt not counted); the ids released, or
+        none if the store could not be reached (the leases then expire)."""
         try:
             released = await self._call(self._store, self.backend.release, leases)
         except Exception:
-            log.exception("could not give back %d held job(s); their leases expire in %gs", len(leases), self.lease_s)
-            return
+            log.exception("could not release %d %s; their leases expire in %gs", len(leases), what, self.lease_s)
+            return []
         self.counters.released += len(released)
-        log.info("gave back %d prefetched job(s) held %gs without a free slot: %s",
-                 len(released), self.prefetch_hold, released)
+        return released
 
     async def _run_job(self, running: _Running) -> None:
         job = running.job
@@ -1107,10 +1109,7 @@ class Worker:
         for r in left_over:
             r.lost = True  # tell _run_job the cancel is ours
             self._stop_attempt(r)
-        try:
-            released = await self._call(self._store, self.backend.release, [r.lease for r in left_over])
-            self.counters.released += len(released)
+        released = await self._release([r.lease for r in left_over], "job(s) still running at shutdown")
+        if released:
             log.warning("released %d job(s) still running at shutdown: %s", len(released), released)
-        except Exception:
-            log.exception("could not release leases; they will expire in %gs", self.lease_s)
         await asyncio.gather(*[r.task for r in left_over if r.task is not None], return_exceptions=True)
