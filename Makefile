@@ -45,6 +45,18 @@ soak: $(BIN)/conveyor
 		$(BIN)/pytest tests/faults/test_soak.py $(PYTEST_ARGS); status=$$?; \
 		$(BIN)/python tests/faults/report_table.py $(SOAK_REPORT); exit $$status
 
+# The production-shape tier (tests/scale) at full size: hours-of-load rates, a million rows, dozens
+# of slots, thousands of queues. `make test` runs the same tests at a CI size; this target runs them
+# big and prints the figures docs/reliability.md tabulates (appended to SCALE_REPORT).
+SCALE_REPORT ?= test-output/scale.jsonl
+.PHONY: scale
+scale: $(BIN)/conveyor
+	mkdir -p $(dir $(SCALE_REPORT))
+	rm -f $(SCALE_REPORT)
+	CONVEYOR_SCALE=full CONVEYOR_SCALE_REPORT=$(SCALE_REPORT) \
+		$(BIN)/pytest tests/scale -m scale -s --timeout=3600 $(PYTEST_ARGS); status=$$?; \
+		$(BIN)/python tests/scale/report_table.py $(SCALE_REPORT); exit $$status
+
 lint: $(BIN)/conveyor
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks || true
