@@ -293,11 +293,17 @@ class RedisBackend(Backend):
         self._wake_gen = 0
         self._waiters = 0
         self._private_wake = f"{self.keys.p}:wake:{uuid.uuid4().hex}"
-        # The connections of _send_scripts (see there): idle ones (those for the idle wait's
-        # blocking pop apart, with its longer timeout), and every one open, for close().
+        # The connections of _send_scripts (see there) and of the loop claims: idle ones (those
+        # for the idle wait's blocking pop apart, with its longer timeout), and every one made and
+        # not yet closed for good, which is both the count checked against max_connections and
+        # what close() shuts. They are made from the pools' connection class and settings but
+        # not by the pools: a pool counts every connection it makes until the pool is reset, so
+        # closing idle ones used its cap up over a process's life.
         self._idle: list[Any] = []
         self._idle_blocking: list[Any] = []
         self._made: set[Any] = set()
+        self._made_lock = threading.Lock()
+        self._max_connections = int(self._pool.max_connections)
         self._pid = _PID[0]
         self._closed = False
 
@@ -753,14 +759,41 @@ class RedisBackend(Backend):
 
     def _checkout(self, *, blocking: bool = False) -> Any:
         if self._pid != _PID[0]:
-            # A forked child must not talk on its parent's sockets: it makes its own.
-            self._idle, self._idle_blocking, self._made, self._pid = [], [], set(), _PID[0]
+            self._drop_inherited()
         try:
             return (self._idle_blocking if blocking else self._idle).pop()  # atomic: no lock needed
         except IndexError:
-            conn = (self._block_pool if blocking else self._pool).make_connection()
+            return self._make_connection(blocking=blocking)
+
+    def _drop_inherited(self) -> None:
+        """In a forked child: forget the parent's connections (never close or talk on them:
+        they are the parent's sockets too); the child makes its own."""
+        self._idle, self._idle_blocking, self._made, self._pid = [], [], set(), _PID[0]
+
+    def _make_connection(self, *, blocking: bool = False) -> Any:
+        """A new connection (not connected yet), counted in _made until _discard."""
+        pool = self._block_pool if blocking else self._pool
+        with self._made_lock:
+            if len(self._made) >= self._max_connections:
+                raise redis.exceptions.MaxConnectionsError(
+                    f"Too many connections: {len(self._made)} open, max_connections={self._max_connections}")
+            conn = pool.connection_class(**pool.connection_kwargs)
             self._made.add(conn)
-            return conn
+        return conn
+
+    def _discard(self, conn: Any) -> None:
+        """Close ``conn`` for good and give its place under max_connections back."""
+        with self._made_lock:
+            self._made.discard(conn)
+        conn.disconnect()
+
+    def open_connections(self) -> int:
+        """How many connections to Redis this backend holds open now (all of its pools')."""
+        pooled = []
+        for pool in (self._pool, self._block_pool):
+            with pool._lock:
+                pooled += [*pool._available_connections, *pool._in_use_connections]
+        return sum(1 for c in [*list(self._made), *pooled] if getattr(c, "_sock", None) is not None)
 
     def _checkin(self, stack: list[Any], conn: Any) -> None:
         """Hand ``conn`` back (to the top: the next checkout takes the most recently used),
@@ -786,8 +819,7 @@ class RedisBackend(Backend):
                 stack.remove(oldest)
             except ValueError:
                 return
-            self._made.discard(oldest)
-            oldest.disconnect()
+            self._discard(oldest)
 
     def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """One script call: its reply, or its error reply raised; sent again once after NOSCRIPT."""
