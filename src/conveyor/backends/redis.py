@@ -92,6 +92,8 @@ GROWING_SCRIPTS = {"enqueue", "enqueue_one"}
 # Scripts that do without _common.lua's prelude (its header of 18 keys, the queue blocks, and
 # its helpers made on every call): only _core.lua comes before them.
 LEAN_SCRIPTS = {"enqueue_one"}
+# The last_outcome a settle of each kind leaves on the job (with its token as last_token).
+_SETTLED_AS = {"ack": ("succeeded",), "kill": ("dead",), "retry": ("scheduled", "available", "dead")}
 STEP_PREFIX = "step:"  # a step record is the field step:<name> of the job's hash
 # The fields whose values a claim returns in this order for a job that has no others (BASE in
 # claim.lua); a job with others comes back as its hash's field, value pairs instead.
@@ -303,6 +305,7 @@ class RedisBackend(Backend):
         self._idle_blocking: list[Any] = []
         self._made: set[Any] = set()
         self._made_lock = threading.Lock()
+        self._unsure: dict[int, str] = {}  # job id -> lease token of a settle left unanswered
         self._max_connections = int(self._pool.max_connections)
         self._pid = _PID[0]
         self._closed = False
@@ -575,8 +578,15 @@ class RedisBackend(Backend):
 
     def _settle(self, name: str, lease: Lease, args: Sequence[Any], now: float | None) -> list[Any]:
         """A fenced script on one job. Retried on connection errors: the fence makes a repeat
-        harmless, and if the repeat is refused we look whether the first one had landed."""
+        harmless, and if the repeat is refused we look whether the first one had landed. A
+        repeat may also come from the caller (the worker tries an outcome again after a
+        StoreUnavailable): a lease whose last call here got no answer is in _unsure, and its
+        refusal is looked at the same way, so an ack that landed unseen reports success."""
         tries = 0
+        unsure = self._unsure.get(lease.job_id) == lease.token
+        if len(self._unsure) > MAX_CACHED_QUEUES:
+            self._unsure.clear()
+        self._unsure[lease.job_id] = lease.token  # until an answer comes back
 
         def run(keys: list[str], argv: list[Any]) -> Any:
             nonlocal tries
@@ -594,11 +604,12 @@ class RedisBackend(Backend):
             if res[0] == "need":
                 qs = [*qs, *res[1:]]
                 continue
-            if res[0] == "lost" and tries > 1:  # resent after a connection error
+            if res[0] == "lost" and (tries > 1 or unsure):  # resent after a connection error
                 last = self._call("check", lambda: self._r.hmget(self.keys.job(lease.job_id),
                                                                   ["last_token", "last_outcome"]), safe=True)
-                if last[0] == lease.token:
+                if last[0] == lease.token and last[1] in _SETTLED_AS[name]:
                     res = ["ok", last[1]]
+            self._unsure.pop(lease.job_id, None)
             self._forget(lease.job_id)
             return res
         raise StoreError(f"Redis at {self._where}: {name} could not find the queue of job {lease.job_id}")
