@@ -13,6 +13,7 @@ sent, because a reply lost in flight does not tell whether the script ran.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import json
@@ -85,14 +86,20 @@ PREFIX_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 STATES = ("scheduled", "available", "running", "succeeded", "dead", "cancelled")
 QUEUE_KEYS = ("available", "scheduled", "running", "succeeded", "dead", "cancelled", "jobs", "wake", "fair", "due",
               "inbox")
-# Only new work (enqueue, and cron ticks, which use the enqueue script) is refused when Redis is
-# at maxmemory. Claiming, finishing and pruning must go on, or a full Redis could never drain:
-# they run with allow-oom. So does record_step: its side effect has happened already, and a
-# refused record would let another attempt do it again.
+# At maxmemory (noeviction), Redis refuses a script without allow-oom before it runs. New work
+# (enqueue, and cron ticks, which use the enqueue script) is refused so. Claiming, finishing and
+# pruning must go on, or a full Redis could never drain: they run with allow-oom, and what they
+# write is a few fields per job, except the texts callers hand them. An ack's result is written
+# whatever its size (a refused ack runs the job again). A step record or an error bigger than
+# OOM_SLACK goes by the ':strict' copy of its script (without allow-oom): refused at maxmemory,
+# a step record fails its attempt with StorageFull (nothing written); an error is written again
+# cut to OOM_SLACK by the allow-oom script, so a retry or kill still happens (see _settle_error).
 GROWING_SCRIPTS = {"enqueue", "enqueue_one"}
+STRICT_SCRIPTS = ("record_step", "retry", "kill")
+OOM_SLACK = 1024  # bytes of caller text a script may write past maxmemory
 # Scripts that do without _common.lua's prelude (its header of 18 keys, the queue blocks, and
 # its helpers made on every call): only _core.lua comes before them.
-LEAN_SCRIPTS = {"enqueue_one"}
+LEAN_SCRIPTS = {"enqueue_one", "get"}
 # The last_outcome a settle of each kind leaves on the job (with its token as last_token).
 _SETTLED_AS = {"ack": ("succeeded",), "kill": ("dead",), "retry": ("scheduled", "available", "dead")}
 STEP_PREFIX = "step:"  # a step record is the field step:<name> of the job's hash
@@ -220,6 +227,8 @@ class _Keys:
 
 
 def _load_script(name: str) -> str:
+    """The text of script ``name``; ``<name>:strict`` is that script without allow-oom."""
+    name, _, strict = name.partition(":")
     folder = resources.files(__package__).joinpath("lua")
     common = folder.joinpath("_core.lua").read_text("utf-8")
     if name not in LEAN_SCRIPTS:
@@ -229,13 +238,14 @@ def _load_script(name: str) -> str:
     # store is refused whole at maxmemory instead of failing at its first write, half-done.
     # No script is no-writes: even the readers (stats, list_jobs, peek) fold the inboxes of
     # the queues they are given into their indexes first (fold_inbox in _core.lua).
-    shebang = "#!lua" if name in GROWING_SCRIPTS else "#!lua flags=allow-oom"
+    shebang = "#!lua" if name in GROWING_SCRIPTS or strict else "#!lua flags=allow-oom"
     return f"{shebang}\n{common}\n{body}"
 
 
 SCRIPT_NAMES = (
     "enqueue", "enqueue_one", "claim", "heartbeat", "ack", "ack_many", "retry", "kill", "release", "reap", "promote", "prune",
-    "cancel", "redrive", "purge", "record_worker", "remove_worker", "stats", "list_jobs", "record_step", "peek",
+    "cancel", "redrive", "purge", "record_worker", "remove_worker", "stats", "list_jobs", "record_step", "peek", "get",
+    *(f"{name}:strict" for name in STRICT_SCRIPTS),
 )
 
 
@@ -382,7 +392,7 @@ class RedisBackend(Backend):
             for q in qs:
                 keys += self.keys.block(q)
             argv = [len(qs), *qs, *args]
-            res = self._call(name, functools.partial(self._script, name, keys, argv), safe=safe)
+            res = self._call(name.partition(":")[0], functools.partial(self._script, name, keys, argv), safe=safe)
             if isinstance(res, list) and res and res[0] == "need":
                 qs += [q for q in res[1:] if q not in qs]
                 continue
@@ -536,7 +546,9 @@ class RedisBackend(Backend):
         if result is not None and not isinstance(result, str):
             raise PayloadError(f"the result of step {step!r} must be JSON text, got {type(result).__name__}")
         # Safe to resend: HSETNX changes nothing the second time, and the answer is the stored text.
-        res = self._run("record_step", [], [int(job_id), step, "null" if result is None else result], safe=True)
+        text = "null" if result is None else result
+        name = "record_step" if len(text) <= OOM_SLACK else "record_step:strict"  # (see STRICT_SCRIPTS)
+        res = self._run(name, [], [int(job_id), step, text], safe=True)
         if res[0] == "missing":
             raise JobNotFound(f"no job with id {job_id}")
         stored = str(res[2])
@@ -607,6 +619,7 @@ class RedisBackend(Backend):
         StoreUnavailable): a lease whose last call here got no answer is in _unsure, and its
         refusal is looked at the same way, so an ack that landed unseen reports success."""
         tries = 0
+        kind = name.partition(":")[0]
         unsure = self._unsure.get(lease.job_id) == lease.token
         if len(self._unsure) > MAX_CACHED_QUEUES:
             self._unsure.clear()
@@ -624,14 +637,14 @@ class RedisBackend(Backend):
                 keys += self.keys.block(q)
             argv = [len(qs), *qs, self._now_arg(now), lease.job_id, lease.token, *args]
             tries = 0
-            res: list[Any] = self._call(name, functools.partial(run, keys, argv), safe=True)
+            res: list[Any] = self._call(kind, functools.partial(run, keys, argv), safe=True)
             if res[0] == "need":
                 qs = [*qs, *res[1:]]
                 continue
             if res[0] == "lost" and (tries > 1 or unsure):  # resent after a connection error
                 last = self._call("check", lambda: self._r.hmget(self.keys.job(lease.job_id),
                                                                   ["last_token", "last_outcome"]), safe=True)
-                if last[0] == lease.token and last[1] in _SETTLED_AS[name]:
+                if last[0] == lease.token and last[1] in _SETTLED_AS[kind]:
                     res = ["ok", last[1]]
             self._unsure.pop(lease.job_id, None)
             self._forget(lease.job_id)
@@ -891,13 +904,28 @@ class RedisBackend(Backend):
         d = float(delay)
         if math.isnan(d) or math.isinf(d):
             raise ValueError(f"retry delay must be a finite number of seconds, got {delay!r}")
-        res = self._settle("retry", lease, [repr(max(d, 0.0)), _error_members(error)], now)
+        res = self._settle_error("retry", lease, [repr(max(d, 0.0))], error, now)
         if res[0] != "ok":
             raise LeaseLost(lease.job_id, "retry refused")
         return JobState(res[1])
 
+    def _settle_error(self, name: str, lease: Lease, args: Sequence[Any], error: ErrorInfo,
+                      now: float | None) -> list[Any]:
+        """retry or kill with the error as its last argument. One bigger than OOM_SLACK is sent
+        by the strict script first; refused at maxmemory (before it ran), it goes again cut to
+        fit, so a full Redis still records the outcome, and grows by at most OOM_SLACK."""
+        members = _error_members(error)
+        if len(members) <= OOM_SLACK:
+            return self._settle(name, lease, [*args, members], now)
+        try:
+            return self._settle(f"{name}:strict", lease, [*args, members], now)
+        except StorageFull as exc:
+            if "maxmemory" not in str(exc):
+                raise  # MISCONF (a disk full): the cut error would be refused too
+        return self._settle(name, lease, [*args, _error_members(_cut(error))], now)
+
     def kill(self, lease: Lease, error: ErrorInfo, *, now: float | None = None) -> None:
-        res = self._settle("kill", lease, [_error_members(error)], now)
+        res = self._settle_error("kill", lease, [], error, now)
         if res[0] != "ok":
             raise LeaseLost(lease.job_id, "kill refused")
 
@@ -943,16 +971,11 @@ class RedisBackend(Backend):
 
     # -- inspection and administration ----------------------------------------------------
     def get(self, job_id: int) -> Job | None:
-        def read() -> list[Any]:
-            pipe = self._r.pipeline(transaction=True)
-            pipe.hgetall(self.keys.job(job_id))
-            pipe.lrange(self.keys.errors(job_id), 0, -1)
-            return pipe.execute()
-
-        fields, errors = self._call("get", read, safe=True)
-        if not fields:
+        keys = [self.keys.job(job_id), self.keys.errors(job_id)]
+        flat, errors = self._call("get", functools.partial(self._script, "get", keys, []), safe=True)
+        if not flat:
             return None
-        return _to_job(job_id, fields, errors)
+        return _to_job(job_id, dict(zip(flat[::2], flat[1::2], strict=True)), errors)
 
     def list_jobs(
         self, *, state: JobState | None = None, queue: str | None = None, task: str | None = None,
@@ -1299,6 +1322,19 @@ def _error_members(error: ErrorInfo) -> str:
         {"kind": error.kind, "type": error.type, "message": error.message, "traceback": error.traceback},
         ensure_ascii=False,
     )[1:-1]
+
+
+def _cut(error: ErrorInfo) -> ErrorInfo:
+    """``error`` made to fit OOM_SLACK: the traceback keeps its end (where the exception was
+    raised), the message and type their start."""
+    note = "[cut: Redis was at maxmemory]\n...\n"
+    room = OOM_SLACK // 2
+    tb = error.traceback
+    if len(tb) > room:
+        tb = note + tb[len(tb) - (room - len(note)):]
+    quarter = OOM_SLACK // 4
+    message = error.message if len(error.message) <= quarter else error.message[:quarter - 3] + "..."
+    return dataclasses.replace(error, message=message, type=error.type[:128], traceback=tb)
 
 
 def _tokens(n: int) -> list[str]:
