@@ -335,6 +335,7 @@ class RedisBackend(Backend):
             raise StoreError("this backend is closed")
         deadline = time.monotonic() + RETRY_BUDGET
         pause = 0.02
+        sent = False  # a try failed after its command may have gone out
         while True:
             try:
                 return fn()
@@ -344,15 +345,17 @@ class RedisBackend(Backend):
                     "check the user and password in the URL"
                 ) from exc
             except (redis.ConnectionError, redis.TimeoutError) as exc:
-                retryable = safe or isinstance(exc, _NotSent | redis.BusyLoadingError | redis.exceptions.MaxConnectionsError)
-                if retryable and not self._closed and time.monotonic() + pause < deadline:
+                unsent = isinstance(exc, _NotSent | redis.BusyLoadingError | redis.exceptions.MaxConnectionsError)
+                sent = sent or not unsent
+                if (safe or unsent) and not self._closed and time.monotonic() + pause < deadline:
                     time.sleep(pause)
                     pause = min(pause * 2, 0.5)
                     continue
-                if isinstance(exc, _NotSent | redis.BusyLoadingError | redis.exceptions.MaxConnectionsError):
+                if not sent:
                     detail = "nothing was done"
                 elif safe:
-                    detail = "it is safe to try again"
+                    # (The last try may have failed to connect: an earlier one was sent.)
+                    detail = "a reply was lost, so it may or may not have happened; it is safe to try again"
                 else:
                     detail = "the reply was lost, so it may or may not have happened"
                 raise StoreUnavailable(f"Redis at {self._where} is unreachable: {what} failed ({exc}); {detail}") from exc
