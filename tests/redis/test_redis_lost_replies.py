@@ -98,3 +98,23 @@ def test_an_ack_whose_lost_first_try_did_not_land_is_still_refused(
         backend.ack(lease, json.dumps("late"), now=T0 + 32)
     job = backend.get(lease.job_id)
     assert job is not None and job.state is JobState.RUNNING
+
+
+def test_acks_in_a_batch_tried_again_after_the_reply_was_lost_report_success(
+        proxied: tuple[RedisBackend, Proxy]) -> None:
+    """The worker's batched acks (ack_many, and ack_and_claim's) tried again after a lost reply."""
+    backend, proxy = proxied
+    new = NewJob(task="t", queue="default", args="{}", max_attempts=3, timeout=30.0)
+    backend.enqueue_many([new] * 4, now=T0)
+    warm = backend.claim("default", 2, worker_id="w", lease_s=30, now=T0)
+    backend.ack_many([(Lease(j.id, j.lease_token or ""), None) for j in warm], now=T0)  # script loaded
+    jobs = backend.claim("default", 2, worker_id="w", lease_s=30, now=T0)
+    acks = [(Lease(j.id, j.lease_token or ""), json.dumps(j.id)) for j in jobs]
+    proxy.half_open()
+    with pytest.raises(StoreUnavailable):
+        backend.ack_many(acks, now=T0 + 1)
+    proxy.heal()
+    assert backend.ack_many(acks, now=T0 + 2) == [True, True]
+    for j in jobs:
+        done = backend.get(j.id)
+        assert done is not None and done.state is JobState.SUCCEEDED and done.result == j.id

@@ -623,7 +623,7 @@ class RedisBackend(Backend):
         refusal is looked at the same way, so an ack that landed unseen reports success."""
         tries = 0
         kind = name.partition(":")[0]
-        unsure = self._unsure.get(lease.job_id) == lease.token
+        unsure = self._was_unsure(lease)
         if len(self._unsure) > MAX_CACHED_QUEUES:
             self._unsure.clear()
         self._unsure[lease.job_id] = lease.token  # until an answer comes back
@@ -703,13 +703,20 @@ class RedisBackend(Backend):
         raise ClaimLost(f"Redis at {self._where} is unreachable: claim failed ({exc}); "
                         f"{sum(held)} of {len(acks)} acks written", held) from exc
 
-    @staticmethod
-    def _claims_plain(acks: Sequence[tuple[Lease, str | None]], replies: Sequence[Any]) -> bool:
+    def _was_unsure(self, lease: Lease) -> bool:
+        """Whether a settle of this lease got no answer before (see _settle): a refusal of it
+        now may be its own landed write, to be looked at."""
+        return self._unsure.get(lease.job_id) == lease.token
+
+    def _claims_plain(self, acks: Sequence[tuple[Lease, str | None]], replies: Sequence[Any]) -> bool:
         """Whether _claims_done can read these replies without calling the store: every ack
-        answered 'ok' or 'lost', and the claim answered jobs or nothing."""
+        answered 'ok', or 'lost' when no earlier try of it went unanswered, and the claim
+        answered jobs or nothing."""
         if acks:
             held = replies[0]
-            if not (isinstance(held, list) and len(held) == len(acks) and all(r in ("ok", "lost") for r in held)):
+            if not (isinstance(held, list) and len(held) == len(acks) and all(
+                    r == "ok" or (r == "lost" and not self._was_unsure(lease))
+                    for r, (lease, _) in zip(held, acks, strict=True))):
                 return False
         res = replies[-1]
         return isinstance(res, list) and (not res or res[0] not in ("need", "stale"))
@@ -818,8 +825,10 @@ class RedisBackend(Backend):
 
     def _drop_inherited(self) -> None:
         """In a forked child: forget the parent's connections (never close or talk on them:
-        they are the parent's sockets too); the child makes its own."""
+        they are the parent's sockets too); the child makes its own. The lock is made anew: a
+        parent thread may have held it at the fork."""
         self._idle, self._idle_blocking, self._made, self._pid = [], [], set(), _PID[0]
+        self._made_lock = threading.Lock()
 
     def _make_connection(self, *, blocking: bool = False) -> Any:
         """A new connection (not connected yet), counted in _made until _discard."""
@@ -885,12 +894,15 @@ class RedisBackend(Backend):
         """ack_many's replies as held or not; any ack it could not settle is acked on its own."""
         if not (isinstance(reply, list) and len(reply) == len(acks)):
             reply = [None] * len(acks)  # an error reply, or none: it may have landed
+            for lease, _ in acks:  # until each is answered (see _settle)
+                self._unsure[lease.job_id] = lease.token
         held: list[bool] = []
         for (lease, result), r in zip(acks, reply, strict=True):
-            if r in ("ok", "lost"):
+            if r == "ok" or (r == "lost" and not self._was_unsure(lease)):
+                self._unsure.pop(lease.job_id, None)
                 self._forget(lease.job_id)
                 held.append(r == "ok")
-            else:  # 'need:<queue>' (nothing done) or unknown: the careful path checks
+            else:  # 'need:<queue>' (nothing done), unknown, or refused after a lost reply: looked at
                 held.append(self._ack_or_landed(lease, result, now))
         return held
 
