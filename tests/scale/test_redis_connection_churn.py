@@ -50,10 +50,15 @@ def test_redis_connection_churn(server: RedisServer, monkeypatch: pytest.MonkeyP
     start = received()
     stop = threading.Event()
     rounds = [0]
+    last = [start, 0]  # connections received, and rounds since that count last grew
 
     def next_round() -> None:  # run by one thread once all have arrived
         rounds[0] += 1
-        if received() - start >= target or failures:
+        now = received()
+        last[:] = [now, 0] if now > last[0] else [now, last[1] + 1]
+        # Stopped also when no round makes a connection any more: the threads then share the
+        # few left, as in production once the count was used up, and this would never end.
+        if now - start >= target or failures or last[1] >= 200:
             stop.set()
 
     line = threading.Barrier(THREADS, action=next_round)
