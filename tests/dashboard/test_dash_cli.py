@@ -15,7 +15,7 @@ import pytest
 
 pytestmark = pytest.mark.process
 
-TOKEN = "cli-test-token-0123456789abcdef"
+TOKEN = "Hc4nT8wQz1LrK6vXp3YbM9dS5gJfA2eU7iOtR0qZkWy"  # secrets.token_urlsafe(32)
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -49,7 +49,10 @@ def test_refuses_a_public_bind_without_auth(tmp_path: Path) -> None:
     assert r.returncode == 2, r.stdout + r.stderr
     assert "refusing to serve the dashboard on '0.0.0.0' without authentication" in r.stderr
     r = conveyor("--url", url, "dashboard", "--token", "short", env=env())
-    assert r.returncode == 2 and "at least 16 characters" in r.stderr
+    assert r.returncode == 2 and "too weak" in r.stderr and "secrets.token_urlsafe(32)" in r.stderr, r.stderr
+    # A Host name other than loopback is what a proxy forwards: it needs credentials too.
+    r = conveyor("--url", url, "dashboard", "--allowed-host", "jobs.example", "--port", "0", env=env())
+    assert r.returncode == 2 and "refusing to answer to jobs.example without authentication" in r.stderr, r.stderr
 
 
 def test_public_bind_with_a_token_refuses_strangers(tmp_path: Path) -> None:
