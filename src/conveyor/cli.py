@@ -592,12 +592,15 @@ def demo(db_path: str, fresh: bool, duration: float | None, live: bool | None, d
               envvar="CONVEYOR_DASHBOARD_TLS_CERT", help="Serve https with this certificate (chain); needs --tls-key.")
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), default=None, metavar="PEM",
               envvar="CONVEYOR_DASHBOARD_TLS_KEY", help="The private key of --tls-cert.")
+@click.option("--secret", envvar="CONVEYOR_DASHBOARD_SECRET", default=None, metavar="SECRET",
+              help="Key for the session cookies, shared by replicas behind one address so each accepts "
+                   "the others' sessions (default: random per process). Use $CONVEYOR_DASHBOARD_SECRET.")
 @click.option("--sample-interval", default=5.0, show_default=True, type=click.FloatRange(min=0.5),
               help="Seconds between the store samples behind the charts and alerts.")
 @pass_ctx
 def dashboard_cmd(obj: Ctx, host: str, port: int, token: str | None, basic_auth: str | None,
                   allowed_hosts: tuple[str, ...], forwarded_allow_ips: str | None, tls_cert: str | None,
-                  tls_key: str | None, sample_interval: float) -> None:
+                  tls_key: str | None, secret: str | None, sample_interval: float) -> None:
     """Serve the web dashboard: queues, jobs, dead letters, workers, cron (docs/dashboard.md)."""
     from .dashboard import serve
 
@@ -612,7 +615,7 @@ def dashboard_cmd(obj: Ctx, host: str, port: int, token: str | None, basic_auth:
     try:
         serve(obj.app, host=host, port=port, token=token or None, basic_auth=basic_auth or None,
               allowed_hosts=allowed_hosts, forwarded_allow_ips=forwarded_allow_ips or None, tls_cert=tls_cert,
-              tls_key=tls_key, sample_interval=sample_interval, on_ready=ready)
+              tls_key=tls_key, secret=secret or None, sample_interval=sample_interval, on_ready=ready)
     except ConveyorError as exc:
         raise click.UsageError(str(exc)) from None
 

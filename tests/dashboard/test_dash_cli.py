@@ -13,9 +13,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from conveyor.dashboard.security import make_auth
+
 pytestmark = pytest.mark.process
 
 TOKEN = "Hc4nT8wQz1LrK6vXp3YbM9dS5gJfA2eU7iOtR0qZkWy"  # secrets.token_urlsafe(32)
+SECRET = "replicas-share-this-key-7Jq2Vx9Lk4Tz"
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -59,13 +62,18 @@ def test_public_bind_with_a_token_refuses_strangers(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "conveyor", "--url", f"sqlite:///{tmp_path}/c.db", "dashboard", "--host", "0.0.0.0",
          "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=env(CONVEYOR_DASHBOARD_TOKEN=TOKEN))
+        env=env(CONVEYOR_DASHBOARD_TOKEN=TOKEN, CONVEYOR_DASHBOARD_SECRET=SECRET))
     try:
         base = read_url(proc.stderr, r"dashboard on (http://\S+?)/? \(token\)", time.monotonic() + 30)
         assert httpx.get(base + "/", follow_redirects=False).status_code == 303
         assert httpx.get(base + "/jobs", headers={"Authorization": "Bearer not-the-token-at-all"},
                          follow_redirects=False).status_code == 303
         assert httpx.post(base + "/dead/purge", data={"all": "yes", "confirmed": "yes"}).status_code == 401
+        # A session made by a replica sharing the secret is accepted; one made under another key is not.
+        replica = make_auth(token=TOKEN, secret=SECRET).new_session()
+        assert httpx.get(base + "/", cookies={"conveyor_session": replica}).status_code == 200
+        stranger = make_auth(token=TOKEN).new_session()
+        assert httpx.get(base + "/", cookies={"conveyor_session": stranger}, follow_redirects=False).status_code == 303
         ok = httpx.get(base + "/", headers={"Authorization": f"Bearer {TOKEN}"})
         assert ok.status_code == 200 and "Overview" in ok.text
         assert TOKEN not in ok.text

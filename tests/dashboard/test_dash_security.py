@@ -315,12 +315,28 @@ def test_proxy_headers_are_ignored_unless_trusted(app: Conveyor) -> None:
         d.close()
 
 
-def test_a_trusted_proxy_forwarding_a_remote_client_is_not_loopback(app: Conveyor) -> None:
-    d = create_app(app, forwarded_allow_ips="127.0.0.1", sample_interval=3600)
+def test_trusting_a_proxy_needs_credentials(app: Conveyor) -> None:
+    """A proxy in front serves clients beyond this machine: no proxy trust without a token."""
+    with pytest.raises(ConfigurationError, match="without authentication"):
+        create_app(app, forwarded_allow_ips="127.0.0.1")
+    create_app(app, token=TOKEN, forwarded_allow_ips="127.0.0.1").close()
+
+
+def test_behind_a_trusted_proxy_each_client_is_slowed_on_its_own(app: Conveyor) -> None:
+    """The proxy's X-Forwarded-For names the client: one guesser does not lock everyone out."""
+    from conveyor.dashboard.security import FREE_FAILURES
+
+    d = create_app(app, token=TOKEN, forwarded_allow_ips="127.0.0.1", sample_interval=3600)
+    freeze_clock(d)
+    guesser = {"X-Forwarded-For": "203.0.113.7", "Authorization": "Bearer guess-guess-guess"}
     try:
-        with make_client(d) as c:
-            assert c.get("/healthz").status_code == 200
-            assert c.get("/healthz", headers={"X-Forwarded-For": "203.0.113.7"}).status_code == 403
+        with make_client(d) as proxy:
+            for _ in range(FREE_FAILURES):
+                assert proxy.get("/", headers=guesser).status_code == 303
+            assert proxy.get("/", headers=guesser).status_code == 429
+            ok = proxy.get("/", headers={"X-Forwarded-For": "198.51.100.9", "Authorization": f"Bearer {TOKEN}"})
+            assert ok.status_code == 200
+            assert set(d.dashboard.auth.guard.throttle.failures) == {"203.0.113.7"}
     finally:
         d.close()
 

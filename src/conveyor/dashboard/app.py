@@ -36,6 +36,7 @@ from ..app import Conveyor
 from ..backends import redact_url
 from ..backends.base import Backend, QueueStats, Stats, WorkerInfo
 from ..cron import tick_of
+from ..errors import ConfigurationError
 from ..job import Job, JobState
 from ..payload import NAME_RE, TASK_NAME_RE
 from ..textsafe import escape_controls
@@ -226,6 +227,10 @@ def create_app(
         exception_handlers={HTTPException: pages.http_error},
     )
     asgi: Any = SecurityMiddleware(star, auth)
+    if forwarded_allow_ips and not auth.enabled:
+        raise ConfigurationError(
+            "refusing to trust proxy headers without authentication: a proxy in front serves clients beyond "
+            "this machine. Set a token (--token or $CONVEYOR_DASHBOARD_TOKEN) or basic auth (--basic-auth).")
     if forwarded_allow_ips:
         from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
