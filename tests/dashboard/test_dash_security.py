@@ -450,7 +450,7 @@ def test_failed_bearer_tokens_are_slowed_and_the_delay_grows(token_dash: Dashboa
 
 
 @pytest.mark.parametrize("weak", [
-    "a" * 64, "0123456789" * 5, "password" * 6, "correct-horse-battery-staple-orange-purple",
+    "a" * 64, "0123456789" * 5, "password" * 6, "correct-horse-battery-staple-orange-purple", "Tr0ub4dor&3" * 3,
     "q7XzR2vK9pLmW4tN",  # random but 16 characters: about 95 bits
 ])
 def test_weak_tokens_are_refused_with_a_way_to_make_one(weak: str) -> None:

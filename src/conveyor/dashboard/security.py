@@ -32,6 +32,7 @@ import hmac
 import ipaddress
 import json
 import math
+import re
 import secrets
 import string
 import threading
@@ -173,9 +174,16 @@ class Guard:
 
 
 def token_bits(token: str) -> float:
-    """A cautious estimate of the entropy in ``token``: each character is worth log2 of the
-    alphabet its character classes suggest, except repeats and runs (``aaaa``, ``1234``: after
-    four characters they add nothing) and letters in long single-case runs (words: 2 bits)."""
+    """A cautious estimate of the entropy in ``token`` (the first 128 characters).
+
+    Each character is worth log2 of the alphabet its classes suggest (digits, hex, letters of
+    each case, ``-_`` as in ``secrets.token_urlsafe``, other symbols), except: a repeat of an
+    earlier stretch of 4+ characters (``abcdabcd``, ``aaaa``) costs one character whatever its
+    length; the fifth character of a run (``12345``, ``abcde``) and on adds nothing; and
+    when all the letters are of one case, letters in runs of 4+ count 2 bits each (words:
+    ``correct-horse-battery-staple``). Random tokens mix case, so that rule spares them; it
+    does not see capitalized words (``CorrectHorseBattery``)."""
+    token = token[:128]
     if not token:
         return 0.0
     if token.isdigit():
@@ -183,32 +191,41 @@ def token_bits(token: str) -> float:
     elif all(c in string.hexdigits for c in token):
         pool = 16
     else:
+        symbols = {c for c in token if not c.isalnum()}
         pool = (26 * any(c.islower() for c in token) + 26 * any(c.isupper() for c in token)
-                + 10 * any(c.isdigit() for c in token) + 33 * any(not c.isalnum() for c in token))
+                + 10 * any(c.isdigit() for c in token) + (2 if symbols <= {"-", "_"} else 33) * bool(symbols))
     per_char = math.log2(max(pool, 2))
-    wordish = [False] * len(token)
-    start = 0
-    for i in range(1, len(token) + 1):
-        if i == len(token) or not _same_case_letters(token[i - 1], token[i]):
-            if i - start >= 5 and pool != 16:
-                wordish[start:i] = [True] * (i - start)
-            start = i
-    bits, run, step = 0.0, 0, None
-    for i, c in enumerate(token):
-        delta = ord(c) - ord(token[i - 1]) if i else None
+    one_case = token.lower() == token or token.upper() == token
+    words = {i for m in _WORD.finditer(token) for i in range(m.start(), m.end())} if one_case and pool != 16 else set()
+    bits, i, run, step = 0.0, 0, 0, None
+    while i < len(token):
+        repeat = _repeat_length(token, i)
+        if repeat >= 4:
+            bits += per_char
+            i += repeat
+            run, step = 0, None
+            continue
+        delta = ord(token[i]) - ord(token[i - 1]) if i else None
         if delta is not None and abs(delta) <= 1 and delta == step:
             run += 1
         else:
             run = 1 if delta is not None and abs(delta) <= 1 else 0
         step = delta
-        if run >= 4:
-            continue  # the fifth character of a run and on: predictable
-        bits += min(per_char, 2.0) if wordish[i] else per_char
+        if run < 4:
+            bits += min(per_char, 2.0) if i in words else per_char
+        i += 1
     return bits
 
 
-def _same_case_letters(a: str, b: str) -> bool:
-    return a.isalpha() and b.isalpha() and a.islower() == b.islower()
+def _repeat_length(token: str, i: int) -> int:
+    """How long the stretch starting at ``i`` repeats one that starts earlier (may overlap)."""
+    length = 0
+    while i + length < len(token) and token.find(token[i:i + length + 1], 0, i + length) != -1:
+        length += 1
+    return length
+
+
+_WORD = re.compile(r"[a-z]{4,}|[A-Z]{4,}")
 
 
 def make_auth(*, token: str | None = None, basic_auth: str | tuple[str, str] | None = None,
