@@ -10,7 +10,6 @@ from __future__ import annotations
 import http.server
 import os
 import re
-import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -299,17 +298,6 @@ def test_non_loopback_bind_needs_auth_and_refuses_strangers(tmp_path: Path, brow
             dash.stop()
     finally:
         app.close()
-
-
-@pytest.fixture(scope="module")
-def self_signed(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    """A certificate for 127.0.0.1 and its key, made by openssl (as an operator would)."""
-    d = tmp_path_factory.mktemp("tls")
-    cert, key = d / "cert.pem", d / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True, timeout=60)
-    return str(cert), str(key)
 
 
 def test_over_https_login_act_and_log_out(tmp_path: Path, browser: Any, self_signed: tuple[str, str]) -> None:

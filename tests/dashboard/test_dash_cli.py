@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -77,6 +78,37 @@ def test_public_bind_with_a_token_refuses_strangers(tmp_path: Path) -> None:
         ok = httpx.get(base + "/", headers={"Authorization": f"Bearer {TOKEN}"})
         assert ok.status_code == 200 and "Overview" in ok.text
         assert TOKEN not in ok.text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def test_https_behind_a_proxy_from_the_command_line(tmp_path: Path, self_signed: tuple[str, str]) -> None:
+    """--tls-cert/--tls-key serve https, and the start line says so and names the trusted proxy;
+    a key that is not the certificate's stops it at start."""
+    cert, key = self_signed
+    url = f"sqlite:///{tmp_path}/c.db"
+    other = tmp_path / "other.pem"
+    subprocess.run(["openssl", "genrsa", "-out", str(other), "2048"], check=True, capture_output=True, timeout=60)
+    r = conveyor("--url", url, "dashboard", "--port", "0", "--tls-cert", cert, "--tls-key", str(other),
+                 env=env(CONVEYOR_DASHBOARD_TOKEN=TOKEN))
+    assert r.returncode == 2 and "cannot use the TLS certificate" in r.stderr, r.stderr
+    r = conveyor("--url", url, "dashboard", "--port", "0", "--forwarded-allow-ips", "127.0.0.1", env=env())
+    assert r.returncode == 2 and "refusing to trust proxy headers without authentication" in r.stderr, r.stderr
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "conveyor", "--url", url, "dashboard", "--port", "0", "--tls-cert", cert,
+         "--tls-key", key, "--forwarded-allow-ips", "127.0.0.1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=env(CONVEYOR_DASHBOARD_TOKEN=TOKEN))
+    try:
+        base = read_url(proc.stderr, r"dashboard on (https://\S+?)/? \(token, trusting proxy headers from 127\.0\.0\.1\)",
+                        time.monotonic() + 30)
+        with httpx.Client(verify=ssl.create_default_context(cafile=cert)) as tls:
+            assert tls.get(base + "/healthz").status_code == 200
+            r = tls.get(base + "/", headers={"Authorization": f"Bearer {TOKEN}"})
+            assert r.status_code == 200 and "Overview" in r.text
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
     finally:
