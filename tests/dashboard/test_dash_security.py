@@ -324,7 +324,7 @@ def test_trusting_a_proxy_needs_credentials(app: Conveyor) -> None:
 
 def test_behind_a_trusted_proxy_each_client_is_slowed_on_its_own(app: Conveyor) -> None:
     """The proxy's X-Forwarded-For names the client: one guesser does not lock everyone out."""
-    from conveyor.dashboard.security import FREE_FAILURES
+    from conveyor.dashboard.guard import FREE_FAILURES
 
     d = create_app(app, token=TOKEN, forwarded_allow_ips="127.0.0.1", sample_interval=3600)
     freeze_clock(d)
@@ -410,7 +410,7 @@ def freeze_clock(dash: DashboardApp, at: float = 1000.0) -> list[float]:
 
 
 def test_repeated_failed_logins_are_slowed(token_dash: DashboardApp) -> None:
-    from conveyor.dashboard.security import FREE_FAILURES
+    from conveyor.dashboard.guard import FREE_FAILURES
 
     now = freeze_clock(token_dash)
     with make_client(token_dash, client=("203.0.113.7", 40000)) as c, \
@@ -431,7 +431,7 @@ def test_repeated_failed_logins_are_slowed(token_dash: DashboardApp) -> None:
 
 
 def test_failed_bearer_tokens_are_slowed_and_the_delay_grows(token_dash: DashboardApp) -> None:
-    from conveyor.dashboard.security import FREE_FAILURES
+    from conveyor.dashboard.guard import FREE_FAILURES
 
     now = freeze_clock(token_dash)
     throttle = token_dash.dashboard.auth.guard.throttle

@@ -17,8 +17,9 @@ remembering to protect it:
   down exponentially (answered 429, nothing sleeps).
 * **Every state-changing request** is a POST with a form body
   (``application/x-www-form-urlencoded``, else 415), an ``Origin`` (or ``Referer``) of this
-  very site, with the scheme the client used (else 403), and a CSRF token (else 403). The token is an HMAC of a random
-  per-browser cookie (signed double submit), so a token from another browser is refused.
+  very site, with the scheme the client used (else 403), and a CSRF token (else 403). The
+  token is an HMAC of a random per-browser cookie (signed double submit), so a token from
+  another browser is refused.
 * **Every response** carries a strict Content-Security-Policy (``default-src 'self'``: no
   inline script or style, no third-party origin), ``nosniff``, ``frame-ancestors 'none'``.
 """
@@ -32,12 +33,9 @@ import hmac
 import ipaddress
 import json
 import math
-import re
 import secrets
-import string
-import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
 from typing import Any
@@ -46,6 +44,8 @@ from urllib.parse import parse_qs, quote, urlsplit
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import ConfigurationError
+from .guard import Guard
+from .tokens import token_bits
 
 CSRF_COOKIE = "conveyor_csrf"
 SESSION_COOKIE = "conveyor_session"
@@ -56,10 +56,6 @@ MAX_FORM_BYTES = 256 * 1024
 MIN_TOKEN_BITS = 128
 MIN_PASSWORD_CHARS = 12
 MAKE_TOKEN = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
-# Failed logins: this many are free, then each one doubles the wait, up to MAX_DELAY seconds.
-FREE_FAILURES = 5
-MAX_DELAY = 300.0
-MAX_TRACKED_CLIENTS = 10_000
 
 CSP = ("default-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'; "
        "object-src 'none'")
@@ -95,7 +91,7 @@ class AuthConfig:
 
     token: str | None = None
     basic: tuple[str, str] | None = None
-    secret: bytes = field(default=b"", repr=False)  # signs cookies; derived when empty
+    secret: bytes = field(default=b"", repr=False)  # signs cookies (make_auth derives it)
     allowed_hosts: tuple[str, ...] = ()
     guard: Guard = field(default_factory=lambda: Guard(), repr=False, compare=False)
 
@@ -119,113 +115,6 @@ class AuthConfig:
     def __repr__(self) -> str:  # never print a credential
         kinds = [k for k, v in (("token", self.token), ("basic", self.basic)) if v is not None]
         return f"AuthConfig({'+'.join(kinds) or 'loopback only'})"
-
-
-class Throttle:
-    """Slows down guessing: per client address, after FREE_FAILURES failed attempts each new
-    failure doubles the time before the next attempt is even looked at (up to MAX_DELAY).
-    Callers refuse early attempts (429) instead of sleeping, so nothing blocks."""
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.clock = clock
-        self.failures: dict[str, tuple[int, float]] = {}  # client -> (failures, time of the last)
-        self._lock = threading.Lock()
-
-    def wait(self, client: str) -> float:
-        """Seconds before ``client`` may try again; 0: now."""
-        with self._lock:
-            count, last = self.failures.get(client, (0, 0.0))
-        if count < FREE_FAILURES:
-            return 0.0
-        return max(0.0, last + min(2.0 ** (count - FREE_FAILURES), MAX_DELAY) - self.clock())
-
-    def failed(self, client: str) -> None:
-        now = self.clock()
-        with self._lock:
-            count, _ = self.failures.pop(client, (0, 0.0))
-            if len(self.failures) >= MAX_TRACKED_CLIENTS:  # bounded memory: forget the quiet ones
-                self.failures = {c: v for c, v in self.failures.items() if now - v[1] < 2 * MAX_DELAY}
-                while len(self.failures) >= MAX_TRACKED_CLIENTS:
-                    del self.failures[next(iter(self.failures))]
-            self.failures[client] = (count + 1, now)
-
-    def succeeded(self, client: str) -> None:
-        with self._lock:
-            self.failures.pop(client, None)
-
-
-class Guard:
-    """What a dashboard server remembers about sessions and clients (in memory, per process)."""
-
-    def __init__(self) -> None:
-        self.throttle = Throttle()
-        self._revoked: dict[str, float] = {}  # session id -> when its cookie expires anyway
-        self._lock = threading.Lock()
-
-    def revoke(self, sid: str, expires: float) -> None:
-        now = time.time()
-        with self._lock:
-            self._revoked = {s: e for s, e in self._revoked.items() if e > now}
-            self._revoked[sid] = expires
-
-    def revoked(self, sid: str) -> bool:
-        with self._lock:
-            return sid in self._revoked
-
-
-def token_bits(token: str) -> float:
-    """A cautious estimate of the entropy in ``token`` (the first 128 characters).
-
-    Each character is worth log2 of the alphabet its classes suggest (digits, hex, letters of
-    each case, ``-_`` as in ``secrets.token_urlsafe``, other symbols), except: a repeat of an
-    earlier stretch of 4+ characters (``abcdabcd``, ``aaaa``) costs one character whatever its
-    length; the fifth character of a run (``12345``, ``abcde``) and on adds nothing; and
-    when all the letters are of one case, letters in runs of 4+ count 2 bits each (words:
-    ``correct-horse-battery-staple``). Random tokens mix case, so that rule spares them; it
-    does not see capitalized words (``CorrectHorseBattery``)."""
-    token = token[:128]
-    if not token:
-        return 0.0
-    if token.isdigit():
-        pool = 10
-    elif all(c in string.hexdigits for c in token):
-        pool = 16
-    else:
-        symbols = {c for c in token if not c.isalnum()}
-        pool = (26 * any(c.islower() for c in token) + 26 * any(c.isupper() for c in token)
-                + 10 * any(c.isdigit() for c in token) + (2 if symbols <= {"-", "_"} else 33) * bool(symbols))
-    per_char = math.log2(max(pool, 2))
-    one_case = token.lower() == token or token.upper() == token
-    words = {i for m in _WORD.finditer(token) for i in range(m.start(), m.end())} if one_case and pool != 16 else set()
-    bits, i, run, step = 0.0, 0, 0, None
-    while i < len(token):
-        repeat = _repeat_length(token, i)
-        if repeat >= 4:
-            bits += per_char
-            i += repeat
-            run, step = 0, None
-            continue
-        delta = ord(token[i]) - ord(token[i - 1]) if i else None
-        if delta is not None and abs(delta) <= 1 and delta == step:
-            run += 1
-        else:
-            run = 1 if delta is not None and abs(delta) <= 1 else 0
-        step = delta
-        if run < 4:
-            bits += min(per_char, 2.0) if i in words else per_char
-        i += 1
-    return bits
-
-
-def _repeat_length(token: str, i: int) -> int:
-    """How long the stretch starting at ``i`` repeats one that starts earlier (may overlap)."""
-    length = 0
-    while i + length < len(token) and token.find(token[i:i + length + 1], 0, i + length) != -1:
-        length += 1
-    return length
-
-
-_WORD = re.compile(r"[a-z]{4,}|[A-Z]{4,}")
 
 
 def make_auth(*, token: str | None = None, basic_auth: str | tuple[str, str] | None = None,
