@@ -188,11 +188,11 @@ def _set_global_option(ctx: click.Context, param: click.Parameter, value: Any) -
 
 def _global_options(*, store: bool) -> list[click.Parameter]:
     """The group's options again, for after a command (``conveyor worker --app x:app``). Without
-    defaults or $CONVEYOR_* variables: those the group has already applied."""
+    defaults or $CONVEYOR_* variables: those the group has already applied. Hidden from each
+    command's help, which would repeat them all; `conveyor --help` describes them once."""
 
     def again(*decls: str, **kwargs: Any) -> click.Option:
-        return click.Option(list(decls), expose_value=False, callback=_set_global_option,
-                            help="As before the command.", **kwargs)
+        return click.Option(list(decls), expose_value=False, callback=_set_global_option, hidden=True, **kwargs)
 
     levels = click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False)
     options = [again("--app", "app_spec", metavar="MODULE:ATTR"), again("--url")] if store else []
