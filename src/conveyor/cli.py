@@ -48,16 +48,18 @@ class CliError(click.ClickException):
 def _where(exc: BaseException) -> str | None:
     """``file:line`` in the user's code where ``exc`` was raised: the innermost frame outside
     the standard library, installed packages and Conveyor itself (a KeyError from
-    ``os.environ[...]`` is reported at the line that read it, not inside ``os``)."""
+    ``os.environ[...]`` is reported at the line that read it, not inside ``os``); for a
+    project installed as a package, the innermost outside the standard library and Conveyor."""
     if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
         return f"{_shown_path(exc.filename)}:{exc.lineno}"
-    skip = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    skip.add(os.path.dirname(__file__))
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
-    mine = [f for f in frames if not any(f.filename.startswith(d + os.sep) for d in skip if d)]
-    if not mine:
-        return None
-    return f"{_shown_path(mine[-1].filename)}:{mine[-1].lineno}"
+    ours = [os.path.dirname(__file__), *(sysconfig.get_path(k) for k in ("stdlib", "platstdlib"))]
+    installed = [sysconfig.get_path(k) for k in ("purelib", "platlib")]
+    for skip in ([*ours, *installed], ours):
+        mine = [f for f in frames if not any(f.filename.startswith(d + os.sep) for d in skip if d)]
+        if mine:
+            return f"{_shown_path(mine[-1].filename)}:{mine[-1].lineno}"
+    return None
 
 
 def _shown_path(path: str) -> str:
@@ -121,7 +123,8 @@ class Ctx:
         path = sqlite_path(app.url)
         if path is None or os.path.exists(path):
             return
-        command = click.get_current_context().command
+        current = click.get_current_context(silent=True)
+        command = current.command if current is not None else None
         if command in STORE_OPTIONAL:
             return
         if command in STORE_CREATORS:

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner, Result
 from support import running_worker, wait_for_job
@@ -88,6 +89,21 @@ def test_app_option_works_before_and_after_the_subcommand(project: Project, argv
     assert after.exit_code == 0, after.output
     if "--json" in argv and argv[0] != "stats":  # stats carries the time it was taken
         assert json.loads(after.stdout) == json.loads(before.stdout)
+
+
+def test_every_command_but_the_demo_takes_app_and_url_after_it() -> None:
+    def walk(group: click.Group) -> Iterator[click.Command]:
+        for command in group.commands.values():
+            yield command
+            if isinstance(command, click.Group):
+                yield from walk(command)
+
+    commands = list(walk(cli))
+    assert len(commands) > 15
+    for command in commands:
+        names = {o for p in command.params for o in p.opts}
+        assert {"--log-level", "--log-format", "--verbose"} <= names, command.name
+        assert ({"--app", "--url"} <= names) == (command.name != "demo"), command.name
 
 
 def test_enqueue_takes_app_and_url_after_the_subcommand(project: Project, tmp_path: Path) -> None:
