@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from . import payload
-from .backends import open_backend, redact_url
+from .backends import absolute_url, open_backend, redact_url
 from .backends.base import Backend
 from .cron import Schedule
 from .errors import ConfigurationError, InvalidName, JobNotFound, UnknownTask
@@ -31,7 +31,8 @@ class Conveyor:
     """One app: where jobs are stored and which tasks exist.
 
     ``url`` is ``sqlite:///file.db``, ``postgresql://...`` or ``redis://...``; without it,
-    ``$CONVEYOR_URL``, then ``sqlite:///conveyor.db``. ``visibility_timeout`` is the lease length in seconds:
+    ``$CONVEYOR_URL``, then ``sqlite:///conveyor.db``; a relative SQLite path is made absolute
+    against the current directory when the app is created. ``visibility_timeout`` is the lease length in seconds:
     a worker that stops heartbeating for that long loses its jobs to other workers.
     ``signing_key`` (16+ bytes) signs every job it enqueues; a worker of an app with a key
     runs only jobs signed with it or one of ``verify_keys`` (see :mod:`conveyor.signing`).
@@ -77,6 +78,15 @@ class Conveyor:
         self.metrics: Metrics | None = None  # set by enable_metrics()
         self._backend: Backend | None = None
         self._lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        """The store URL; a relative SQLite path was made absolute when it was set."""
+        return self._url
+
+    @url.setter
+    def url(self, url: str) -> None:
+        self._url = absolute_url(url)
 
     @property
     def backend(self) -> Backend:

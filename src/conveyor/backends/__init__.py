@@ -30,6 +30,38 @@ def open_backend(url: str) -> Backend:
     )
 
 
+def absolute_url(url: str) -> str:
+    """``url`` with a relative SQLite path made absolute against the current directory.
+
+    A relative path names a different file in every directory a process starts in: a
+    producer and a worker started in two places would silently use two stores.
+    Other URLs, absolute paths and URLs that are not valid SQLite URLs are returned as
+    given (opening the store reports what is wrong with them).
+    """
+    parts = urlsplit(url)
+    if parts.scheme != "sqlite" or (parts.netloc + parts.path).startswith("//"):
+        return url
+    from .sqlite import parse_sqlite_url
+
+    try:
+        path, _ = parse_sqlite_url(url)
+    except ConfigurationError:
+        return url
+    return f"sqlite:///{path}" + (f"?{parts.query}" if parts.query else "")
+
+
+def sqlite_path(url: str) -> str | None:
+    """The absolute file path of a SQLite store URL; None for other stores or invalid URLs."""
+    if urlsplit(url).scheme != "sqlite":
+        return None
+    from .sqlite import parse_sqlite_url
+
+    try:
+        return parse_sqlite_url(url)[0]
+    except ConfigurationError:
+        return None
+
+
 def _require(module: str, extra: str) -> None:
     import importlib.util
 
