@@ -1,6 +1,6 @@
 """PostgreSQL backend: many machines against one database.
 
-Claims are one ``FOR UPDATE SKIP LOCKED`` statement, batched to the worker's free slots;
+Claims are one ``FOR NO KEY UPDATE SKIP LOCKED`` statement, batched to the worker's free slots;
 idle workers sleep on ``LISTEN`` and are woken by ``pg_notify`` from the transaction that
 made a job available, with polling as the fallback. Jobs can be enqueued inside the
 caller's own transaction, and a task can complete its job (and record its exactly-once
