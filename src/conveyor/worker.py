@@ -110,6 +110,11 @@ class _Running:
     held_at: float = 0.0  # when it was held for a slot (prefetch), time.monotonic()
 
 
+def _completing(r: _Running) -> bool:
+    """The task is committing, or has committed, its job's success in its own transaction()."""
+    return r.execution is not None and r.execution.context is not None and r.execution.context.completing
+
+
 @dataclass
 class WorkerCounters:
     claimed: int = 0
@@ -992,7 +997,8 @@ class Worker:
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_interval)
-            held = [r for r in list(self._running.values()) if not r.settled and not r.lost]
+            held = [r for r in list(self._running.values())
+                    if not r.settled and not r.lost and not _completing(r)]
             try:
                 lost = await self._call(self._beat, self.backend.heartbeat, [r.lease for r in held],
                                         lease_s=self.lease_s)
@@ -1001,7 +1007,9 @@ class Worker:
                 log.exception("heartbeat failed; leases run out in %gs unless it recovers", self.lease_s)
                 continue
             for r in held:
-                if r.job.id in lost and not r.settled:
+                # A job its task completed in its own transaction meanwhile: the heartbeat was
+                # refused because the job is done, not because the lease was lost.
+                if r.job.id in lost and not r.settled and not _completing(r):
                     r.lost = True
                     self._stop_attempt(r)
                     if r.task is None and r in self._held:  # held, never started: nothing to stop
