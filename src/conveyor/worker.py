@@ -298,6 +298,9 @@ class Worker:
         ]
         if self.scheduler and self.app.schedules:
             helpers.append(loop.create_task(self._scheduler_loop(), name="conveyor-scheduler"))
+        # Each slot's task may hold a pooled connection (transaction()): the pool makes room.
+        for text in self.backend.reserve_connections(self.concurrency):
+            log.warning("%s", text)
         self._started.set()
         for cb in self._on_started:
             cb()
@@ -324,6 +327,7 @@ class Worker:
                 log.exception("could not remove worker row")
             for ex in (self._store, self._beat, self._maint):
                 ex.shutdown(wait=False, cancel_futures=True)
+            self.backend.reserve_connections(-self.concurrency)
             self._pool.shutdown()
             if self._loop_claims is not None:
                 self._loop_claims.close()
