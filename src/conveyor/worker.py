@@ -1011,9 +1011,10 @@ class Worker:
                 log.exception("heartbeat failed; leases run out in %gs unless it recovers", self.lease_s)
                 continue
             for r in held:
-                # A job its task completed in its own transaction meanwhile: the heartbeat was
-                # refused because the job is done, not because the lease was lost.
-                if r.job.id in lost and not r.settled and not _completing(r):
+                # Refused because the job is done, not because the lease was lost: its task
+                # completed it in its own transaction, or its ack landed meanwhile (while an ack
+                # is on its way, the ack's answer says whether the lease held: _acked).
+                if r.job.id in lost and not r.settled and not r.acking and not _completing(r):
                     r.lost = True
                     self._stop_attempt(r)
                     if r.task is None and r in self._held:  # held, never started: nothing to stop
