@@ -156,12 +156,13 @@ def test_a_fixed_pool_size_is_kept_and_its_exhaustion_names_the_setting(
 def test_the_default_pool_follows_the_workers_concurrency(pg_url: str) -> None:
     app = Conveyor(pg_url)
     try:
-        pool = app.backend._pool  # type: ignore[attr-defined]
-        alone = pool.max_size
+        pool, control = app.backend._pool, app.backend._control  # type: ignore[attr-defined]
+        alone, own = pool.max_size, control.max_size
         with running_worker(app, concurrency=20) as one, running_worker(app, concurrency=5) as two:
             wait_until(lambda: one.worker._started.is_set() and two.worker._started.is_set(), timeout=30,
                        message="workers started")
             assert pool.max_size == alone + 25
-        assert pool.max_size == alone
+            assert control.max_size == 2 * own  # each worker's heartbeats and claims have their share
+        assert (pool.max_size, control.max_size) == (alone, own)
     finally:
         app.close()

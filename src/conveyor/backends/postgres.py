@@ -112,6 +112,8 @@ POOL_TIMEOUT = 5.0  # longest wait for a connection: an outage surfaces as Store
 # a connection in transaction()): room for producers, the app's own calls and the dashboard.
 POOL_ROOM = 10
 POOL_PARAMS = ("pool_min_size", "pool_max_size")  # read from the store URL, not given to libpq
+# The control pool's size per worker: its claim, heartbeat and maintenance threads at once.
+CONTROL_SIZE = 4
 REPLACE_WAIT = 1.0  # longest wait for the pool to replace a dead connection before it may grow
 ASK_EVERY = 0.5  # a wait for a connection asks the pool again this often (see _pooled)
 # Connections above min_size idle this long are closed (one per period; psycopg's default is
@@ -349,6 +351,7 @@ class PostgresBackend(Backend):
             raise ConfigurationError(f"PostgreSQL pool sizes: need 0 <= pool_min_size <= pool_max_size, "
                                      f"pool_max_size >= 1; got {min_size} and {self._fixed_size}")
         self._reserved = 0  # task slots of the workers running on this backend
+        self._workers = 0  # and how many workers they are
         self._size_lock = threading.Lock()
         try:
             params = conninfo_to_dict(url)
@@ -375,7 +378,7 @@ class PostgresBackend(Backend):
         # tasks holding connections (transaction(), enqueues) can never starve a heartbeat.
         self._control: ConnectionPool[psycopg.Connection[dict[str, Any]]] = ConnectionPool(
             conninfo=self._conninfo, kwargs={"autocommit": True, "row_factory": dict_row},
-            min_size=1, max_size=4, open=False, timeout=POOL_TIMEOUT, reconnect_timeout=5.0,
+            min_size=1, max_size=CONTROL_SIZE, open=False, timeout=POOL_TIMEOUT, reconnect_timeout=5.0,
             configure=_configure, name="conveyor-control", max_idle=MAX_IDLE,
         )
         try:
@@ -458,10 +461,14 @@ class PostgresBackend(Backend):
                 "or ?pool_max_size=N in the store URL (and keep it below the server's max_connections)")
 
     def reserve_connections(self, slots: int) -> list[str]:
-        """Grow the main pool by ``slots`` (shrink, if negative) unless its size was fixed; then
-        say so when it is smaller than the slots it must serve."""
+        """A worker starts (``slots`` > 0) or stops (< 0): grow or shrink the main pool by its
+        slots unless its size was fixed (then say so when it is too small for them), and the
+        control pool by one worker's share."""
         with self._size_lock:
             self._reserved = max(0, self._reserved + slots)
+            self._workers = max(0, self._workers + (1 if slots > 0 else -1 if slots < 0 else 0))
+            # Workers sharing this backend (several in one process) each get their own share.
+            self._control.resize(1, CONTROL_SIZE * max(1, self._workers))
             if self._fixed_size is None:
                 self._pool.resize(self._pool.min_size, max(POOL_ROOM + self._reserved, self._pool.min_size))
                 return []
