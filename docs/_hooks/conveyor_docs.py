@@ -55,6 +55,8 @@ DESCRIPTIONS: dict[str, str] = {
     "Conveyor.__init__.result_ttl": "Seconds succeeded and cancelled jobs are kept (then pruned by the "
     "workers); 0 keeps them forever.",
     "Conveyor.__init__.dead_ttl": "Seconds dead jobs are kept; `None` keeps them until purged.",
+    "Conveyor.__init__.pool_size": "PostgreSQL only: fixes the connection pool's size (as "
+    "`?pool_max_size=` in the URL). Default: 10 plus the concurrency of the workers in the process.",
     # @app.task(...)
     "Conveyor.task.name": "Name stored in each job. Default `module.function`; set it to keep jobs "
     "runnable when the function moves.",

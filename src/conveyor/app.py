@@ -36,6 +36,9 @@ class Conveyor:
     a worker that stops heartbeating for that long loses its jobs to other workers.
     ``signing_key`` (16+ bytes) signs every job it enqueues; a worker of an app with a key
     runs only jobs signed with it or one of ``verify_keys`` (see :mod:`conveyor.signing`).
+    ``pool_size`` fixes PostgreSQL's connection pool (default: 10 plus the concurrency of the
+    workers running in the process; ``?pool_max_size=`` in the URL does the same); only
+    PostgreSQL has one to size.
     """
 
     def __init__(
@@ -52,8 +55,13 @@ class Conveyor:
         dead_ttl: float | None = None,
         signing_key: str | bytes | None = None,
         verify_keys: Sequence[str | bytes] = (),
+        pool_size: int | None = None,
     ) -> None:
         self.url = url or os.environ.get("CONVEYOR_URL") or DEFAULT_URL
+        if pool_size is not None and (isinstance(pool_size, bool) or not isinstance(pool_size, int)
+                                      or pool_size < 1):
+            raise ConfigurationError(f"pool_size must be an int >= 1 or None, got {pool_size!r}")
+        self.pool_size = pool_size
         if not visibility_timeout > 0:
             raise ConfigurationError(f"visibility_timeout must be > 0 seconds, got {visibility_timeout!r}")
         if max_payload_bytes <= 0:
@@ -94,7 +102,7 @@ class Conveyor:
         if self._backend is None:
             with self._lock:
                 if self._backend is None:
-                    self._backend = open_backend(self.url)
+                    self._backend = open_backend(self.url, pool_size=self.pool_size)
         return self._backend
 
     @overload

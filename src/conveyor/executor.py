@@ -47,6 +47,9 @@ class JobContext:
         self.job = job
         self._backend = backend
         self.completed = False  # set once transaction() committed the job's success
+        # Set before transaction() writes the job's success, cleared only if that fails: from
+        # then on the job is (about to be) finished, and its lease no longer the worker's concern.
+        self.completing = False
         self._stop = False  # a plain flag: set once, read by the task's thread (no Event per job)
         self._connection: Any = None  # the open transaction() connection, if any
         self._steps: dict[str, Any] = dict(job.steps)
@@ -152,10 +155,12 @@ class JobContext:
             before = dict(self._steps)
             try:
                 yield conn
+                self.completing = True
                 backend.ack(Lease(self.job.id, token), encoded, connection=conn)  # type: ignore[call-arg]
                 conn.commit()
                 self.completed = True
             except BaseException:
+                self.completing = False
                 self._steps = before  # steps recorded in the rolled-back transaction did not happen
                 raise
             finally:

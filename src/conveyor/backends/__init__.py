@@ -8,7 +8,9 @@ from ..errors import ConfigurationError
 from .base import Backend
 
 
-def open_backend(url: str) -> Backend:
+def open_backend(url: str, *, pool_size: int | None = None) -> Backend:
+    """``pool_size``: PostgreSQL's connection pool, fixed (see PostgresBackend); other stores
+    have none to size."""
     scheme = urlsplit(url).scheme
     if scheme == "sqlite":
         from .sqlite import SqliteBackend
@@ -18,7 +20,7 @@ def open_backend(url: str) -> Backend:
         _require("psycopg", "postgres")
         from .postgres import PostgresBackend
 
-        return PostgresBackend(url)
+        return PostgresBackend(url, max_size=pool_size)
     if scheme in ("redis", "rediss"):
         _require("redis", "redis")
         from .redis import RedisBackend
