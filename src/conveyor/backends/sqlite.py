@@ -44,7 +44,7 @@ from .base import (
     queue_stats_from_rows,
     refuse_overflow,
 )
-from .sql import load_migrations, load_queries
+from .sql import load_migrations, load_queries, split_statements
 
 Q = load_queries("sqlite")
 MIGRATIONS = load_migrations("sqlite")
@@ -221,7 +221,7 @@ class SqliteBackend(Backend):
             for version, script in MIGRATIONS:
                 if version <= current:
                     continue
-                for statement in _split_sql(script):
+                for statement in split_statements(script):
                     c.execute(statement)
                 c.execute(f"PRAGMA user_version = {version}")
 
@@ -772,11 +772,6 @@ def _row_to_job(row: sqlite3.Row) -> Job:
         concurrency_key=row["concurrency_key"], concurrency_limit=row["concurrency_limit"],
         rate_key=row["rate_key"], rate_limit=row["rate_limit"], rate_period=row["rate_period"],
     )
-
-
-def _split_sql(script: str) -> list[str]:
-    lines = [ln for ln in script.splitlines() if not ln.strip().startswith("--")]
-    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
 
 
 def _translate(exc: sqlite3.Error, what: str) -> StoreError:

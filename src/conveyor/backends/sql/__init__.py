@@ -27,3 +27,9 @@ def load_migrations(dialect: str) -> list[tuple[int, str]]:
         if m:
             found.append((int(m.group(1)), entry.read_text("utf-8")))
     return sorted(found)
+
+
+def split_statements(script: str) -> list[str]:
+    """A script's statements, comment lines dropped (no ``;`` inside a statement's text)."""
+    lines = [ln for ln in script.splitlines() if not ln.strip().startswith("--")]
+    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
