@@ -170,3 +170,16 @@ def test_cli_migrate_reports_progress(pair: tuple[str, str], monkeypatch: pytest
     assert f"conveyor_jobs: {ROWS:,}/{ROWS:,} rows" in result.output
     assert f"conveyor_steps: {ROWS // 3:,}/{ROWS // 3:,} rows" in result.output
     assert f"schema version {pg_migrate.LATEST}" in result.output
+
+
+def test_an_index_build_that_failed_is_built_again(pair: tuple[str, str]) -> None:
+    """CREATE INDEX CONCURRENTLY that fails (lock timeout, crash) leaves an invalid index of
+    its name, which IF NOT EXISTS would keep for ever: the next run drops and rebuilds it."""
+    url, fresh_url = pair
+    build_schema_at(url, 4)
+    fill(url, ROWS, scheduled=100)
+    with psycopg.connect(url, autocommit=True) as conn, pytest.raises(psycopg.errors.UniqueViolation):
+        conn.execute("CREATE UNIQUE INDEX CONCURRENTLY conveyor_jobs_due ON conveyor_jobs (queue)")
+    assert catalog(url)["invalid_indexes"] == [("conveyor_jobs_due",)]
+    assert upgrade(url) == pg_migrate.LATEST
+    assert without_index_names(catalog(url)) == without_index_names(catalog(fresh_url))

@@ -1,0 +1,67 @@
+"""Production shape: the reaper and the promoter on a big conveyor_jobs.
+
+Mostly succeeded jobs, a tenth scheduled (all due) and a tenth running (all leases expired):
+the worst case for a plan that reads every candidate and sorts. Each statement, with LIMIT 100,
+must read about 100 rows of its index whatever the table holds. The figures: buffers and rows
+read by the pick of each (and by the whole statement, with the update of 100 rows and their
+index entries), with the migration's index (after) and without it (before: dropped inside a
+transaction that is rolled back).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psycopg
+import pytest
+from pgschema import fill
+from scalekit import report, size
+from stores import postgres_store
+
+from conveyor.backends.postgres import KEEP_ERRORS, PostgresBackend, Q
+
+ROWS = size(100_000, 1_000_000)
+LIMIT = 100
+TABLE_READS = {"Seq Scan", "Index Scan", "Index Only Scan", "Bitmap Heap Scan", "Bitmap Index Scan"}
+
+
+def measure(conn: psycopg.Connection[Any], query: str) -> dict[str, Any]:
+    params = {"now": time.time() + 7200, "limit": LIMIT, "keep_errors": KEEP_ERRORS, "queue": "q1"}
+    doc = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + Q[query], params).fetchone()
+    assert doc is not None
+    top = doc[0][0]
+    plan: list[dict[str, Any]] = []
+    todo = [top["Plan"]]
+    while todo:
+        node = todo.pop()
+        plan.append(node)
+        todo += node.get("Plans", [])
+    reads = [n for n in plan if n["Node Type"] in TABLE_READS and n.get("Index Name") != "conveyor_jobs_pkey"]
+    # The pick (the CTE choosing the rows) apart from the update of the rows picked.
+    pick = next(n for n in plan if str(n.get("Subplan Name", "")).startswith("CTE"))
+    return {"pick_buffers": pick["Shared Hit Blocks"] + pick["Shared Read Blocks"],
+            "all_buffers": top["Plan"]["Shared Hit Blocks"] + top["Plan"]["Shared Read Blocks"],
+            "rows_read": max(n["Actual Rows"] for n in reads),
+            "index": ",".join(sorted({n.get("Index Name") or n["Node Type"] for n in reads})),
+            "sorted": any("Sort" in n["Node Type"] for n in plan),
+            "ms": round(top["Execution Time"], 1)}
+
+
+@pytest.mark.timeout(3600)
+def test_pg_reap_and_promote_read_limit_rows_at_scale(tmp_path) -> None:
+    with postgres_store(tmp_path) as url:
+        PostgresBackend(url).close()
+        fill(url, ROWS, scheduled=ROWS // 10, running=ROWS // 10)
+        figures: dict[str, Any] = {}
+        with psycopg.connect(url) as conn:
+            for query in ("reap", "promote"):
+                after = measure(conn, query)
+                conn.rollback()
+                assert not after["sorted"] and after["rows_read"] <= LIMIT, after
+                figures[f"{query}_after"] = after
+            conn.execute("DROP INDEX conveyor_jobs_due")  # rolled back below
+            figures["promote_before"] = measure(conn, "promote")
+            conn.rollback()
+    report("pg_reap_promote_plans", "postgres", rows=ROWS, scheduled_due=ROWS // 10,
+           running_expired=ROWS // 10, limit=LIMIT, **figures)
