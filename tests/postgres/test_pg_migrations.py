@@ -125,14 +125,16 @@ def test_concurrent_migrators_take_turns(pair: tuple[str, str]) -> None:
 
 
 class _OnLog(logging.Handler):
-    def __init__(self, needle: str, action: Callable[[], None]) -> None:
+    """Runs ``action`` when a message containing ``needle`` is logged the ``on``-th time."""
+
+    def __init__(self, needle: str, action: Callable[[], Any], on: int = 2) -> None:
         super().__init__()
-        self.needle, self.action, self.seen = needle, action, 0
+        self.needle, self.action, self.on, self.seen = needle, action, on, 0
 
     def emit(self, record: logging.LogRecord) -> None:
         if self.needle in record.getMessage():
             self.seen += 1
-            if self.seen == 2:
+            if self.seen == self.on:
                 self.action()
 
 
@@ -182,4 +184,38 @@ def test_an_index_build_that_failed_is_built_again(pair: tuple[str, str]) -> Non
         conn.execute("CREATE UNIQUE INDEX CONCURRENTLY conveyor_jobs_due ON conveyor_jobs (queue)")
     assert catalog(url)["invalid_indexes"] == [("conveyor_jobs_due",)]
     assert upgrade(url) == pg_migrate.LATEST
+    assert without_index_names(catalog(url)) == without_index_names(catalog(fresh_url))
+
+
+def test_an_index_build_waits_for_a_long_transaction_without_stopping_enqueues(pair: tuple[str, str]) -> None:
+    """A concurrent index build must wait for the transactions already running (a task's long
+    transaction()). It waits with no lock_timeout, since its lock lets writes go on: an enqueue
+    during the wait goes through, and the build completes once the transaction ends."""
+    url, fresh_url = pair
+    build_schema_at(url, 4)
+    fill(url, ROWS, scheduled=100)
+    holder = psycopg.connect(url)
+    holder.execute("UPDATE conveyor_jobs SET attempt = attempt WHERE id = 1")  # a writer: the build waits for it
+    building = threading.Event()
+    handler = _OnLog("building index conveyor_jobs_due", building.set, on=1)
+    logger = logging.getLogger("conveyor.postgres.migrate")
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.INFO)
+    versions: list[int] = []
+    migrating = threading.Thread(target=lambda: versions.append(upgrade(url)))
+    try:
+        migrating.start()
+        assert building.wait(60)
+        with psycopg.connect(url, autocommit=True) as producer:
+            producer.execute("INSERT INTO conveyor_jobs (queue, task, max_attempts, timeout_s)"
+                             " VALUES ('live', 'app.fresh', 1, 60)")
+        assert migrating.is_alive()  # the build still waits for the open transaction
+        holder.commit()
+        migrating.join(60)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+        holder.close()
+    assert versions == [pg_migrate.LATEST]
     assert without_index_names(catalog(url)) == without_index_names(catalog(fresh_url))

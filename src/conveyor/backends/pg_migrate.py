@@ -23,6 +23,7 @@ import random
 import re
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
@@ -123,7 +124,7 @@ def migrate(conninfo: str) -> None:
                     _outside_transaction(conn, m)
                 log.info("applied PostgreSQL migration %s in %.1fs", m.name, time.monotonic() - started)
         finally:
-            if not conn.closed:
+            with suppress(psycopg.Error):  # a broken session has let go of it already
                 conn.execute(f"SELECT pg_advisory_unlock({LOCK})")
 
 
@@ -186,12 +187,19 @@ def _outside_transaction(conn: Conn, m: Migration) -> None:
 
 
 def _build_index(conn: Conn, statement: str, name: str) -> None:
-    # A build that failed (lock timeout, crash) leaves an invalid index that IF NOT EXISTS
-    # would keep: drop it and build again.
+    # A build that failed (crash, cancel) leaves an invalid index that IF NOT EXISTS would
+    # keep: drop it and build again.
     invalid = _one(conn, "SELECT NOT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass(%s)", [name])
-    if invalid:
-        conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(name)))
-    conn.execute(statement.encode())
+    # No lock_timeout here: a concurrent build waits for the transactions already running to
+    # end, but its lock lets reads and writes (and so enqueues) go on meanwhile.
+    conn.execute("SET lock_timeout = 0")
+    try:
+        if invalid:
+            conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(name)))
+        log.info("building index %s (concurrently: writes go on)", name)
+        conn.execute(statement.encode())
+    finally:
+        conn.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
 
 
 # -- online type change -------------------------------------------------------------------------
