@@ -187,11 +187,14 @@ def test_an_index_build_that_failed_is_built_again(pair: tuple[str, str]) -> Non
     assert without_index_names(catalog(url)) == without_index_names(catalog(fresh_url))
 
 
-def test_an_index_build_waits_for_a_long_transaction_without_stopping_enqueues(pair: tuple[str, str]) -> None:
+def test_an_index_build_waits_for_a_long_transaction_without_stopping_enqueues(
+        pair: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     """A concurrent index build must wait for the transactions already running (a task's long
-    transaction()). It waits with no lock_timeout, since its lock lets writes go on: an enqueue
-    during the wait goes through, and the build completes once the transaction ends."""
+    transaction()). It waits with no lock_timeout, since its lock lets writes go on (rather than
+    failing, leaving an invalid index and starting over): an enqueue during the wait goes
+    through, and the build completes once the transaction ends."""
     url, fresh_url = pair
+    monkeypatch.setattr(pg_migrate, "LOCK_TIMEOUT_MS", 50)
     build_schema_at(url, 4)
     fill(url, ROWS, scheduled=100)
     holder = psycopg.connect(url)
@@ -199,7 +202,9 @@ def test_an_index_build_waits_for_a_long_transaction_without_stopping_enqueues(p
     building = threading.Event()
     handler = _OnLog("building index conveyor_jobs_due", building.set, on=1)
     logger = logging.getLogger("conveyor.postgres.migrate")
+    busy = _OnLog("lock busy", lambda: None, on=0)
     logger.addHandler(handler)
+    logger.addHandler(busy)
     old_level = logger.level
     logger.setLevel(logging.INFO)
     versions: list[int] = []
@@ -207,6 +212,12 @@ def test_an_index_build_waits_for_a_long_transaction_without_stopping_enqueues(p
     try:
         migrating.start()
         assert building.wait(60)
+        with psycopg.connect(url, autocommit=True) as watcher:
+            # The build has waited for the open transaction far longer than the lock_timeout.
+            while not busy.seen and not watcher.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE query LIKE 'CREATE INDEX CONCURRENTLY%%'"
+                    " AND wait_event_type = 'Lock' AND now() - query_start > interval '500 ms'").fetchone():
+                watcher.execute("SELECT pg_sleep(0.05)")
         with psycopg.connect(url, autocommit=True) as producer:
             producer.execute("INSERT INTO conveyor_jobs (queue, task, max_attempts, timeout_s)"
                              " VALUES ('live', 'app.fresh', 1, 60)")
@@ -215,7 +226,9 @@ def test_an_index_build_waits_for_a_long_transaction_without_stopping_enqueues(p
         migrating.join(60)
     finally:
         logger.removeHandler(handler)
+        logger.removeHandler(busy)
         logger.setLevel(old_level)
         holder.close()
+    assert busy.seen == 0
     assert versions == [pg_migrate.LATEST]
     assert without_index_names(catalog(url)) == without_index_names(catalog(fresh_url))
