@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from sqlitefill import fill_sqlite
 
 from conveyor.backends.sqlite import KEEP_ERRORS, Q, SqliteBackend
 
@@ -19,27 +20,7 @@ ROWS, SCHEDULED, RUNNING = 60_000, 10_000, 10_000
 def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = Path(tmp_path_factory.mktemp("plans")) / "c.db"
     SqliteBackend(f"sqlite:///{path}").close()
-    with sqlite3.connect(path) as conn:
-        conn.execute(
-            """
-            WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < :rows)
-            INSERT INTO conveyor_jobs (queue, task, args, state, run_at, attempt, max_attempts,
-                                       timeout_s, lease_token, lease_expires_at, worker_id,
-                                       attempted_at, finished_at, created_at)
-            SELECT 'q' || (n % 8), 'app.work', '{}', s.state,
-                   CASE WHEN s.state = 'scheduled' THEN :now + n % 3600 ELSE :now - 7200 END,
-                   CASE WHEN s.state = 'scheduled' THEN 0 ELSE 1 END, 3, 60,
-                   CASE WHEN s.state = 'running' THEN hex(n) END,
-                   CASE WHEN s.state = 'running' THEN :now + n % 3600 - 1800 END,
-                   CASE WHEN s.state = 'running' THEN 'w' END,
-                   CASE WHEN s.state <> 'scheduled' THEN :now - 3600 END,
-                   CASE WHEN s.state = 'succeeded' THEN :now - 1800 END, :now - 7200
-            FROM (SELECT n, CASE WHEN n <= :scheduled THEN 'scheduled'
-                                 WHEN n <= :scheduled + :running THEN 'running'
-                                 ELSE 'succeeded' END AS state FROM g) AS s
-            """,
-            {"rows": ROWS, "scheduled": SCHEDULED, "running": RUNNING, "now": time.time()})
-        conn.execute("ANALYZE")
+    fill_sqlite(path, ROWS, scheduled=SCHEDULED, running=RUNNING)
     return path
 
 
