@@ -138,11 +138,12 @@ class _OnLog(logging.Handler):
                 self.action()
 
 
-def test_a_held_lock_is_waited_out_in_short_tries(pair: tuple[str, str]) -> None:
+def test_a_held_lock_is_waited_out_in_short_tries(pair: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     """A transaction holding conveyor_jobs (a task's long transaction()): the migration's
     ALTER gives up after lock_timeout and tries again, rather than queueing for the lock with
     every enqueue queued behind it; once the transaction ends, the migration goes through."""
     url, fresh_url = pair
+    monkeypatch.setattr(pg_migrate, "LOCK_TIMEOUT_MS", 100)
     build_schema_at(url, 3)
     fill(url, ROWS)
     holder = psycopg.connect(url)

@@ -65,22 +65,29 @@ def test_pg_reap_and_promote_read_limit_rows_at_scale(tmp_path) -> None:
                 after = measure(conn, query)
                 conn.rollback()
                 assert not after["sorted"] and after["rows_read"] <= LIMIT, after
-                figures[f"{query}_after"] = after
+                figures.update({f"{query}_{k}": v for k, v in after.items()})
             conn.execute("DROP INDEX conveyor_jobs_due")  # rolled back below
-            figures["promote_before"] = measure(conn, "promote")
+            figures.update({f"promote_before_{k}": v for k, v in measure(conn, "promote").items()})
             conn.rollback()
     report("pg_reap_promote_plans", "postgres", rows=ROWS, scheduled_due=ROWS // 10,
            running_expired=ROWS // 10, limit=LIMIT, **figures)
 
 
 def sqlite_run(conn: sqlite3.Connection, query: str) -> tuple[list[str], float, int]:
-    """The plan, the wall time and the rows changed of one run, in the caller's transaction."""
+    """The plan, the best wall time of three runs and the rows changed, each run in a savepoint
+    rolled back (inside the caller's transaction): the first run pays for a cold page cache."""
     params = {"now": time.time() + 7200, "limit": LIMIT, "keep_errors": SQLITE_KEEP_ERRORS, "queue": "q1"}
     plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + SQLITE_Q[query], params)]
-    t0 = time.perf_counter()
-    cur = conn.execute(SQLITE_Q[query], params)
-    cur.fetchall()  # a statement with RETURNING counts its rows as they are read
-    return plan, time.perf_counter() - t0, cur.rowcount
+    best, changed = float("inf"), 0
+    for _ in range(3):
+        conn.execute("SAVEPOINT run")
+        t0 = time.perf_counter()
+        cur = conn.execute(SQLITE_Q[query], params)
+        cur.fetchall()  # a statement with RETURNING counts its rows as they are read
+        best, changed = min(best, time.perf_counter() - t0), cur.rowcount
+        conn.execute("ROLLBACK TO run")
+        conn.execute("RELEASE run")
+    return plan, best, changed
 
 
 @pytest.mark.timeout(3600)
