@@ -17,6 +17,7 @@ a NOT NULL proven by a validated CHECK, and a short switch. Progress goes to the
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import random
@@ -33,7 +34,7 @@ from psycopg import errors as pgerrors
 from psycopg import sql
 
 from ..errors import StoreError
-from .sql import load_migrations, split_statements
+from .sql import migration_files, split_statements
 
 log = logging.getLogger("conveyor.postgres.migrate")
 
@@ -91,9 +92,13 @@ EXACT_JSON = (
 
 
 def migrations() -> list[Migration]:
-    found = [Migration(v, f"{v:03d}", script) for v, script in load_migrations("postgres")]
+    found = [Migration(v, name, script) for v, name, script in migration_files("postgres")]
     found.append(Migration(4, "004_exact_json", online=EXACT_JSON))
-    return sorted(found, key=lambda m: m.version)
+    found.sort(key=lambda m: m.version)
+    for a, b in itertools.pairwise(found):
+        if a.version == b.version:
+            raise RuntimeError(f"two PostgreSQL migrations numbered {a.version:03d}: {a.name}, {b.name}")
+    return found
 
 
 MIGRATIONS = migrations()
