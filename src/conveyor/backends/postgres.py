@@ -60,7 +60,7 @@ from ..errors import (
 )
 from ..job import Job, JobState, make_job
 from ..payload import NAME_RE
-from . import pg_migrate, redact_url
+from . import redact_url
 from .base import (
     CLAIM_SCAN,
     Backend,
@@ -77,6 +77,8 @@ from .base import (
     queue_stats_from_rows,
     refuse_overflow,
 )
+from .pg_migrate import LATEST as SCHEMA_VERSION
+from .pg_migrate import migrate as migrate_schema
 from .sql import load_queries
 
 log = logging.getLogger("conveyor.postgres")
@@ -445,10 +447,10 @@ class PostgresBackend(Backend):
             row = conn.execute("SELECT to_regclass('conveyor_schema_migrations') IS NOT NULL AS ok").fetchone()
             if row and row["ok"]:
                 done = conn.execute("SELECT max(version) AS v FROM conveyor_schema_migrations").fetchone()
-                if done and done["v"] is not None and done["v"] >= pg_migrate.LATEST:
+                if done and done["v"] is not None and done["v"] >= SCHEMA_VERSION:
                     return
         try:
-            pg_migrate.migrate(self._conninfo)
+            migrate_schema(self._conninfo)
         except psycopg.Error as exc:
             raise _translate(exc) from exc
 

@@ -44,7 +44,8 @@ from .base import (
     queue_stats_from_rows,
     refuse_overflow,
 )
-from .sql import load_migrations, load_queries, split_statements
+from .sql import load_migrations, load_queries
+from .sql import split_statements as _split_sql
 
 Q = load_queries("sqlite")
 MIGRATIONS = load_migrations("sqlite")
@@ -221,7 +222,7 @@ class SqliteBackend(Backend):
             for version, script in MIGRATIONS:
                 if version <= current:
                     continue
-                for statement in split_statements(script):
+                for statement in _split_sql(script):
                     c.execute(statement)
                 c.execute(f"PRAGMA user_version = {version}")
 
