@@ -128,6 +128,7 @@ class Producers:
     enqueued: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     longest_s: float = 0.0
+    writing: threading.Event = field(default_factory=threading.Event)  # set at the first enqueue
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _running: list[threading.Thread] = field(default_factory=list)
@@ -161,4 +162,5 @@ class Producers:
                     self.longest_s = max(self.longest_s, took)
                     assert row is not None
                     self.enqueued.append(int(row["id"]))
+                self.writing.set()
                 time.sleep(0.005)

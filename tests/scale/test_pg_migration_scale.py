@@ -49,7 +49,7 @@ def test_pg_migration_of_a_big_table_while_enqueueing(tmp_path, monkeypatch, cap
         monkeypatch.setattr(postgres, "STATEMENT_TIMEOUT_MS", 300)
         producers = Producers(url, threads=2).start()
         try:
-            time.sleep(0.2)  # the producers are writing when the migration starts
+            assert producers.writing.wait(30)  # they are writing when the migration starts
             t0 = time.monotonic()
             backend = PostgresBackend(url)
             took = time.monotonic() - t0
@@ -81,4 +81,5 @@ def test_pg_migration_of_a_big_table_while_enqueueing(tmp_path, monkeypatch, cap
     assert int(last["conveyor_jobs"][1].replace(",", "")) >= ROWS
     report("pg_migration_big_table", "postgres", rows=ROWS, steps=STEPS, migration_s=round(took, 1),
            rows_per_s=round(ROWS / took), longest_enqueue_s=round(producers.longest_s, 3),
-           enqueues_during=len(producers.enqueued))
+           enqueues_during=len(producers.enqueued),
+           lock_retries=sum("lock busy" in r.getMessage() for r in caplog.records))
