@@ -662,7 +662,12 @@ def dlq_purge(obj: Ctx, job_ids: tuple[int, ...], queue: str | None, yes: bool) 
 @cli.command()
 @pass_ctx
 def migrate(obj: Ctx) -> None:
-    """Create or upgrade the store's schema (also done on first use)."""
+    """Create or upgrade the store's schema (also done on first use).
+
+    On PostgreSQL, a step that changes a big table reports its progress (rows done / total)
+    as it goes; stopped, it resumes where it was at the next run."""
+    # Progress is logged: shown whatever --log-level says, since it is what this command is for.
+    logging.getLogger("conveyor.postgres.migrate").setLevel(logging.INFO)
     backend = obj.app.backend
     version = getattr(backend, "schema_version", lambda: "?")()
     click.echo(f"{redact_url(obj.app.url)}: schema version {version}")

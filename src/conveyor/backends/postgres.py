@@ -78,7 +78,9 @@ from .base import (
     queue_stats_from_rows,
     refuse_overflow,
 )
-from .sql import load_migrations, load_queries
+from .pg_migrate import LATEST as SCHEMA_VERSION
+from .pg_migrate import migrate as migrate_schema
+from .sql import load_queries
 
 log = logging.getLogger("conveyor.postgres")
 
@@ -87,7 +89,6 @@ NOW = "coalesce(to_timestamp(%(now)s::float8), now())"
 STMT_NOW = "coalesce(to_timestamp(%(now)s::float8), statement_timestamp())"
 Q = {name: sql.replace(":NOW", NOW).replace(":STMT_NOW", STMT_NOW)
      for name, sql in load_queries("postgres").items()}
-MIGRATIONS = load_migrations("postgres")
 KEEP_ERRORS = 20
 CHANNEL = "conveyor_wake"
 DEPTH_LOCK = "SELECT pg_advisory_xact_lock(hashtext('conveyor_depth:' || current_schema() || ':' || %s))"
@@ -490,30 +491,16 @@ class PostgresBackend(Backend):
             raise _translate(exc) from exc
 
     def _migrate(self) -> None:
-        latest = MIGRATIONS[-1][0]
         with self._tx() as conn:
             row = conn.execute("SELECT to_regclass('conveyor_schema_migrations') IS NOT NULL AS ok").fetchone()
             if row and row["ok"]:
                 done = conn.execute("SELECT max(version) AS v FROM conveyor_schema_migrations").fetchone()
-                if done and done["v"] is not None and done["v"] >= latest:
+                if done and done["v"] is not None and done["v"] >= SCHEMA_VERSION:
                     return
-        # Several statements, each may take up to statement_timeout (waiting for another
-        # migrator's lock, then each script): the client's deadline allows for all of them.
-        until = time.monotonic() + POOL_TIMEOUT + (2 * len(MIGRATIONS) + 3) * _statement_budget()
-        with self._tx(until=until) as conn:
-            # Many workers may start at once: one migrates, the others wait, then find it done.
-            conn.execute("SELECT pg_advisory_xact_lock(hashtext('conveyor_migrate:' || current_schema()))")
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS conveyor_schema_migrations ("
-                " version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-            applied = {r["version"] for r in conn.execute("SELECT version FROM conveyor_schema_migrations")}
-            for version, script in MIGRATIONS:
-                if version in applied:
-                    continue
-                conn.execute(script.encode())  # bytes: run as one multi-statement script
-                conn.execute("INSERT INTO conveyor_schema_migrations (version) VALUES (%s)", [version])
-                log.info("applied PostgreSQL migration %03d", version)
+        try:
+            migrate_schema(self._conninfo)
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
 
     def schema_version(self) -> int:
         with self._tx() as conn:
