@@ -1,35 +1,166 @@
-"""Secrets kept off screens and out of logs: values of secret-named keys, and passwords in
-URLs found inside any text (DSNs in arguments, error messages, tracebacks).
+"""Secrets kept off screens and out of logs: values of secret-named keys, and the secrets found
+inside any text (DSNs in arguments, query strings, libpq strings, headers, reprs, tracebacks).
 
 Used by everything that shows job data: the dashboard, the CLI and the worker's log lines.
 The stored job is left as it was: masking is for what people see.
+
+Job data is untrusted and may be large, so every pattern here does work linear in the text:
+each one starts with a literal or a short alternation of literals (the engine skips ahead to
+them), every repetition is bounded or runs over characters that cannot start the next part,
+and no quantifier is nested in another that could match the same characters. The URL scan
+looks at each ``://`` once and never past the next one. Still, screens clip what they show
+before masking it (``shown_text``): masking is linear, not free.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
-# Values of these keys are shown as *** wherever they appear in args, results and metadata.
-SENSITIVE_KEY = re.compile(r"(?i)(pass(word|wd|phrase)?|secret|token|api[_-]?key|auth(orization)?|credential|"
-                           r"private[_-]?key|cookie|session)")
-# user:password@ in any URL-looking string.
-URL_PASSWORD = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:/@\s]*):(?P<pw>[^@/\s]+)@")
 MASK = "***"
+
+# Names that mark a secret. A strong name is a secret at the end of any key (PGPASSWORD,
+# client_secret, authtoken); a weak one only as a whole word or after _ - . (db_pass, but not
+# bypass). A name is a secret only at the END of a key: max_tokens, token_count, author,
+# passwordless and secretary are not.
+_STRONG = (r"pass(?:word|wd|phrase)s?|secrets?|token|credentials?|cookies?|sessionid|authorization"
+           r"|(?:api|access|secret|private)[_-]?key")
+_WEAK = r"pwd|pass|auth|session|sig"
+_NAME = rf"(?:(?<![A-Za-z0-9])(?:{_WEAK})|{_STRONG})"
+
+# A dict key whose value is masked wherever it appears in args, results and metadata.
+SENSITIVE_KEY = re.compile(rf"(?i){_NAME}\Z")
+_KEY_TAIL = 40  # the longest name plus its boundary fits in this many trailing characters
+
+# scheme://user:password@host: the anchor. The password may hold / and @ (generated ones do),
+# so where it ends is decided in _mask_urls, within the text up to the next ://.
+URL_PASSWORD = re.compile(r"://(?<=[A-Za-z0-9+.-]://)(?P<user>[^\s:/@?#\"'<>]{0,256}):")
+_URL_END = re.compile(r"[\s\"'<>]")
+
+# name = value, name: value, 'name': 'value', "name": "value", name='value'; an
+# "Authorization: Bearer x" keeps its scheme. None/null and empty values are not secrets.
+_AUTH_SCHEME = r"(?:Bearer|Basic|Token|Digest|Negotiate)[ \t]+"
+KEY_VALUE = re.compile(
+    rf"""(?P<name>{_NAME})
+    ['"]?[ \t]{{0,8}}(?:=(?![=>~])|:(?![:=/]))[ \t]{{0,8}}
+    (?:
+        "(?P<scheme1>{_AUTH_SCHEME})?(?P<dq>[^"\\\n]*(?:\\.[^"\\\n]*)*)
+      | '(?P<scheme2>{_AUTH_SCHEME})?(?P<sq>[^'\\\n]*(?:\\.[^'\\\n]*)*)
+      | (?!(?:None|null|nil)\b)(?P<scheme3>{_AUTH_SCHEME})?(?P<bare>[^\s&;,'"<>(){{}}\[\]]+)
+    )""",
+    re.IGNORECASE | re.VERBOSE,
+)
+# A bearer token on its own ("-H 'Bearer eyJ...'"): long enough not to be prose.
+BEARER = re.compile(r"Bearer[ \t]+(?P<value>[A-Za-z0-9._~+/=-]{16,})")
+
+
+def _mask_urls(text: str) -> str:
+    out: list[str] = []
+    done = 0
+    for m in URL_PASSWORD.finditer(text):
+        start = m.end()  # just after user:
+        if start < done:
+            continue
+        # The userinfo ends at the last @ before the URL's end: whitespace or a quote, the
+        # next URL, or a ? or # after the first @ (an @ in a query is not the password's).
+        nxt = text.find("://", start)
+        limit = len(text) if nxt < 0 else nxt
+        end_m = _URL_END.search(text, start, limit)
+        end = end_m.start() if end_m else limit
+        first_at = text.find("@", start, end)
+        if first_at < 0:
+            continue
+        for sep in "?#":
+            cut = text.find(sep, first_at, end)
+            if cut >= 0:
+                end = cut
+        at = text.rfind("@", start, end)
+        if at == start:  # user:@host, nothing to hide
+            continue
+        out += [text[done:start], MASK]
+        done = at
+    if not out:
+        return text
+    out.append(text[done:])
+    return "".join(out)
+
+
+def _mask_value(m: re.Match[str]) -> str:
+    for scheme, value in (("scheme1", "dq"), ("scheme2", "sq"), ("scheme3", "bare")):
+        if m.start(value) >= 0:
+            if m.start(value) == m.end(value) or m[value].startswith(MASK):
+                return m[0]  # empty, or masked already (token:***@host after _mask_urls)
+            begin = m.end(scheme) if m.start(scheme) >= 0 else m.start(value)
+            return m[0][: begin - m.start()] + MASK + m[0][m.end(value) - m.start():]
+    return m[0]
+
+
+def _mask_bearer(m: re.Match[str]) -> str:
+    if m.start() > 0 and m.string[m.start() - 1].isalnum():
+        return m[0]
+    return m[0][: m.start("value") - m.start()] + MASK
 
 
 def mask_text(text: str) -> str:
-    """``text`` with the password of every URL in it replaced by ***."""
-    return URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", text)
+    """``text`` with every secret found in it replaced by ***: URL passwords, secret-named
+    ``key=value`` / ``key: value`` pairs (query strings, libpq, env files, reprs, JSON) and
+    Authorization credentials."""
+    text = _mask_urls(text)
+    text = KEY_VALUE.sub(_mask_value, text)
+    return BEARER.sub(_mask_bearer, text)
+
+
+def is_secret_key(key: str) -> bool:
+    """True if a value under this key is a secret (``password``, ``db_password``, ``api-key``)."""
+    return SENSITIVE_KEY.search(key[-_KEY_TAIL:]) is not None
 
 
 def redact(value: Any) -> Any:
-    """A copy of a JSON value with sensitive keys' values masked and URL passwords hidden."""
+    """A copy of a JSON value with sensitive keys' values masked and secrets in text hidden."""
     if isinstance(value, dict):
-        return {k: (MASK if isinstance(k, str) and SENSITIVE_KEY.search(k) and v not in (None, "")
+        return {k: (MASK if isinstance(k, str) and is_secret_key(k) and v not in (None, "")
                     else redact(v)) for k, v in value.items()}
     if isinstance(value, list):
         return [redact(v) for v in value]
     if isinstance(value, str):
         return mask_text(value)
     return value
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to about ``limit`` characters, saying how many were cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… [{len(text) - limit:,} more characters]"
+
+
+# A secret that starts in the part shown and ends in this margin is still recognised.
+_MARGIN = 4096
+
+
+def shown_text(text: str, limit: int) -> str:
+    """``text`` as a screen shows it: at most ``limit`` characters, secrets masked. Only the
+    part shown (and a margin) is scanned, so a huge value costs no more than a small one."""
+    if len(text) <= limit:
+        return mask_text(text)
+    masked = mask_text(text[: limit + _MARGIN])
+    return f"{masked[:limit]}… [{len(text) - limit:,} more characters]"
+
+
+def _mask_keys(value: Any) -> Any:
+    # Only the keys: strings are masked after they are clipped (shown_json).
+    if isinstance(value, dict):
+        return {k: (MASK if isinstance(k, str) and is_secret_key(k) and v not in (None, "")
+                    else _mask_keys(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mask_keys(v) for v in value]
+    return value
+
+
+def shown_json(value: Any, limit: int, *, indent: int | None = None,
+               separators: tuple[str, str] | None = None) -> str:
+    """A JSON value as a screen shows it: secret keys' values masked, then the text clipped to
+    ``limit`` characters, then secrets in what is left masked."""
+    text = json.dumps(_mask_keys(value), ensure_ascii=False, indent=indent, separators=separators)
+    return shown_text(text, limit)
