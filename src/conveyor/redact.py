@@ -128,39 +128,34 @@ def redact(value: Any) -> Any:
     return value
 
 
-def clip(text: str, limit: int) -> str:
-    """``text`` cut to about ``limit`` characters, saying how many were cut."""
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}… [{len(text) - limit:,} more characters]"
-
-
 # A secret that starts in the part shown and ends in this margin is still recognised.
 _MARGIN = 4096
 
 
-def shown_text(text: str, limit: int) -> str:
-    """``text`` as a screen shows it: at most ``limit`` characters, secrets masked. Only the
-    part shown (and a margin) is scanned, so a huge value costs no more than a small one."""
+def shown_text(text: str, limit: int, *, say_cut: bool = True) -> str:
+    """``text`` as a screen shows it: at most ``limit`` characters, secrets masked, and a note
+    of how many were cut (or just an ellipsis, without ``say_cut``). Only the part shown and a
+    margin are scanned, so a huge value costs no more than a small one."""
     if len(text) <= limit:
         return mask_text(text)
-    masked = mask_text(text[: limit + _MARGIN])
-    return f"{masked[:limit]}… [{len(text) - limit:,} more characters]"
+    masked = mask_text(text[: limit + _MARGIN])[:limit]
+    return f"{masked}… [{len(text) - limit:,} more characters]" if say_cut else f"{masked}…"
 
 
-def _mask_keys(value: Any) -> Any:
-    # Only the keys: strings are masked after they are clipped (shown_json).
+def redact_keys(value: Any) -> Any:
+    """``redact`` without masking text: only secret keys' values. For a value about to be
+    clipped, whose text is masked after (``shown_json``)."""
     if isinstance(value, dict):
         return {k: (MASK if isinstance(k, str) and is_secret_key(k) and v not in (None, "")
-                    else _mask_keys(v)) for k, v in value.items()}
+                    else redact_keys(v)) for k, v in value.items()}
     if isinstance(value, list):
-        return [_mask_keys(v) for v in value]
+        return [redact_keys(v) for v in value]
     return value
 
 
 def shown_json(value: Any, limit: int, *, indent: int | None = None,
-               separators: tuple[str, str] | None = None) -> str:
+               separators: tuple[str, str] | None = None, say_cut: bool = True) -> str:
     """A JSON value as a screen shows it: secret keys' values masked, then the text clipped to
     ``limit`` characters, then secrets in what is left masked."""
-    text = json.dumps(_mask_keys(value), ensure_ascii=False, indent=indent, separators=separators)
-    return shown_text(text, limit)
+    text = json.dumps(redact_keys(value), ensure_ascii=False, indent=indent, separators=separators)
+    return shown_text(text, limit, say_cut=say_cut)
