@@ -16,18 +16,23 @@ from __future__ import annotations
 
 import json
 import re
+import string
 from typing import Any
 
 MASK = "***"
 
 # Names that mark a secret. A strong name is a secret at the end of any key (PGPASSWORD,
-# client_secret, authtoken); a weak one only as a whole word or after _ - . (db_pass, but not
-# bypass). A name is a secret only at the END of a key: max_tokens, token_count, author,
-# passwordless and secretary are not.
-_STRONG = (r"pass(?:word|wd|phrase)s?|secrets?|token|credentials?|cookies?|sessionid|authorization"
-           r"|(?:api|access|secret|private)[_-]?key")
-_WEAK = r"pwd|pass|auth|session|sig"
-_NAME = rf"(?:(?<![A-Za-z0-9])(?:{_WEAK})|{_STRONG})"
+# client_secret, authtoken), or followed by a variant's suffix (password_confirmation,
+# api_key_2); a weak one only as a whole word or after _ - . (db_pass, but not bypass). A
+# name marks a secret only at the END of a key: max_tokens, token_count, author,
+# passwordless and secretary are not secrets.
+# Each alternative starts with a literal letter, so the engine jumps from one possible first
+# letter to the next instead of trying every position (text is lowercased for KEY_VALUE).
+_STRONG = (r"pass(?:word|wd|phrase)s?", "secrets?", "token", "credentials?", "cookies?", "session[_-]?id",
+           "authorization", "jwt", "api[_-]?key", "access[_-]?key", "secret[_-]?key", "private[_-]?key")
+_WEAK = tuple(rf"{name}(?<![a-z0-9]{name})" for name in ("pwd", "pass", "auth", "session", "sig"))
+_SUFFIX = r"(?:[_.-]?(?:confirm(?:ation)?|again|repeat|old|new|[0-9]{1,2}))?"
+_NAME = f"(?:{'|'.join(_WEAK + _STRONG)}){_SUFFIX}"
 
 # A dict key whose value is masked wherever it appears in args, results and metadata.
 SENSITIVE_KEY = re.compile(rf"(?i){_NAME}\Z")
@@ -40,17 +45,19 @@ _URL_END = re.compile(r"[\s\"'<>]")
 
 # name = value, name: value, 'name': 'value', "name": "value", name='value'; an
 # "Authorization: Bearer x" keeps its scheme. None/null and empty values are not secrets.
-_AUTH_SCHEME = r"(?:Bearer|Basic|Token|Digest|Negotiate)[ \t]+"
+# Matched against the text with A-Z lowercased (same length, so the offsets hold).
+_AUTH_SCHEME = r"(?:bearer|basic|token|digest|negotiate)[ \t]+"
 KEY_VALUE = re.compile(
     rf"""(?P<name>{_NAME})
     ['"]?[ \t]{{0,8}}(?:=(?![=>~])|:(?![:=/]))[ \t]{{0,8}}
     (?:
         "(?P<scheme1>{_AUTH_SCHEME})?(?P<dq>[^"\\\n]*(?:\\.[^"\\\n]*)*)
       | '(?P<scheme2>{_AUTH_SCHEME})?(?P<sq>[^'\\\n]*(?:\\.[^'\\\n]*)*)
-      | (?!(?:None|null|nil)\b)(?P<scheme3>{_AUTH_SCHEME})?(?P<bare>[^\s&;,'"<>(){{}}\[\]]+)
+      | (?!(?:none|null|nil)\b)(?P<scheme3>{_AUTH_SCHEME})?(?P<bare>[^\s&;,'"<>(){{}}\[\]]+)
     )""",
-    re.IGNORECASE | re.VERBOSE,
+    re.VERBOSE,
 )
+_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 # A bearer token on its own ("-H 'Bearer eyJ...'"): long enough not to be prose.
 BEARER = re.compile(r"Bearer[ \t]+(?P<value>[A-Za-z0-9._~+/=-]{16,})")
 
@@ -86,14 +93,21 @@ def _mask_urls(text: str) -> str:
     return "".join(out)
 
 
-def _mask_value(m: re.Match[str]) -> str:
-    for scheme, value in (("scheme1", "dq"), ("scheme2", "sq"), ("scheme3", "bare")):
-        if m.start(value) >= 0:
-            if m.start(value) == m.end(value) or m[value].startswith(MASK):
-                return m[0]  # empty, or masked already (token:***@host after _mask_urls)
-            begin = m.end(scheme) if m.start(scheme) >= 0 else m.start(value)
-            return m[0][: begin - m.start()] + MASK + m[0][m.end(value) - m.start():]
-    return m[0]
+def _mask_pairs(text: str) -> str:
+    out: list[str] = []
+    done = 0
+    for m in KEY_VALUE.finditer(text.translate(_LOWER)):
+        scheme, value = next((s, v) for s, v in (("scheme1", "dq"), ("scheme2", "sq"), ("scheme3", "bare"))
+                             if m.start(v) >= 0)
+        start, end = m.span(value)
+        if start == end or text.startswith(MASK, start):
+            continue  # empty, or masked already (token:***@host after _mask_urls)
+        out += [text[done: m.end(scheme) if m.start(scheme) >= 0 else start], MASK]
+        done = end
+    if not out:
+        return text
+    out.append(text[done:])
+    return "".join(out)
 
 
 def _mask_bearer(m: re.Match[str]) -> str:
@@ -107,7 +121,7 @@ def mask_text(text: str) -> str:
     ``key=value`` / ``key: value`` pairs (query strings, libpq, env files, reprs, JSON) and
     Authorization credentials."""
     text = _mask_urls(text)
-    text = KEY_VALUE.sub(_mask_value, text)
+    text = _mask_pairs(text)
     return BEARER.sub(_mask_bearer, text)
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from conveyor.redact import MASK, mask_text, redact
+from conveyor.redact import MASK, mask_text, redact, shown_text
 
 # (text as stored, text as shown). Each row is a shape seen in arguments, results, error
 # messages or tracebacks: DSNs, query strings, libpq/ODBC strings, headers, reprs, JSON, env files.
@@ -60,6 +60,7 @@ MASKED = [
     ("passphrase=correct-horse", "passphrase=***"),
     ("auth=user:pw", "auth=***"),
     ("private_key: '-----BEGIN KEY-----'", "private_key: '***'"),
+    ("password_confirmation=x&session_id=abc&jwt=eyJ.x", "password_confirmation=***&session_id=***&jwt=***"),
 ]
 
 LEFT_ALONE = [
@@ -114,6 +115,8 @@ def test_leaves_alone(text: str) -> None:
     ({"max_tokens": 512, "token_count": 3, "secretary": "Ann", "session_timeout": 30},
      {"max_tokens": 512, "token_count": 3, "secretary": "Ann", "session_timeout": 30}),
     ({"password": None, "token": ""}, {"password": None, "token": ""}),
+    ({"password_confirmation": "x", "new_password": "y", "api_key_2": "z", "session_id": "s"},
+     {"password_confirmation": MASK, "new_password": MASK, "api_key_2": MASK, "session_id": MASK}),
     ([{"dsn": "postgres://u:p/w@h/d"}], [{"dsn": "postgres://u:***@h/d"}]),
 ])
 def test_redact_masks_values_of_secret_keys_only(value: Any, shown: Any) -> None:
@@ -139,3 +142,11 @@ def test_linear_on_a_hostile_structure() -> None:
     value = {"k" * 60_000: "a:" * 500_000, "list": ["://" * 100_000] * 20, "password": "x" * 1_000_000}
     shown = redact(value)
     assert shown["password"] == MASK and shown["list"][0] == "://" * 100_000
+
+
+@pytest.mark.parametrize("cut", range(85, 125, 3))
+def test_a_secret_cut_by_the_clip_is_still_masked(cut: int) -> None:
+    text = "x" * 80 + " postgres://app:hunter2-hunter2@db/x password=hunter2-hunter2 " + "y" * 10_000
+    shown = shown_text(text, cut)
+    assert "hunter" not in shown and shown.endswith(f"… [{len(text) - cut:,} more characters]")
+    assert shown.startswith("x" * 80)
