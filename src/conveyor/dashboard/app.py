@@ -62,6 +62,7 @@ HERE = Path(__file__).parent
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
 SEARCH_WINDOW = 2000  # jobs a text search looks at per request, newest first (~0.2 s)
+SEARCH_CHARS = 4_000  # of each job's arguments and of each error message a text search reads
 SEARCH_BATCH = 500
 SEARCH_CALLS = 40  # list_jobs calls per search request, at most (Redis pages can come back short)
 MAX_QUERY = 256
@@ -317,8 +318,8 @@ def safe_next(value: str, default: str) -> str:
 # -- search -----------------------------------------------------------------------------------
 def job_text(job: Job) -> str:
     """What text search looks in: the args (with secrets masked), the unique key, error messages."""
-    parts = [fmt.to_json(job.args), job.unique_key or ""]
-    parts += [fmt.mask(f"{e.get('type') or ''} {e.get('message') or ''}") for e in job.errors]
+    parts = [fmt.to_json(job.args, limit=SEARCH_CHARS), job.unique_key or ""]
+    parts += [fmt.mask(f"{e.get('type') or ''} {e.get('message') or ''}", SEARCH_CHARS) for e in job.errors]
     return "\n".join(parts).lower()
 
 
