@@ -28,7 +28,7 @@ from .job import Job, JobState
 from .payload import check_queue_name, check_task_name
 from .redact import redact, shown_json, shown_text
 
-console = Console(highlight=False)
+console = Console(highlight=False, emoji=False)  # job data is printed as written: a:smile: stays text
 # Piped or redirected, a line is as long as its content: grep and less get whole names and errors.
 PIPED_WIDTH = 100_000
 

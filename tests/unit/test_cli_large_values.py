@@ -70,3 +70,17 @@ def test_dlq_clips_a_huge_argument(store: tuple[str, int, int]) -> None:
     shown = run(url, "dlq", "show", str(dead))
     assert SECRET not in shown and "password=***" in shown
     assert len(shown) < 50_000 and "more characters" in shown
+
+
+def test_job_data_prints_as_written(tmp_path: Path) -> None:
+    """Text like `:smile:` in job data is not turned into an emoji, nor `[red]` into markup."""
+    url = f"sqlite:///{tmp_path}/e.db"
+    b = open_backend(url)
+    try:
+        [res] = b.enqueue_many([NewJob(task="t.e", queue="q", args=json.dumps({"s": "a:smile:b [red]x[/red]"}),
+                                       max_attempts=1, timeout=30)])
+    finally:
+        b.close()
+    for args in (["jobs", "show", str(res.id)], ["jobs", "list"]):
+        out = run(url, *args)
+        assert "a:smile:b [red]x[/red]" in out, out
