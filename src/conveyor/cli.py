@@ -26,9 +26,9 @@ from .backends.base import Stats
 from .errors import ConveyorError, InvalidName
 from .job import Job, JobState
 from .payload import check_queue_name, check_task_name
-from .redact import redact
+from .redact import redact, shown_json, shown_text
 
-console = Console(highlight=False)
+console = Console(highlight=False, emoji=False)  # job data is printed as written: a:smile: stays text
 # Piped or redirected, a line is as long as its content: grep and less get whole names and errors.
 PIPED_WIDTH = 100_000
 
@@ -498,19 +498,24 @@ def job_dict(job: Job) -> dict[str, Any]:
     return d
 
 
+# What `jobs show` / `dlq show` print of one value or traceback; --json prints everything.
+SHOWN_CHARS = 4_000
+
+
 def show_job(job: Job) -> None:
-    job = shown(job)
+    # Clipped before masking: a result of millions of characters shows at once.
     table = Table(show_header=False, box=None)
     table.add_column(style="bold")
     table.add_column()
     rows = [
         ("id", str(job.id)), ("task", job.task), ("queue", job.queue), ("state", str(job.state)),
         ("attempts", f"{job.attempts}/{job.max_attempts}"), ("priority", str(job.priority)),
-        ("args", json.dumps(job.args, ensure_ascii=False)), ("created", when(job.created_at)),
+        ("args", shown_json(job.args, SHOWN_CHARS)), ("created", when(job.created_at)),
         ("run at", when(job.run_at)), ("last started", when(job.attempted_at)),
         ("finished", when(job.finished_at)), ("worker", job.worker_id or "-"),
-        ("result", json.dumps(job.result, ensure_ascii=False) if job.result is not None else "-"),
-        ("unique key", job.unique_key or "-"), ("timeout", f"{job.timeout:g}s"),
+        ("result", shown_json(job.result, SHOWN_CHARS) if job.result is not None else "-"),
+        ("unique key", shown_text(job.unique_key, SHOWN_CHARS) if job.unique_key else "-"),
+        ("timeout", f"{job.timeout:g}s"),
     ]
     for k, v in rows:
         table.add_row(k, _escape(v))
@@ -518,9 +523,9 @@ def show_job(job: Job) -> None:
     for err in job.errors:
         console.print(f"[bold]attempt {err.get('attempt')}[/bold] {when(err.get('at'))} "
                       f"[red]{_escape(str(err.get('kind')))}[/red] {_escape(str(err.get('type') or ''))}: "
-                      f"{_escape(str(err.get('message')))}")
+                      f"{_escape(shown_text(str(err.get('message')), SHOWN_CHARS))}")
         if err.get("traceback"):
-            console.print(_escape(err["traceback"].rstrip()), style="dim")
+            console.print(_escape(shown_text(str(err["traceback"]), SHOWN_CHARS).rstrip()), style="dim")
 
 
 def _escape(text: str) -> str:
@@ -533,11 +538,11 @@ def jobs_table(jobs: list[Job], title: str) -> Table:
     table = Table(title=title, title_justify="left")
     for col in ("id", "task", "queue", "state", "attempts", "args", "last error", "finished"):
         table.add_column(col)
-    for j in map(shown, jobs):
+    for j in jobs:
         err = j.last_error
         table.add_row(str(j.id), _escape(j.task), j.queue, str(j.state), f"{j.attempts}/{j.max_attempts}",
-                      _escape(json.dumps(j.args, ensure_ascii=False)[:60]),
-                      _escape(f"{err.get('kind')}: {err.get('message')}"[:80]) if err else "-",
+                      _escape(shown_json(j.args, 60, say_cut=False)),
+                      _escape(shown_text(f"{err.get('kind')}: {err.get('message')}", 80, say_cut=False)) if err else "-",
                       when(j.finished_at))
     return table
 

@@ -716,7 +716,8 @@ class Worker:
         for job in jobs[:startable]:
             if self._stopping:
                 return  # the loop gives the rest back unrun
-            execution = Execution(job, self.app.tasks, self._pool, self.backend, self.app.signer, self._context)
+            execution = Execution(job, self.app.tasks, self._pool, self.backend, self.app.signer, self._context,
+                                  max_result_bytes=self.app.max_result_bytes)
             try:
                 # On a task thread (the idle wait's), the first sync task runs on it next.
                 execution.prepare(here=True)
@@ -810,7 +811,8 @@ class Worker:
         job = running.job
         execution = running.execution
         if execution is None:
-            execution = Execution(job, self.app.tasks, self._pool, self.backend, self.app.signer, self._context)
+            execution = Execution(job, self.app.tasks, self._pool, self.backend, self.app.signer, self._context,
+                                  max_result_bytes=self.app.max_result_bytes)
             running.execution = execution
         self._job_log(logging.DEBUG, job, "started", "job %d %s attempt %d/%d started",
                       job.id, job.task, job.attempts, job.max_attempts)

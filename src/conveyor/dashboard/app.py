@@ -62,6 +62,7 @@ HERE = Path(__file__).parent
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
 SEARCH_WINDOW = 2000  # jobs a text search looks at per request, newest first (~0.2 s)
+SEARCH_CHARS = 4_000  # of each job's arguments and of each error message a text search reads
 SEARCH_BATCH = 500
 SEARCH_CALLS = 40  # list_jobs calls per search request, at most (Redis pages can come back short)
 MAX_QUERY = 256
@@ -151,7 +152,7 @@ class Dashboard:
         )
         env.filters.update(
             duration=fmt.duration, when=fmt.when, iso=fmt.iso, count=fmt.count, rate=fmt.rate,
-            json=fmt.to_json, mask=fmt.mask_text, shorten=fmt.shorten, call=fmt.call_preview,
+            json=fmt.to_json, mask=fmt.mask, shorten=fmt.shorten, call=fmt.call_preview,
         )
         self.templates = Jinja2Templates(env=env)
 
@@ -317,8 +318,8 @@ def safe_next(value: str, default: str) -> str:
 # -- search -----------------------------------------------------------------------------------
 def job_text(job: Job) -> str:
     """What text search looks in: the args (with secrets masked), the unique key, error messages."""
-    parts = [fmt.to_json(job.args), job.unique_key or ""]
-    parts += [fmt.mask_text(f"{e.get('type') or ''} {e.get('message') or ''}") for e in job.errors]
+    parts = [fmt.to_json(job.args, limit=SEARCH_CHARS), job.unique_key or ""]
+    parts += [fmt.mask(f"{e.get('type') or ''} {e.get('message') or ''}", SEARCH_CHARS) for e in job.errors]
     return "\n".join(parts).lower()
 
 
@@ -373,8 +374,8 @@ def attempts_of(job: Job) -> list[Attempt]:
         at = err.get("at")
         a = Attempt(number=number, outcome=outcome, css=css, worker=err.get("worker_id"),
                     ended=float(at) if isinstance(at, int | float) else None,
-                    error_type=str(err.get("type") or ""), message=fmt.mask_text(str(err.get("message") or "")),
-                    traceback=fmt.mask_text(str(err.get("traceback") or "")),
+                    error_type=str(err.get("type") or ""), message=fmt.mask(str(err.get("message") or "")),
+                    traceback=fmt.mask(str(err.get("traceback") or "")),
                     round_start=i > 0 and number <= previous)
         previous = number
         out.append(a)
@@ -466,7 +467,7 @@ class Pages:
             except Exception as exc:
                 log.exception("dashboard: %s %s failed", request.method, request.url.path)
                 return self.error(request, 503, "The store did not answer",
-                                  fmt.mask_text(f"{type(exc).__name__}: {exc}"))
+                                  fmt.mask(f"{type(exc).__name__}: {exc}"))
 
         endpoint.__name__ = fn.__name__
         return endpoint
