@@ -45,6 +45,7 @@ from .base import (
     refuse_overflow,
 )
 from .sql import load_migrations, load_queries
+from .sql import split_statements as _split_sql
 
 Q = load_queries("sqlite")
 MIGRATIONS = load_migrations("sqlite")
@@ -772,11 +773,6 @@ def _row_to_job(row: sqlite3.Row) -> Job:
         concurrency_key=row["concurrency_key"], concurrency_limit=row["concurrency_limit"],
         rate_key=row["rate_key"], rate_limit=row["rate_limit"], rate_period=row["rate_period"],
     )
-
-
-def _split_sql(script: str) -> list[str]:
-    lines = [ln for ln in script.splitlines() if not ln.strip().startswith("--")]
-    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
 
 
 def _translate(exc: sqlite3.Error, what: str) -> StoreError:
