@@ -8,10 +8,12 @@ signal; workers in other processes notice commits through ``PRAGMA data_version`
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -28,6 +30,7 @@ from ..errors import (
 )
 from ..job import Job, JobState, make_job
 from ..payload import NAME_RE
+from . import forking
 from .base import (
     CLAIM_SCAN,
     Backend,
@@ -47,6 +50,7 @@ from .base import (
 from .sql import load_migrations, load_queries
 from .sql import split_statements as _split_sql
 
+log = logging.getLogger("conveyor.sqlite")
 Q = load_queries("sqlite")
 MIGRATIONS = load_migrations("sqlite")
 KEEP_ERRORS = 20
@@ -75,6 +79,33 @@ _signals_lock = threading.Lock()
 def _signal_for(path: str) -> _Signal:
     with _signals_lock:
         return _signals.setdefault(path, _Signal())
+
+
+def _fresh_signals() -> None:
+    # A forked child's copies may be held (a writer of the parent's, mid-transaction) by a
+    # thread that does not exist here: it would wait on them for ever.
+    global _signals, _signals_lock
+    _signals, _signals_lock = {}, threading.Lock()
+
+
+forking.on_fork_in_child(_fresh_signals)
+
+# Every live backend of the process, for the fork hooks (see SqliteBackend._before_fork).
+_backends: weakref.WeakSet[SqliteBackend] = weakref.WeakSet()
+FORK_DRAIN_S = 60.0  # a fork waits this long at most for calls in progress (each within busy_timeout)
+
+
+def _before_fork() -> None:
+    for backend in list(_backends):
+        backend._before_fork()
+
+
+def _after_fork_in_parent() -> None:
+    for backend in list(_backends):
+        backend._after_fork_in_parent()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent)
 
 
 def parse_sqlite_url(url: str) -> tuple[str, dict[str, str]]:
@@ -118,10 +149,14 @@ class SqliteBackend(Backend):
         # a connection under a running statement crashes the process; such a connection is
         # closed by the call that holds it, as it returns.
         self._in_use: dict[sqlite3.Connection, int] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Condition(threading.Lock())
         self._closed = False
+        self._calls = 0  # calls in progress, counted once per thread (see _before_fork)
+        self._forking = False
         self._signal = _signal_for(self.path)
         self._migrate()
+        _backends.add(self)
+        forking.register(self)
 
     # -- connections ------------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
@@ -161,29 +196,82 @@ class SqliteBackend(Backend):
             time.sleep(pause)
             pause = min(pause * 2, 0.1)
 
+    # -- fork --------------------------------------------------------------------------
+    # SQLite keeps per-process state beside each connection: its mutexes, and what POSIX locks
+    # this process holds on the file and its WAL index. A child copied while a thread was
+    # inside SQLite can hang on a mutex for ever; one copied with connections open starts
+    # out believing it holds locks it does not (another process may then checkpoint or
+    # delete the WAL under it). So a fork first lets the calls in progress finish, keeps new
+    # ones out, and closes this process's connections; both processes reopen theirs on use.
+    def _before_fork(self) -> None:
+        with self._lock:
+            self._forking = True
+            own = 1 if getattr(self._local, "depth", 0) else 0
+            if not self._lock.wait_for(lambda: self._calls <= own, FORK_DRAIN_S) or own:
+                log.warning("SQLite %s: a call was still running when the process forked; the child "
+                            "must not use this store", self.path)
+                return
+            conns, self._all = self._all, []
+            self._local = threading.local()
+        for conn in conns:
+            with suppress(sqlite3.Error):
+                conn.close()
+
+    def _after_fork_in_parent(self) -> None:
+        with self._lock:
+            self._forking = False
+            self._lock.notify_all()
+
+    def _after_fork_in_child(self) -> None:
+        # Whatever is still open (a call was running at the fork) is the parent's: kept, never
+        # used or closed here.
+        forking.keep_inherited(self._local, self._all, self._in_use)
+        self._local = threading.local()
+        self._all, self._in_use = [], {}
+        self._lock = threading.Condition(threading.Lock())
+        self._calls, self._forking = 0, False
+        self._signal = _signal_for(self.path)
+
     @property
     def closed(self) -> bool:
         return self._closed
 
     @contextmanager
     def _using(self) -> Iterator[sqlite3.Connection]:
-        """This thread's connection for one call; see ``_in_use``."""
-        conn = self._conn()
-        with self._lock:
-            if self._closed:
-                raise StoreError("this backend is closed")
-            self._in_use[conn] = self._in_use.get(conn, 0) + 1
-        try:
-            yield conn
-        finally:
+        """This thread's connection for one call; see ``_in_use``. While the process forks, a
+        new call waits for the fork to be done (see _before_fork)."""
+        local = self._local
+        depth = getattr(local, "depth", 0)
+        if not depth:
             with self._lock:
-                left = self._in_use.pop(conn) - 1
-                if left:
-                    self._in_use[conn] = left
-                last_out = not left and self.closed
-            if last_out:
-                with suppress(sqlite3.Error):
-                    conn.close()
+                while self._forking:
+                    self._lock.wait()
+                self._calls += 1
+        local.depth = depth + 1
+        try:
+            conn = self._conn()
+            with self._lock:
+                if self._closed:
+                    raise StoreError("this backend is closed")
+                self._in_use[conn] = self._in_use.get(conn, 0) + 1
+            try:
+                yield conn
+            finally:
+                with self._lock:
+                    left = self._in_use.pop(conn) - 1
+                    if left:
+                        self._in_use[conn] = left
+                    last_out = not left and self.closed
+                if last_out:
+                    with suppress(sqlite3.Error):
+                        conn.close()
+        finally:
+            local.depth = depth
+            if not depth:
+                with self._lock:
+                    self._calls -= 1
+                    if self._forking and not self._calls:
+                        self._lock.notify_all()
 
     @contextmanager
     def _write(self, now: float | None) -> Iterator[tuple[sqlite3.Connection, float]]:
@@ -212,9 +300,8 @@ class SqliteBackend(Backend):
             raise _translate(exc, "read failed") from exc
 
     def _migrate(self) -> None:
-        conn = self._conn()
         latest = MIGRATIONS[-1][0]
-        if conn.execute("PRAGMA user_version").fetchone()[0] >= latest:
+        if self._read("PRAGMA user_version")[0][0] >= latest:
             return
         with self._write(None) as (c, _):
             # Re-read under the write lock: another process may have migrated meanwhile.
@@ -519,13 +606,17 @@ class SqliteBackend(Backend):
     def wait_for_jobs(self, queues: Sequence[str], timeout: float, *, verify: bool = True) -> bool:
         # ``verify`` changes nothing here: a change seen in the file is checked with one cheap
         # read before it is reported (an in-process wake-up is reported as is either way).
-        with self._using() as conn:
-            return self._wait(conn, queues, timeout)
+        return self._wait(queues, timeout)
 
-    def _wait(self, conn: sqlite3.Connection, queues: Sequence[str], timeout: float) -> bool:
+    def _wait(self, queues: Sequence[str], timeout: float) -> bool:
+        # Each look at the file is a call of its own, and the sleeps between them are outside
+        # any call: a fork (see _before_fork) never waits for an idle worker. A data_version
+        # is only comparable on one connection: a look on another one (reopened after a fork)
+        # counts as a change.
         deadline = time.monotonic() + timeout
         generation = self._signal.generation
-        version = conn.execute("PRAGMA data_version").fetchone()[0]
+        with self._using() as conn:
+            seen = (conn, conn.execute("PRAGMA data_version").fetchone()[0])
         next_due_check = 0.0
         placeholders = ",".join("?" * len(queues))
         ready_sql = (
@@ -545,15 +636,21 @@ class SqliteBackend(Backend):
                 self._signal.cond.wait(min(remaining, self.poll_step))
                 if self._signal.generation != generation:
                     return True
-            current = conn.execute("PRAGMA data_version").fetchone()[0]
-            tick = time.monotonic()
-            if current != version or tick >= next_due_check:
-                # Another process committed something (or time passed): look before claiming,
-                # so idle workers don't take the write lock for nothing.
-                version = current
-                next_due_check = tick + self.due_check_interval
-                if conn.execute(ready_sql, [*queues, *queues]).fetchone()[0]:
+            try:
+                with self._using() as conn:
+                    current = (conn, conn.execute("PRAGMA data_version").fetchone()[0])
+                    tick = time.monotonic()
+                    if current != seen or tick >= next_due_check:
+                        # Another process committed something (or time passed): look before
+                        # claiming, so idle workers don't take the write lock for nothing.
+                        seen = current
+                        next_due_check = tick + self.due_check_interval
+                        if conn.execute(ready_sql, [*queues, *queues]).fetchone()[0]:
+                            return True
+            except StoreError:
+                if self.closed:  # closed under us (a race with the check above): a wake-up too
                     return True
+                raise
 
     def wake(self) -> None:
         """Wake this process's idle waiters (used on shutdown)."""
