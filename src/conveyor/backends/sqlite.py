@@ -134,7 +134,9 @@ class SqliteBackend(Backend):
     def __init__(self, url: str) -> None:
         self.url = url
         self.path, options = parse_sqlite_url(url)
-        sync = options.get("synchronous", "normal").upper()
+        # FULL: a commit is on disk when the call returns, through a power cut too. NORMAL syncs
+        # the WAL only at checkpoints: a power cut can take back the last acknowledged commits.
+        sync = options.get("synchronous", "full").upper()
         if sync not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise ConfigurationError(f"{url!r}: synchronous must be off, normal, full or extra")
         self._synchronous = sync
@@ -188,13 +190,26 @@ class SqliteBackend(Backend):
         pause = 0.005
         while True:
             try:
-                conn.execute("PRAGMA journal_mode = WAL")
-                return
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                break
             except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() + pause > deadline:
+                if "locked" not in str(exc):
+                    raise self._no_wal(str(exc)) from exc
+                if time.monotonic() + pause > deadline:
                     raise
             time.sleep(pause)
             pause = min(pause * 2, 0.1)
+        # SQLite answers with the mode it is in: one that cannot switch keeps the old one.
+        if str(mode).lower() != "wal":
+            raise self._no_wal(f"journal_mode stayed {mode!r}")
+
+    def _no_wal(self, why: str) -> StoreError:
+        folder, name = os.path.split(self.path)
+        return StoreError(
+            f"SQLite cannot use WAL mode for {self.path} ({why}). Conveyor needs it: SQLite keeps "
+            f"{name}-wal and {name}-shm beside the database, so {folder} must be writable, and on a "
+            "local file system (not NFS, SMB or another network file system, nor a read-only mount)"
+        )
 
     # -- fork --------------------------------------------------------------------------
     # SQLite keeps per-process state beside each connection: its mutexes, and what POSIX locks
@@ -300,18 +315,23 @@ class SqliteBackend(Backend):
             raise _translate(exc, "read failed") from exc
 
     def _migrate(self) -> None:
-        latest = MIGRATIONS[-1][0]
-        if self._read("PRAGMA user_version")[0][0] >= latest:
-            return
-        with self._write(None) as (c, _):
-            # Re-read under the write lock: another process may have migrated meanwhile.
-            current = c.execute("PRAGMA user_version").fetchone()[0]
-            for version, script in MIGRATIONS:
-                if version <= current:
-                    continue
-                for statement in _split_sql(script):
-                    c.execute(statement)
-                c.execute(f"PRAGMA user_version = {version}")
+        # In a write transaction even when there is nothing to migrate: a store SQLite can read
+        # but not write (its WAL index cannot be written: see _no_wal) fails here, at open, and
+        # not at the first enqueue. It commits nothing then, so it costs no sync.
+        try:
+            with self._write(None) as (c, _):
+                current = c.execute("PRAGMA user_version").fetchone()[0]
+                for version, script in MIGRATIONS:
+                    if version <= current:
+                        continue
+                    for statement in _split_sql(script):
+                        c.execute(statement)
+                    c.execute(f"PRAGMA user_version = {version}")
+        except StoreError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, sqlite3.Error) and (cause.sqlite_errorname or "").startswith("SQLITE_READONLY"):
+                raise self._no_wal(str(cause)) from cause
+            raise
 
     def schema_version(self) -> int:
         return int(self._read("PRAGMA user_version")[0][0])
