@@ -12,15 +12,11 @@ Children report through a pipe and leave with ``os._exit``: they never run pytes
 
 from __future__ import annotations
 
-import json
 import os
-import select
-import signal
 import threading
-import time
-import traceback
-from collections.abc import Callable
 from typing import Any
+
+from support import collect, forked
 
 from conveyor import Conveyor, JobState, Task
 from conveyor.worker import Worker
@@ -28,57 +24,6 @@ from conveyor.worker import Worker
 CHILDREN = 4
 PER_PROCESS = 25
 REPORT_WITHIN_S = 30.0  # only a hung child takes this long; it is killed then
-
-
-def _forked(body: Callable[[], Any]) -> tuple[int, int]:
-    """Fork a child that runs ``body``, writes its JSON result (or its error) to a pipe and
-    leaves with ``os._exit``. Returns (pid, read end)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.close(r)
-            try:
-                report: dict[str, Any] = {"result": body()}
-            except BaseException:
-                report = {"error": traceback.format_exc()}
-            os.write(w, json.dumps(report).encode())
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(w)
-    return pid, r
-
-
-def _collect(children: list[tuple[int, int]]) -> list[Any]:
-    """Every child's result, in order; a child's error fails the test with its traceback."""
-    deadline = time.monotonic() + REPORT_WITHIN_S
-    chunks: dict[int, list[bytes]] = {r: [] for _, r in children}
-    open_ends = set(chunks)
-    try:
-        while open_ends:
-            left = deadline - time.monotonic()
-            ready, _, _ = select.select(list(open_ends), [], [], max(left, 0.0))
-            if not ready:
-                raise AssertionError(f"{len(open_ends)} child(ren) did not report within {REPORT_WITHIN_S}s")
-            for r in ready:
-                data = os.read(r, 65536)
-                if data:
-                    chunks[r].append(data)
-                else:
-                    open_ends.discard(r)
-    finally:
-        for pid, r in children:
-            if r in open_ends:
-                os.kill(pid, signal.SIGKILL)
-            os.close(r)
-        codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid, _ in children]
-    reports = [json.loads(b"".join(chunks[r]) or b"{}") for _, r in children]
-    errors = [rep["error"] for rep in reports if "error" in rep]
-    assert not errors, "a child failed:\n" + "\n".join(errors)
-    assert codes == [0] * len(children)
-    return [rep["result"] for rep in reports]
 
 
 def _use_everything(app: Conveyor) -> None:
@@ -114,9 +59,9 @@ def test_forked_children_and_parent_enqueue_at_once(app: Conveyor) -> None:
         return [note.enqueue(os.getpid(), n).id for n in range(PER_PROCESS)]
 
     try:
-        children = [_forked(child) for _ in range(CHILDREN)]
+        children = [forked(child) for _ in range(CHILDREN)]
         mine = [note.enqueue("parent", n).id for n in range(PER_PROCESS)]
-        reported = [i for ids in _collect(children) for i in ids]
+        reported = [i for ids in collect(children, REPORT_WITHIN_S) for i in ids]
     finally:
         stop.set()
         for t in threads:
@@ -158,10 +103,10 @@ def test_a_forked_child_runs_a_worker(app: Conveyor) -> None:
         assert finished and not thread.is_alive()
         return sorted(ran)
 
-    children = [_forked(child)]
+    children = [forked(child)]
     # The parent goes on using its app meanwhile (on a queue the child's worker does not take).
     later = [other.enqueue(n).id for n in range(20)]
-    [ran_in_child] = _collect(children)
+    [ran_in_child] = collect(children, REPORT_WITHIN_S)
 
     assert ran_in_child == [0, 1, 2, 3, 4]
     assert ran == []  # the tasks ran in the child only
