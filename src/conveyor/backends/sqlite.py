@@ -72,6 +72,17 @@ class _Signal:
             self.cond.notify_all()
 
 
+@dataclass
+class _Group:
+    """Enqueue calls written together in one transaction: one commit, one sync (group commit).
+    The first call to come leads: it writes them all once it holds the write lock, and every
+    call that comes while it waits for the lock joins its group."""
+
+    calls: list[tuple[Sequence[NewJob], float | None]] = field(default_factory=list)
+    results: list[list[EnqueueResult] | BaseException] = field(default_factory=list)
+    done: threading.Event = field(default_factory=threading.Event)
+
+
 _signals: dict[str, _Signal] = {}
 _signals_lock = threading.Lock()
 
@@ -155,6 +166,8 @@ class SqliteBackend(Backend):
         self._closed = False
         self._calls = 0  # calls in progress, counted once per thread (see _before_fork)
         self._forking = False
+        self._group: _Group | None = None  # enqueues waiting for the write lock (see _Group)
+        self._group_lock = threading.Lock()
         self._signal = _signal_for(self.path)
         self._migrate()
         _backends.add(self)
@@ -245,6 +258,7 @@ class SqliteBackend(Backend):
         self._all, self._in_use = [], {}
         self._lock = threading.Condition(threading.Lock())
         self._calls, self._forking = 0, False
+        self._group, self._group_lock = None, threading.Lock()
         self._signal = _signal_for(self.path)
 
     @property
@@ -353,11 +367,53 @@ class SqliteBackend(Backend):
     def enqueue_many(self, jobs: Sequence[NewJob], *, now: float | None = None) -> list[EnqueueResult]:
         if not jobs:
             return []
-        with self._write(now) as (conn, t):
-            results = _enqueue_in(conn, jobs, t)
-        if any(r.created for r in results):
+        with self._group_lock:
+            group = self._group
+            lead = group is None
+            if group is None:
+                group = self._group = _Group()
+            index = len(group.calls)
+            group.calls.append((jobs, now))
+        if lead:
+            self._write_group(group)
+        else:
+            group.done.wait()
+        result = group.results[index]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def _write_group(self, group: _Group) -> None:
+        """Write a group's enqueues in one transaction, each call in a savepoint of its own: one
+        refused (QueueFull) leaves the others written."""
+        results: list[list[EnqueueResult] | BaseException] = []
+        try:
+            with self._write(None) as (conn, t):
+                with self._group_lock:  # the lock is ours: a call from now on starts the next group
+                    self._group = None
+                alone = len(group.calls) == 1
+                for jobs, now in group.calls:
+                    if alone:  # no savepoint needed: a failure rolls the transaction back
+                        results.append(_enqueue_in(conn, jobs, t if now is None else now))
+                        continue
+                    conn.execute("SAVEPOINT enqueue")
+                    try:
+                        results.append(_enqueue_in(conn, jobs, t if now is None else now))
+                    except Exception as exc:
+                        conn.execute("ROLLBACK TO enqueue")
+                        results.append(_translate(exc, "write failed, nothing was changed")
+                                       if isinstance(exc, sqlite3.Error) else exc)
+                    conn.execute("RELEASE enqueue")
+        except BaseException as exc:
+            with self._group_lock:
+                if self._group is group:
+                    self._group = None
+            results = [exc] * len(group.calls)
+        finally:
+            group.results = results
+            group.done.set()
+        if any(isinstance(r, list) and any(e.created for e in r) for r in results):
             self._signal.fire()
-        return results
 
     def cron_enqueue(self, schedule: str, tick: float, job: NewJob | None, *,
                      now: float | None = None) -> EnqueueResult | None:
