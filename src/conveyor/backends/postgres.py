@@ -338,10 +338,10 @@ def _await_idle(pool: ConnectionPool[Any], until: float) -> None:
         pause = min(pause * 2, 0.05)
 
 
-def _fresh_pool(old: ConnectionPool[Any]) -> ConnectionPool[Any]:
+def _fresh_pool(old: ConnectionPool[Any], max_size: int) -> ConnectionPool[Any]:
     """A pool like ``old``, not opened yet, for a forked child."""
     return ConnectionPool(
-        conninfo=old.conninfo, kwargs=old.kwargs, min_size=old.min_size, max_size=old.max_size,
+        conninfo=old.conninfo, kwargs=old.kwargs, min_size=old.min_size, max_size=max(max_size, old.min_size),
         open=False, timeout=old.timeout, reconnect_timeout=old.reconnect_timeout, configure=_configure,
         name=old.name, max_idle=old.max_idle,
     )
@@ -417,7 +417,11 @@ class PostgresBackend(Backend):
         # kept untouched (psycopg finishes a connection only in the process that opened it)
         # and this process opens its own on first use.
         forking.keep_inherited(self._pool, self._control, self._listener)
-        self._pool, self._control = _fresh_pool(self._pool), _fresh_pool(self._control)
+        # The parent's workers are not in this process: the pools are sized for none yet.
+        self._reserved = self._workers = 0
+        self._size_lock = threading.Lock()
+        self._pool = _fresh_pool(self._pool, self._fixed_size or POOL_ROOM)
+        self._control = _fresh_pool(self._control, CONTROL_SIZE)
         self._listener = None
         self._listen_lock = threading.Lock()
         self._open_lock = threading.Lock()
