@@ -48,6 +48,7 @@ from ..errors import (
 )
 from ..job import Job, JobState, fast_constructor, make_job
 from ..payload import NAME_RE
+from . import forking
 from .base import (
     CLAIM_SCAN,
     Backend,
@@ -74,11 +75,6 @@ except ImportError:  # hiredis comes with the redis extra; redis-py's own packer
         return list(conn.pack_command(*command))
 
 T = TypeVar("T")
-
-# This process's pid, set again in a forked child: os.getpid() is a system call, and asking it
-# on every checkout was 5 us of a one-job enqueue on a VM.
-_PID = [os.getpid()]
-os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
 
 _ScriptCall = tuple[str, Sequence[str], Sequence[Any]]  # script name, keys, args
 
@@ -321,8 +317,8 @@ class RedisBackend(Backend):
         self._made_lock = threading.Lock()
         self._unsure: dict[int, str] = {}  # job id -> lease token of a settle left unanswered
         self._max_connections = int(self._pool.max_connections)
-        self._pid = _PID[0]
         self._closed = False
+        forking.register(self)
 
     # -- plumbing -----------------------------------------------------------------------
     def _call(self, what: str, fn: Callable[[], T], *, safe: bool) -> T:
@@ -815,9 +811,17 @@ class RedisBackend(Backend):
             script.sha = self._call("load scripts", functools.partial(self._r.script_load, script.script),
                                     safe=True)
 
+    def _after_fork_in_child(self) -> None:
+        # Its pools held the parent's connections; a wait of the parent's held the wake lock;
+        # its wake key is the parent's waiters'.
+        self._drop_inherited()
+        self._pool.reset()
+        self._block_pool.reset()
+        self._wake_lock = threading.Lock()
+        self._waiters = 0
+        self._private_wake = f"{self.keys.p}:wake:{uuid.uuid4().hex}"
+
     def _checkout(self, *, blocking: bool = False) -> Any:
-        if self._pid != _PID[0]:
-            self._drop_inherited()
         try:
             return (self._idle_blocking if blocking else self._idle).pop()  # atomic: no lock needed
         except IndexError:
@@ -827,7 +831,7 @@ class RedisBackend(Backend):
         """In a forked child: forget the parent's connections (never close or talk on them:
         they are the parent's sockets too); the child makes its own. The lock is made anew: a
         parent thread may have held it at the fork."""
-        self._idle, self._idle_blocking, self._made, self._pid = [], [], set(), _PID[0]
+        self._idle, self._idle_blocking, self._made = [], [], set()
         self._made_lock = threading.Lock()
 
     def _make_connection(self, *, blocking: bool = False) -> Any:
