@@ -31,6 +31,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import select
 import socket
 import threading
@@ -87,7 +88,22 @@ log = logging.getLogger("conveyor.postgres")
 NOW = "coalesce(to_timestamp(%(now)s::float8), now())"
 # The time the statement started, for the limited claim: later than the transaction's now().
 STMT_NOW = "coalesce(to_timestamp(%(now)s::float8), statement_timestamp())"
-Q = {name: sql.replace(":NOW", NOW).replace(":STMT_NOW", STMT_NOW)
+# A job row's columns, named: a statement returning ``j.*`` is prepared with the table's shape,
+# and PostgreSQL refuses it once a later release's migration adds a column ("cached plan must
+# not change result type"), which would stop every running worker of the old release.
+JOB_COLUMNS = ("id", "queue", "task", "state", "priority", "run_at", "attempt", "max_attempts",
+               "timeout_s", "lease_token", "lease_expires_at", "worker_id", "unique_key", "errors",
+               "meta", "created_at", "attempted_at", "finished_at", "fair_key", "fair_tag",
+               "unique_for", "concurrency_key", "concurrency_limit", "rate_key", "rate_limit",
+               "rate_period", "args", "result")
+
+
+def _job_columns(sql: str) -> str:
+    """``:JOB(alias)`` becomes ``alias.id, alias.queue, ...``."""
+    return re.sub(r":JOB\((\w+)\)", lambda m: ", ".join(f"{m[1]}.{c}" for c in JOB_COLUMNS), sql)
+
+
+Q = {name: _job_columns(sql.replace(":NOW", NOW).replace(":STMT_NOW", STMT_NOW))
      for name, sql in load_queries("postgres").items()}
 KEEP_ERRORS = 20
 CHANNEL = "conveyor_wake"

@@ -159,7 +159,7 @@ WITH picked AS MATERIALIZED (
         lease_expires_at = :NOW + make_interval(secs => %(lease_s)s::float8)
     FROM picked
     WHERE j.id = picked.id AND NOT (SELECT h.limited FROM head AS h)
-    RETURNING j.*
+    RETURNING :JOB(j)
 ), tops AS MATERIALIZED (
     SELECT priority, max(fair_tag) AS tag FROM claimed GROUP BY priority
 ), raised AS (
@@ -246,7 +246,7 @@ WITH picked AS MATERIALIZED (
         lease_expires_at = :STMT_NOW + make_interval(secs => %(lease_s)s::float8)
     FROM picked
     WHERE j.id = picked.id
-    RETURNING j.*
+    RETURNING :JOB(j)
 ), rated AS (
     INSERT INTO conveyor_rate_claims (rate_key, at, expires_at, job_id)
     SELECT r.rate_key, a.at, a.at + make_interval(secs => r.rate_period), r.id
@@ -391,13 +391,13 @@ ON CONFLICT (queue, name) DO UPDATE SET value = conveyor_counters.value + exclud
 
 -- name: job_rows
 -- Jobs with their step records; list_jobs adds its WHERE and ORDER BY.
-SELECT j.*,
+SELECT :JOB(j),
        (SELECT coalesce(json_object_agg(s.step, s.result), '{}'::json)
         FROM conveyor_steps AS s WHERE s.job_id = j.id) AS steps
 FROM conveyor_jobs AS j;
 
 -- name: get
-SELECT j.*,
+SELECT :JOB(j),
        (SELECT coalesce(json_object_agg(s.step, s.result), '{}'::json)
         FROM conveyor_steps AS s WHERE s.job_id = j.id) AS steps
 FROM conveyor_jobs AS j WHERE j.id = %(id)s;
