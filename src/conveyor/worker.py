@@ -346,6 +346,10 @@ class Worker:
                 ex.shutdown(wait=False, cancel_futures=True)
             self.backend.reserve_connections(-self.concurrency)
             self._pool.shutdown()
+            if self._stuck and self.metrics is not None:
+                # The worker is gone: threads still hung are no longer anyone's slots.
+                self.metrics.stuck_slots.dec(len(self._stuck))
+            self._stuck.clear()
             if self._loop_claims is not None:
                 self._loop_claims.close()
             log.info("worker %s stopped: %d succeeded, %d retried, %d dead, %d released",
@@ -894,8 +898,10 @@ class Worker:
         """Count a stuck slot in or out; while every slot is stuck, time stuck_grace."""
         if stuck:
             self._stuck.append(job_id)
-        else:
+        elif job_id in self._stuck:
             self._stuck.remove(job_id)
+        else:
+            return  # returned after the worker stopped (and stopped counting it)
         if self.metrics is not None:
             self.metrics.stuck_slots.inc(1 if stuck else -1)
         if len(self._stuck) < self.concurrency:

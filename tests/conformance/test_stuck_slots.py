@@ -13,13 +13,14 @@ from collections.abc import Iterator
 
 import pytest
 from click.testing import CliRunner
-from support import running_worker, wait_for_job, wait_until
+from support import WorkerThread, running_worker, wait_for_job, wait_until
 
 from conveyor import Conveyor, JobState
 from conveyor.alerts import Alerting, Incident, StuckSlots
 from conveyor.backends.base import Backend, WorkerInfo
 from conveyor.cli import cli
 from conveyor.metrics import Metrics
+from conveyor.worker import EXIT_STUCK
 
 
 @pytest.fixture
@@ -105,3 +106,35 @@ def test_two_hung_sync_tasks_are_two_stuck_slots(app: Conveyor, gate: threading.
         [resolved] = alerting.evaluate()
         assert resolved.key == fired.key and resolved.status == "resolved"
     assert notified == ["firing", "resolved"]
+
+
+def test_a_worker_with_every_slot_stuck_stops_and_gives_back_only_what_it_holds(
+        app: Conveyor, gate: threading.Event) -> None:
+    @app.task(name="hang", timeout=0.2, max_attempts=2, priority=-1)  # claimed first
+    def hang() -> None:
+        gate.wait(120)
+
+    @app.task(name="quick")
+    def quick() -> str:
+        return "done"
+
+    hung = hang.enqueue()
+    waiting = quick.enqueue()
+    metrics = Metrics()
+    # One slot, one job prefetched: the hung job takes the slot, the quick one is held behind it.
+    wt = WorkerThread(app, concurrency=1, prefetch=1, prefetch_hold=60, stuck_grace=0.3, metrics=metrics).start()
+    try:
+        wait_until(lambda: not wt.thread.is_alive(), timeout=30, message="the worker to stop by itself")
+    finally:
+        wt.stop()
+        wt.join()
+    assert wt.worker.exit_code == EXIT_STUCK
+    # The hung job was settled by its timeout (a retry), not released by the stop: one attempt
+    # spent, with its timeout error. The held job went back unrun, its attempt not counted.
+    again = app.get_job(hung.id)
+    assert again.state in (JobState.SCHEDULED, JobState.AVAILABLE) and again.attempts == 1
+    assert [e["kind"] for e in again.errors] == ["timeout"]
+    back = app.get_job(waiting.id)
+    assert back.state is JobState.AVAILABLE and back.attempts == 0
+    assert wt.worker.counters.released == 1
+    assert metrics.registry.get_sample_value("conveyor_worker_stuck_slots") == 0  # that worker is gone
