@@ -230,6 +230,9 @@ class WorkerInfo:
     started_at: float
     last_seen: float
     running: int = 0
+    # Slots held by a sync task's thread still running after its job was settled (timed out,
+    # lease lost): threads cannot be killed, so the slot stays taken until the call returns.
+    stuck: int = 0
 
 
 @dataclass(frozen=True)

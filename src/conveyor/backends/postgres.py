@@ -910,7 +910,7 @@ class PostgresBackend(Backend):
             workers=[
                 WorkerInfo(id=w["id"], queues=list(w["queues"]), concurrency=w["concurrency"], host=w["host"],
                            pid=w["pid"], started_at=w["started_at"], last_seen=w["last_seen"],
-                           running=w["running"])
+                           running=w["running"], stuck=w["stuck"])
                 for w in workers
             ],
         )
@@ -1026,7 +1026,7 @@ class PostgresBackend(Backend):
                 Q["record_worker"],
                 {"id": info.id, "queues": json.dumps(info.queues), "concurrency": info.concurrency,
                  "host": info.host, "pid": info.pid, "started_at": info.started_at, "now": now,
-                 "running": info.running},
+                 "running": info.running, "stuck": info.stuck},
             )
             conn.execute(Q["forget_workers"], {"now": now})
 

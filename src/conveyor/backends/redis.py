@@ -1033,7 +1033,7 @@ class RedisBackend(Backend):
             workers.append(WorkerInfo(
                 id=wid, queues=list(d["queues"]), concurrency=int(d["concurrency"]), host=str(d["host"]),
                 pid=int(d["pid"]), started_at=float(d["started_at"]), last_seen=float(last_seen),
-                running=int(d["running"]),
+                running=int(d["running"]), stuck=int(d.get("stuck", 0)),  # (absent: written before 'stuck' was)
             ))
         workers.sort(key=lambda w: (w.started_at, w.id))
         return Stats(now=t, queues=sorted(queues, key=lambda q: q.queue), workers=workers)
@@ -1207,7 +1207,7 @@ class RedisBackend(Backend):
     def record_worker(self, info: WorkerInfo, *, now: float | None = None) -> None:
         doc = json.dumps({
             "queues": list(info.queues), "concurrency": info.concurrency, "host": info.host, "pid": info.pid,
-            "started_at": info.started_at, "running": info.running,
+            "started_at": info.started_at, "running": info.running, "stuck": info.stuck,
         })
         self._run("record_worker", [], [self._now_arg(now), info.id, doc], safe=True)
 

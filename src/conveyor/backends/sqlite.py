@@ -637,6 +637,7 @@ class SqliteBackend(Backend):
                 WorkerInfo(
                     id=w["id"], queues=json.loads(w["queues"]), concurrency=w["concurrency"], host=w["host"],
                     pid=w["pid"], started_at=w["started_at"], last_seen=w["last_seen"], running=w["running"],
+                    stuck=w["stuck"],
                 )
                 for w in workers
             ],
@@ -740,7 +741,7 @@ class SqliteBackend(Backend):
                 {
                     "id": info.id, "queues": json.dumps(info.queues), "concurrency": info.concurrency,
                     "host": info.host, "pid": info.pid, "started_at": info.started_at, "now": t,
-                    "running": info.running,
+                    "running": info.running, "stuck": info.stuck,
                 },
             )
             # Rows of workers gone for a day are only noise.

@@ -542,9 +542,9 @@ SELECT EXISTS (SELECT 1 FROM conveyor_jobs WHERE state = 'available' AND queue =
            AS next_due_in;
 
 -- name: record_worker
-INSERT INTO conveyor_workers (id, queues, concurrency, host, pid, started_at, last_seen, running)
-VALUES (%(id)s, %(queues)s::jsonb, %(concurrency)s, %(host)s, %(pid)s, %(started_at)s, :NOW, %(running)s)
-ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen, running = excluded.running;
+INSERT INTO conveyor_workers (id, queues, concurrency, host, pid, started_at, last_seen, running, stuck)
+VALUES (%(id)s, %(queues)s::jsonb, %(concurrency)s, %(host)s, %(pid)s, %(started_at)s, :NOW, %(running)s, %(stuck)s)
+ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen, running = excluded.running, stuck = excluded.stuck;
 
 -- name: forget_workers
 DELETE FROM conveyor_workers WHERE last_seen < :NOW - interval '1 day';
@@ -554,5 +554,5 @@ DELETE FROM conveyor_workers WHERE id = %(id)s;
 
 -- name: workers
 SELECT id, queues, concurrency, host, pid, started_at, extract(epoch FROM last_seen)::float8 AS last_seen,
-       running
+       running, stuck
 FROM conveyor_workers WHERE last_seen >= :NOW - make_interval(secs => %(ttl)s::float8) ORDER BY started_at;

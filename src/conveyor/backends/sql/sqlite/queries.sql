@@ -258,9 +258,9 @@ WHERE state = 'running' AND lease_expires_at < :now GROUP BY queue;
 SELECT queue, name, value FROM conveyor_counters;
 
 -- name: record_worker
-INSERT INTO conveyor_workers (id, queues, concurrency, host, pid, started_at, last_seen, running)
-VALUES (:id, :queues, :concurrency, :host, :pid, :started_at, :now, :running)
-ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen, running = excluded.running;
+INSERT INTO conveyor_workers (id, queues, concurrency, host, pid, started_at, last_seen, running, stuck)
+VALUES (:id, :queues, :concurrency, :host, :pid, :started_at, :now, :running, :stuck)
+ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen, running = excluded.running, stuck = excluded.stuck;
 
 -- name: remove_worker
 DELETE FROM conveyor_workers WHERE id = :id;
