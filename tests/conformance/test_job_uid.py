@@ -12,8 +12,9 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from support import T0, new_job
+from support import T0, new_job, running_worker, wait_for_job
 
+from conveyor import Conveyor, current_job
 from conveyor.backends.base import Backend, ErrorInfo, Lease
 from conveyor.errors import JobNotFound, LeaseLost
 from conveyor.executor import JobContext
@@ -191,3 +192,25 @@ def test_a_job_from_before_uids_still_runs_its_steps(backend: Backend) -> None:
     backend.ack(_lease(job), None, now=T0 + 1)
     done = backend.get(made.id)
     assert done is not None and done.state == "succeeded" and done.steps == {"charge": "ch_1"}
+
+
+def test_a_task_builds_its_idempotency_keys_from_the_uid(app: Conveyor) -> None:
+    """Through the public API: the enqueued Job carries the uid, and every attempt of the
+    task sees the same one (the advice: ``f"{ctx.uid}:{step}"``)."""
+    keys: list[str] = []
+
+    @app.task(name="checkout", max_attempts=2)
+    def checkout(order: int) -> None:
+        ctx = current_job()
+        assert ctx is not None
+        keys.append(f"{ctx.uid}:charge")
+        if ctx.attempt == 1:
+            raise RuntimeError("retry me")
+
+    first, second = checkout.enqueue(1), checkout.enqueue(2)
+    assert first.uid is not None and HEX32.fullmatch(first.uid) and first.uid != second.uid
+    assert app.get_job(first.id).uid == first.uid  # type: ignore[union-attr]
+    with running_worker(app):
+        for job in (first, second):
+            assert wait_for_job(app, job.id, timeout=20).state == "succeeded"
+    assert sorted(keys) == sorted([f"{first.uid}:charge"] * 2 + [f"{second.uid}:charge"] * 2)
