@@ -151,6 +151,9 @@ def test_a_step_of_a_lost_job_never_reaches_the_job_that_takes_its_id(backend: B
         backend.retry(_lease(a), ErrorInfo("exception", "late"), delay=0, now=T0 + 4)
     with pytest.raises(LeaseLost):
         backend.kill(_lease(a), ErrorInfo("rejected", "late"), now=T0 + 4)
+    assert backend.ack_many([(_lease(a), json.dumps("A done"))], now=T0 + 4) == [False]
+    assert backend.release([_lease(a)], now=T0 + 4) == []
+    assert backend.heartbeat([_lease(a)], lease_s=30, now=T0 + 4) == {a.id}
     with pytest.raises(JobNotFound):
         a_ctx._record("charge", {"charged": "A"})  # even past A's cached steps
 
