@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 from dataclasses import replace
-from typing import Any
 
 import pytest
+from dataloss import forget_uid, lose_everything
 from support import T0, new_job, running_worker, wait_for_job
 
 from conveyor import Conveyor, current_job
@@ -31,40 +30,6 @@ def _claim_one(backend: Backend, now: float = T0) -> Job:
 def _lease(job: Job) -> Lease:
     assert job.lease_token is not None
     return Lease(job.id, job.lease_token)
-
-
-def _lose(backend: Backend, job_id: int) -> None:
-    """What a data loss does to the store: the job is gone and the id counter is back where it
-    was before the job was made, so the next enqueue takes its id again. Redis: everything
-    of this test's prefix is gone (a restart without persistence). SQL: the row is gone and
-    the sequence rewound (a restore of a backup taken before the job was written)."""
-    kind = type(backend).__name__
-    if kind == "RedisBackend":
-        client: Any = backend._r  # type: ignore[attr-defined]
-        keys = list(client.scan_iter(match=backend.keys.p + "*", count=1000))  # type: ignore[attr-defined]
-        client.delete(*keys)
-    elif kind == "SqliteBackend":
-        path = backend.url.removeprefix("sqlite:///")
-        with sqlite3.connect(path) as conn:
-            conn.execute("DELETE FROM conveyor_jobs WHERE id = ?", [job_id])
-            conn.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'conveyor_jobs'", [job_id - 1])
-    else:
-        with backend._tx() as conn:  # type: ignore[attr-defined]
-            conn.execute("DELETE FROM conveyor_jobs WHERE id = %s", [job_id])
-            conn.execute("SELECT setval(pg_get_serial_sequence('conveyor_jobs', 'id'), %s, false)", [job_id])
-
-
-def _forget_uid(backend: Backend, job_id: int) -> None:
-    """Make the job look like one written before the store had uids."""
-    kind = type(backend).__name__
-    if kind == "RedisBackend":
-        backend._r.hdel(backend.keys.job(job_id), "uid")  # type: ignore[attr-defined]
-    elif kind == "SqliteBackend":
-        with sqlite3.connect(backend.url.removeprefix("sqlite:///")) as conn:
-            conn.execute("UPDATE conveyor_jobs SET uid = NULL WHERE id = ?", [job_id])
-    else:
-        with backend._tx() as conn:  # type: ignore[attr-defined]
-            conn.execute("UPDATE conveyor_jobs SET uid = NULL WHERE id = %s", [job_id])
 
 
 def test_every_job_gets_a_uid_of_its_own(backend: Backend) -> None:
@@ -130,7 +95,7 @@ def test_a_step_of_a_lost_job_never_reaches_the_job_that_takes_its_id(backend: B
     a_ctx = JobContext(a, backend)
     assert a_ctx.once("charge", lambda: {"charged": "A"}) == {"charged": "A"}
 
-    _lose(backend, a.id)
+    lose_everything(backend)
     [b_made] = backend.enqueue_many([new_job(args={"order": "B"})], now=T0 + 1)
     assert b_made.id == a.id, "the simulated loss should make the id repeat"
     assert b_made.uid != a_made.uid
@@ -179,8 +144,8 @@ def test_a_job_from_before_uids_still_runs_its_steps(backend: Backend) -> None:
     a uid (NULL), as does a Redis job hash written by an earlier version."""
     [made] = backend.enqueue_many([new_job()], now=T0)
     [other] = backend.enqueue_many([new_job()], now=T0)
-    _forget_uid(backend, made.id)
-    _forget_uid(backend, other.id)
+    forget_uid(backend, made.id)
+    forget_uid(backend, other.id)
     job = _claim_one(backend, now=T0)
     assert job.id == made.id and job.uid is None
     assert backend.get(made.id) == replace(job, lease_token=job.lease_token)
