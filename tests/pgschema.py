@@ -18,7 +18,7 @@ from conveyor.backends.base import NewJob
 from conveyor.backends.postgres import CHANNEL, ENQUEUE_ONE, _insert_params
 from conveyor.backends.sql import load_migrations
 
-# The enqueue statement as producers of a version before job uids (migration 006) send it: the
+# The enqueue statement as producers of a version before job uids (migration 008) send it: the
 # current one returns the uid column, which a store being upgraded does not have yet. Newer
 # processes migrate before they enqueue; older ones go on writing during the migration.
 PRE_UID_ENQUEUE_ONE = ENQUEUE_ONE.replace(b"ins.uid, ", b"").replace(b"RETURNING id, uid, ", b"RETURNING id, ")

@@ -237,7 +237,7 @@ def test_an_index_build_waits_for_a_long_transaction_without_stopping_enqueues(
 
 
 def test_job_uids_come_without_a_rewrite_and_old_rows_keep_working(pair: tuple[str, str]) -> None:
-    """006 adds the uid column: the table is not rewritten (same file on disk), rows from
+    """008 adds the uid column: the table is not rewritten (same file on disk), rows from
     before keep NULL and still take step records and acks; new rows get a uid each."""
     from conveyor.backends.base import Lease
     from conveyor.executor import JobContext

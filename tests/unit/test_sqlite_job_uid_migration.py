@@ -1,4 +1,4 @@
-"""SQLite migration 005 (job uids) on a store made by an earlier version: rows from before keep
+"""SQLite migration 007 (job uids) on a store made by an earlier version: rows from before keep
 a NULL uid and still run, take step records and succeed; new jobs get a uid each."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def test_a_store_from_before_uids_keeps_working(tmp_path: Path) -> None:
 
     backend = SqliteBackend(f"sqlite:///{path}")
     try:
-        assert backend.schema_version() >= 5
+        assert backend.schema_version() >= 7
         [old] = backend.claim("old", 1, worker_id="w", lease_s=30)
         assert old.uid is None
         assert JobContext(old, backend).once("charge", lambda: "ch_old") == "ch_old"
