@@ -513,7 +513,7 @@ def show_job(job: Job) -> None:
     table.add_column(style="bold")
     table.add_column()
     rows = [
-        ("id", str(job.id)), ("task", job.task), ("queue", job.queue), ("state", str(job.state)),
+        ("id", str(job.id)), ("uid", job.uid or "-"), ("task", job.task), ("queue", job.queue), ("state", str(job.state)),
         ("attempts", f"{job.attempts}/{job.max_attempts}"), ("priority", str(job.priority)),
         ("args", shown_json(job.args, SHOWN_CHARS)), ("created", when(job.created_at)),
         ("run at", when(job.run_at)), ("last started", when(job.attempted_at)),

@@ -95,7 +95,7 @@ JOB_COLUMNS = ("id", "queue", "task", "state", "priority", "run_at", "attempt", 
                "timeout_s", "lease_token", "lease_expires_at", "worker_id", "unique_key", "errors",
                "meta", "created_at", "attempted_at", "finished_at", "fair_key", "fair_tag",
                "unique_for", "concurrency_key", "concurrency_limit", "rate_key", "rate_limit",
-               "rate_period", "args", "result")
+               "rate_period", "args", "result", "uid")
 
 
 def _job_columns(sql: str) -> str:
@@ -110,7 +110,7 @@ CHANNEL = "conveyor_wake"
 DEPTH_LOCK = "SELECT pg_advisory_xact_lock(hashtext('conveyor_depth:' || current_schema() || ':' || %s))"
 # A plain job's enqueue (see _plain): the insert, and its wake-up delivered at the same commit.
 ENQUEUE_ONE = ("WITH ins AS (" + Q["insert"].strip().rstrip(";") + ")\n"
-               "SELECT ins.id, ins.at, pg_notify(%(channel)s, %(queue)s) FROM ins").encode()
+               "SELECT ins.id, ins.uid, ins.at, pg_notify(%(channel)s, %(queue)s) FROM ins").encode()
 UNIQUE_RACE_TRIES = 3  # a unique key that changes hands between insert and lookup is tried again
 
 # Every network call has a bound: connecting, each statement, a dead peer (tcp_user_timeout).
@@ -615,7 +615,7 @@ class PostgresBackend(Backend):
             except psycopg.Error as exc:
                 raise _translate(exc) from exc
             assert row is not None  # no unique key: the insert always writes its row
-            return [EnqueueResult(row["id"], True, row["at"])]
+            return [EnqueueResult(row["id"], True, row["at"], row["uid"])]
         with self._tx() as conn, conn.cursor() as cur:
             return _run(cur, _enqueue_plan(jobs, now))
 
@@ -650,7 +650,7 @@ class PostgresBackend(Backend):
         with self._tx() as conn:
             return {r["name"]: float(r["last_tick"]) for r in conn.execute(Q["cron_ticks"])}
 
-    def record_step(self, job_id: int, step: str, result: str | None, *,
+    def record_step(self, job_id: int, step: str, result: str | None, *, uid: str | None,
                     connection: psycopg.Connection[Any] | None = None) -> tuple[bool, str | None]:
         """With ``connection``, the record joins that connection's open transaction (the caller
         commits): with the task's own writes, it happens exactly once."""
@@ -658,11 +658,11 @@ class PostgresBackend(Backend):
         if connection is not None:
             try:
                 with _bounded(connection), connection.cursor(row_factory=dict_row) as cur:
-                    return _record_step(cur, job_id, step, result)
+                    return _record_step(cur, job_id, step, result, uid)
             except psycopg.Error as exc:
                 raise _translate(exc) from exc
         with self._tx() as conn, conn.cursor() as cur:
-            return _record_step(cur, job_id, step, result)
+            return _record_step(cur, job_id, step, result, uid)
 
     # -- worker -----------------------------------------------------------------------
     def claim(
@@ -1087,7 +1087,7 @@ def _row_to_job(row: dict[str, Any]) -> Job:
         id=row["id"], task=row["task"], queue=row["queue"], args=row["args"], state=JobState(row["state"]),
         attempts=row["attempt"], max_attempts=row["max_attempts"], priority=row["priority"],
         run_at=row["run_at"].timestamp(), timeout=float(row["timeout_s"]),
-        created_at=row["created_at"].timestamp(), attempted_at=_ts(row["attempted_at"]),
+        created_at=row["created_at"].timestamp(), uid=row["uid"], attempted_at=_ts(row["attempted_at"]),
         finished_at=_ts(row["finished_at"]), result=row["result"], errors=row["errors"],
         unique_key=row["unique_key"], worker_id=row["worker_id"], lease_token=row["lease_token"],
         lease_expires_at=_ts(row["lease_expires_at"]), meta=row["meta"], fair_key=row["fair_key"],
@@ -1387,7 +1387,7 @@ def _enqueue_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[Enqueu
     for job, param, row in zip(jobs, params, rows, strict=True):
         for _ in range(UNIQUE_RACE_TRIES):
             if row is not None:
-                results.append(EnqueueResult(row["id"], True, row["at"]))
+                results.append(EnqueueResult(row["id"], True, row["at"], row["uid"]))
                 break
             found = yield _Stmt("one", Q["find_unique"], {"unique_key": job.unique_key, "now": now})
             if found is not None:
@@ -1413,7 +1413,7 @@ def _plain_batch_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[En
     row = yield _Stmt("one", Q["insert_plain"], {"jobs": doc, "now": now})
     yield _Stmt("none", Q["notify"], {"channel": CHANNEL, "queues": sorted({j.queue for j in jobs})})
     at = row["at"]
-    return [EnqueueResult(i, True, at) for i in row["ids"]]
+    return [EnqueueResult(i, True, at, uid) for i, uid in zip(row["ids"], row["uids"], strict=True)]
 
 
 def _fair_tags_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[int | None]]:
@@ -1480,8 +1480,8 @@ def _check_step_name(step: str) -> None:
 
 
 def _record_step(cur: psycopg.Cursor[dict[str, Any]], job_id: int, step: str,
-                 result: str | None) -> tuple[bool, str | None]:
-    params = {"id": job_id, "step": step, "result": result}
+                 result: str | None, uid: str | None) -> tuple[bool, str | None]:
+    params = {"id": job_id, "step": step, "result": result, "uid": uid}
     try:
         if cur.execute(Q["record_step"], params).fetchone() is not None:
             return True, result
@@ -1489,9 +1489,11 @@ def _record_step(cur: psycopg.Cursor[dict[str, Any]], job_id: int, step: str,
         raise JobNotFound(f"no job with id {job_id}") from None  # deleted while we recorded
     row = cur.execute(Q["read_step"], params).fetchone()
     assert row is not None
+    if not row["job_found"]:
+        # No such job, or the id names another job now (the store lost data and its sequence
+        # handed the id out again): either way not this job.
+        raise JobNotFound(f"no job with id {job_id} and uid {uid}")
     if not row["found"]:
-        if not row["job_found"]:
-            raise JobNotFound(f"no job with id {job_id}")
         raise StoreError(f"step {step!r} of job {job_id}: record neither written nor found; retry")
     value = row["result"]  # the stored JSON text; SQL NULL is a step that returned None
     return False, None if value in (None, "null") else value

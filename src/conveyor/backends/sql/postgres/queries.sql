@@ -28,7 +28,7 @@ WHERE %(unique_key)s::text IS NULL OR NOT EXISTS (
       AND d.finished_at + make_interval(secs => d.unique_for) > t.now)
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('scheduled', 'available', 'running')
 DO NOTHING
-RETURNING id, extract(epoch FROM created_at)::float8 AS at;
+RETURNING id, uid, extract(epoch FROM created_at)::float8 AS at;
 
 -- name: insert_plain
 -- A batch of plain jobs (no unique key, no fair key: see _plain in postgres.py) in one statement.
@@ -65,8 +65,9 @@ FROM (SELECT :NOW AS now) AS t,
                               t.now + make_interval(secs => b.delay)) AS run_at) AS r,
      LATERAL jsonb_array_elements_text(b.args_list) WITH ORDINALITY AS a(args, ord)
 ORDER BY b.ord, a.ord
-RETURNING id, created_at)
-SELECT array_agg(id ORDER BY id) AS ids, extract(epoch FROM min(created_at))::float8 AS at FROM inserted;
+RETURNING id, uid, created_at)
+SELECT array_agg(id ORDER BY id) AS ids, array_agg(uid ORDER BY id) AS uids,
+       extract(epoch FROM min(created_at))::float8 AS at FROM inserted;
 
 -- name: unique_held
 -- Which of these keys a job holds now: an unfinished one, or a succeeded one in its window.
@@ -488,14 +489,17 @@ SELECT name, last_tick FROM conveyor_cron ORDER BY name;
 
 -- name: record_step
 -- First record wins: racing inserts of one (job, step) wait for the first and then do nothing.
+-- Only onto the job of this uid (NULL: a job stored before uids): after a restore, the id may
+-- name another job, which must not get this one's record.
 INSERT INTO conveyor_steps (job_id, step, result)
 SELECT %(id)s, %(step)s, %(result)s::json
-WHERE EXISTS (SELECT 1 FROM conveyor_jobs WHERE id = %(id)s)
+WHERE EXISTS (SELECT 1 FROM conveyor_jobs WHERE id = %(id)s AND uid IS NOT DISTINCT FROM %(uid)s::text)
 ON CONFLICT (job_id, step) DO NOTHING
 RETURNING job_id;
 
 -- name: read_step
-SELECT EXISTS (SELECT 1 FROM conveyor_jobs WHERE id = %(id)s) AS job_found,
+SELECT EXISTS (SELECT 1 FROM conveyor_jobs WHERE id = %(id)s AND uid IS NOT DISTINCT FROM %(uid)s::text)
+           AS job_found,
        s.job_id IS NOT NULL AS found, s.result::text AS result
 FROM (SELECT 1) AS one
 LEFT JOIN conveyor_steps AS s ON s.job_id = %(id)s AND s.step = %(step)s;
