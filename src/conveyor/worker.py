@@ -748,6 +748,12 @@ class Worker:
                 return
             self._prepared[job.id] = execution
 
+    def _forget(self, running: _Running) -> None:
+        """Drop a finished job from the jobs heartbeated, unless its id now names another job:
+        ids repeat after a store's data loss, and the newer job must stay heartbeated."""
+        if self._running.get(running.job.id) is running:
+            del self._running[running.job.id]
+
     def _start(self, job: Job) -> None:
         assert job.lease_token is not None
         self.counters.claimed += 1
@@ -780,7 +786,7 @@ class Worker:
     def _drop_held(self, running: _Running) -> None:
         """A held job that will not run here (its lease is gone, or it is given back): forget it."""
         running.settled = True
-        self._running.pop(running.job.id, None)
+        self._forget(running)
 
     def _prefetch_now(self) -> int:
         return 0 if self._prefetch_paused else self.prefetch
@@ -870,7 +876,7 @@ class Worker:
         finally:
             if not running.acking:
                 running.settled = True
-                self._running.pop(job.id, None)
+                self._forget(running)
             thread = execution.thread
             if running.freed:
                 pass
@@ -993,7 +999,7 @@ class Worker:
         if running.settled:
             return
         running.settled = True
-        self._running.pop(running.job.id, None)
+        self._forget(running)
         job = running.job
         if ok:
             self.counters.succeeded += 1
@@ -1017,7 +1023,7 @@ class Worker:
             running.acking = False
             if not running.settled:
                 running.settled = True
-                self._running.pop(running.job.id, None)
+                self._forget(running)
                 self._job_log(logging.ERROR, running.job, "ack_failed",
                               "job %d %s: could not record its success (%s); it runs again after its lease expires",
                               running.job.id, running.job.task, exc)

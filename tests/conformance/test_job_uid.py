@@ -182,3 +182,54 @@ def test_a_task_builds_its_idempotency_keys_from_the_uid(app: Conveyor) -> None:
         for job in (first, second):
             assert wait_for_job(app, job.id, timeout=20).state == "succeeded"
     assert sorted(keys) == sorted([f"{first.uid}:charge"] * 2 + [f"{second.uid}:charge"] * 2)
+
+
+def test_a_job_that_takes_a_running_jobs_id_stays_heartbeated(app: Conveyor) -> None:
+    """After a data loss the store can hand a worker a new job under the id of one it still
+    runs. When the old one ends, the new one must stay in the worker's heartbeats: dropped, its
+    lease would expire mid-run and the job would run a second time."""
+    import threading
+
+    from dataloss import lose_everything
+    from support import running_worker, wait_for_job, wait_until
+
+    first_gate, second_gate = threading.Event(), threading.Event()
+    started: list[str] = []
+
+    @app.task(name="first", max_attempts=1)
+    def first() -> None:
+        started.append("first")
+        first_gate.wait(60)
+
+    @app.task(name="second", max_attempts=3)
+    def second() -> None:
+        started.append("second")
+        second_gate.wait(60)
+
+    try:
+        with running_worker(app, concurrency=2, visibility_timeout=1.0):
+            old = first.enqueue()
+            wait_until(lambda: "first" in started, timeout=10, message="the first job runs")
+            lose_everything(app.backend)
+            new = second.enqueue()
+            assert new.id == old.id
+            wait_until(lambda: "second" in started, timeout=10, message="the new job runs")
+            first_gate.set()  # the old job ends (its ack refused: the store lost it)
+            lease = app.get_job(new.id)
+            assert lease is not None and lease.lease_expires_at is not None
+            # Past two lease lengths, heartbeats alone keep the new job running.
+            renewed = lease.lease_expires_at + 2.0
+
+            def renewed_past() -> bool:
+                job = app.get_job(new.id)
+                return (job is not None and job.state.value == "running"
+                        and (job.lease_expires_at or 0) > renewed)
+
+            wait_until(renewed_past, timeout=20, message="the new job's lease renewed by heartbeat")
+            second_gate.set()
+            done = wait_for_job(app, new.id, "succeeded", timeout=20)
+            assert done.attempts == 1
+            assert started.count("second") == 1
+    finally:
+        first_gate.set()
+        second_gate.set()
