@@ -25,6 +25,11 @@
 --   KEYS[18] P:rate:       prefix key; P:rate:<rate key> is a ZSET of the claims of jobs with
 --                          that key, member = id:lease token, score = claim time + the job's
 --                          rate_period (the end of its window); PEXPIREd to its last entry
+--   KEYS[19] P:leases      ZSET of every running job across queues, member = id/queue (a '/' is
+--                          never in a queue name), score = lease_expires_at: reap reads only
+--                          the expired head (see gmember)
+--   KEYS[20] P:schedule    ZSET of every scheduled job across queues, member = id/queue, score =
+--                          run_at: promote reads only the due head
 -- then one block of 11 keys per queue named in ARGV, in the same order:
 --   P:q:<queue>:available  ZSET, score = priority, member = tag .. sortable(run_at) .. id
 --                          (see member())
@@ -55,7 +60,8 @@ local K_STATE = {
 local K_UNIQUE, K_EXPIRIES, K_QUEUES, K_IDS = KEYS[10], KEYS[11], KEYS[12], KEYS[13]
 local K_WORKERS, K_SEEN, K_CRON = KEYS[14], KEYS[15], KEYS[16]
 local P_CONC, P_RATE = KEYS[17], KEYS[18]
-local NHEAD, NQK = 18, 11
+local K_LEASES, K_SCHEDULE = KEYS[19], KEYS[20]
+local NHEAD, NQK = 20, 11
 local KEEP_ERRORS = 20
 
 local NQ = tonumber(ARGV[1])
@@ -79,6 +85,13 @@ for i = 1, NQ do
 end
 local A = 2 + NQ
 local function arg(i) return ARGV[A + i - 1] end
+
+-- The member of P:leases and P:schedule: the id and its queue, so reap and promote know which
+-- queue blocks to ask for without reading the jobs. Every writer of a queue's running or
+-- scheduled ZSET writes these two in step (the per-queue sets stay: stats and listing read them).
+local function gmember(q, id) return id .. '/' .. q.name end
+local function split_gmember(m) return string.match(m, '^([^/]+)/(.*)$') end
+local K_GLOBAL = {running = K_LEASES, scheduled = K_SCHEDULE}
 
 local function is_unfinished(state)
   return state == 'scheduled' or state == 'available' or state == 'running'
@@ -106,6 +119,7 @@ local function leave(q, id, state, m, ck, rk)
     if ck or rk then redis.call('HINCRBY', q.fair, 'gated', -1) end
   else
     redis.call('ZREM', q[state], id)
+    if K_GLOBAL[state] then redis.call('ZREM', K_GLOBAL[state], gmember(q, id)) end
     if state == 'running' then
       if ck == nil then ck = redis.call('HGET', P_JOB .. id, 'concurrency_key') end
       if ck then
@@ -119,6 +133,7 @@ end
 
 local function enter(q, id, key, state, score)
   redis.call('ZADD', q[state], score, id)
+  if K_GLOBAL[state] then redis.call('ZADD', K_GLOBAL[state], score, gmember(q, id)) end
   redis.call('ZADD', K_STATE[state], id, id)
   redis.call('HSET', key, 'state', state)
 end
@@ -240,6 +255,7 @@ local function forget_missing(q, id)
     redis.call('ZREM', q[state], id)
   end
   for _, k in pairs(K_STATE) do redis.call('ZREM', k, id) end
+  for _, k in pairs(K_GLOBAL) do redis.call('ZREM', k, gmember(q, id)) end
   redis.call('ZREM', q.due, id)
   redis.call('ZREM', q.jobs, id)
   redis.call('ZREM', K_ALL, id)
@@ -255,6 +271,7 @@ local function promote_queue(q, now, limit)
     local key = P_JOB .. id
     redis.call('ZREM', q.scheduled, id)
     redis.call('ZREM', K_STATE.scheduled, id)
+    redis.call('ZREM', K_SCHEDULE, gmember(q, id))
     local f = redis.call('HMGET', key, 'run_at', 'priority', 'fair_tag', 'concurrency_key', 'rate_key')
     if f[1] then
       enter_available(q, id, key, tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or 0), f[4], f[5])
@@ -326,6 +343,7 @@ local function succeed(q, id, key, token, ck, uk, ufor, now, has_result, result,
   local t = num(now)
   w.zrem(q.running, id)
   w.zrem(K_STATE.running, id)
+  w.zrem(K_LEASES, gmember(q, id))
   if ck then
     redis.call('ZREM', P_CONC .. ck, id)
     wake(q, 1)

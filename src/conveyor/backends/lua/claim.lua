@@ -150,7 +150,7 @@ local PLAIN = NBASE
 for name in pairs(OMIT) do
   if name ~= 'fair_tag' then PLAIN = PLAIN + 1 end
 end
-local out, ids, running, states = {}, {}, {}, {}
+local out, ids, running, states, leases = {}, {}, {}, {}, {}
 local rated, n_gated = {}, 0
 -- The largest tag claimed at priority p1, and at any other priority (by ZSET score).
 local top1, tops = -1, nil
@@ -196,6 +196,8 @@ for i, m in ipairs(picked) do
     ids[#ids + 1] = id
     running[#running + 1] = e_at
     running[#running + 1] = id
+    leases[#leases + 1] = e_at
+    leases[#leases + 1] = gmember(q, id)
     states[#states + 1] = id
     states[#states + 1] = id
     -- A job has error records only after a failed attempt (then attempt was >= 1 before this
@@ -232,6 +234,7 @@ end
 call_many('ZREM', K_STATE.available, ids)
 call_many('ZREM', q.due, ids)
 call_many('ZADD', q.running, running)
+call_many('ZADD', K_LEASES, leases)
 call_many('ZADD', K_STATE.running, states)
 if top1 > v1 then redis.call('HSET', q.fair, vf1, string.format('%.0f', top1)) end
 if tops then
