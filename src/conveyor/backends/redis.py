@@ -579,7 +579,7 @@ class RedisBackend(Backend):
 
     def _claimed(self, res: list[Any], queue: str, worker_id: str, tokens: list[str]) -> list[Job]:
         """The jobs of a claim script's reply, with the fields it leaves out put back."""
-        if not res:
+        if not res or res[0] == "hold":  # (limits hold every waiting job back: see claim.lua)
             return []
         at, expires = res[0], res[1]
         known = {"queue": queue, "state": "running", "attempted_at": at, "worker_id": worker_id,

@@ -42,7 +42,8 @@
 --                          'v:<priority>' -> that round's virtual time, 't:<priority>:<fair key>'
 --                          -> that key's last tag in it, 'scan' -> prune's HSCAN cursor; and
 --                          'gated' -> how many available jobs have a concurrency or rate key
---                          (see enter_available)
+--                          (see enter_available); 'hold' -> until when claims need not look:
+--                          every waiting job is held back by a limit (see claim.lua)
 --   P:q:<queue>:due        ZSET of the available ids, score = run_at: the oldest waiting job
 --   P:q:<queue>:inbox      LIST of plain jobs enqueue_one wrote but did not index yet, folded
 --                          into the indexes above before any script reads them (fold_inbox)
@@ -81,7 +82,7 @@ end
 -- Before anything reads a queue's indexes, its inbox goes into them (see fold_inbox).
 for i = 1, NQ do
   local q = Q[QNAMES[i]]
-  fold_inbox(q.inbox, K_ALL, K_STATE.available, q.jobs, q.available, q.due)
+  fold_inbox(q.inbox, K_ALL, K_STATE.available, q.jobs, q.available, q.due, q.fair)
 end
 local A = 2 + NQ
 local function arg(i) return ARGV[A + i - 1] end
@@ -107,6 +108,26 @@ local function limit_keys(id, ck, rk)
   return ck, rk
 end
 
+-- A queue whose waiting jobs were all held back by limits (claim set 'hold') may have a job
+-- to run again: a job became available, or a concurrency slot of a job of it freed.
+local function unhold(q) redis.call('HDEL', q.fair, 'hold', 'holdc') end
+
+-- Until when claim's hold on q (see claim.lua) stands, or nil when it does not at now: it has
+-- run out, or one of the full concurrency keys it names ('holdc': key, running count...) has
+-- freed a slot since, which a job of another queue sharing the key may have done.
+local function held_until(q, now)
+  local f = redis.call('HMGET', q.fair, 'hold', 'holdc')
+  local t = tonumber(f[1] or 0)
+  if t <= now then return nil end
+  if f[2] then
+    local c = cjson.decode(f[2])
+    for i = 1, #c, 2 do
+      if redis.call('ZCARD', P_CONC .. c[i]) < c[i + 1] then return nil end
+    end
+  end
+  return t
+end
+
 -- Take the job out of its state's sets (not the hash: the caller rewrites that). Every way out
 -- of running (ack, retry, kill, release, reap, cancel) comes through here, so this is where a
 -- job gives back its concurrency slot; a held-back job may now start, so idle workers are told.
@@ -124,6 +145,7 @@ local function leave(q, id, state, m, ck, rk)
       if ck == nil then ck = redis.call('HGET', P_JOB .. id, 'concurrency_key') end
       if ck then
         redis.call('ZREM', P_CONC .. ck, id)
+        unhold(q)
         wake(q, 1)
       end
     end
@@ -149,6 +171,7 @@ local function enter_available(q, id, key, run_at, priority, tag, ck, rk)
   redis.call('ZADD', q.due, run_at, id)
   redis.call('ZADD', K_STATE.available, id, id)
   redis.call('HSET', key, 'state', 'available', 'm', m)
+  unhold(q)
   ck, rk = limit_keys(id, ck, rk)
   if ck or rk then redis.call('HINCRBY', q.fair, 'gated', 1) end
 end
@@ -346,6 +369,7 @@ local function succeed(q, id, key, token, ck, uk, ufor, now, has_result, result,
   w.zrem(K_LEASES, gmember(q, id))
   if ck then
     redis.call('ZREM', P_CONC .. ck, id)
+    unhold(q)
     wake(q, 1)
   end
   redis.call('HDEL', key, 'lease_token', 'lease_expires_at')

@@ -176,6 +176,7 @@ for _, qn in ipairs(queues_used) do
   if #b.available > 0 then
     call_many('ZADD', q.available, b.available)
     call_many('ZADD', q.due, b.due)
+    redis.call('HDEL', q.fair, 'hold')  -- (unhold)
   end
   if b.gated > 0 then redis.call('HINCRBY', q.fair, 'gated', b.gated) end
   if #b.scheduled > 0 then

@@ -34,5 +34,5 @@ if waiting == 1 then redis.call('SADD', K_QUEUES, qn) end
 -- marker, so a longer inbox means none of those markers has been acted on yet: one more would
 -- wake nobody new.
 if waiting <= WAKE_MAX then wake({wake = Q_WAKE}, 1) end
-if waiting >= FOLD_AT then fold_inbox(Q_INBOX, K_ALL, K_AVAILABLE, Q_JOBS, Q_AVAILABLE, Q_DUE) end
+if waiting >= FOLD_AT then fold_inbox(Q_INBOX, K_ALL, K_AVAILABLE, Q_JOBS, Q_AVAILABLE, Q_DUE, Q_FAIR) end
 return {t, id, 1}
