@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from redisrig import RedisServer
 
+from conveyor import JobState
 from conveyor.backends import open_backend
-from conveyor.backends.base import NewJob
+from conveyor.backends.base import Lease, NewJob
 from conveyor.backends.redis import RedisBackend
 
 T0 = 1_700_000_000.0
@@ -21,7 +22,8 @@ BLOCK = 11  # keys per queue block
 
 
 def job(queue: str, **kw: Any) -> NewJob:
-    return NewJob(task="t", queue=queue, args="{}", max_attempts=3, timeout=30.0, **kw)
+    kw.setdefault("max_attempts", 3)
+    return NewJob(task="t", queue=queue, args="{}", timeout=30.0, **kw)
 
 
 @pytest.fixture
@@ -139,5 +141,55 @@ def test_one_maintenance_turn_per_interval_across_backends(
     try:
         turns = [b.maintenance_turn(60.0) for b in (backend, other, backend, other)]
         assert turns == [True, False, False, False]
+    finally:
+        other.close()
+
+
+def test_a_queue_whose_jobs_are_all_deleted_is_forgotten_and_comes_back_on_enqueue(
+        backend: RedisBackend, private_redis: RedisServer) -> None:
+    r = private_redis.client()
+    queues = backend.keys.queues
+    [done] = backend.enqueue_many([job("gone")], now=T0)
+    backend.enqueue_many([job("kept", delay=3600)], now=T0)
+    [claimed] = backend.claim("gone", 1, worker_id="w", lease_s=30, now=T0)
+    backend.ack(Lease(claimed.id, claimed.lease_token or ""), None, now=T0 + 1)
+    assert r.smembers(queues) == {"gone", "kept"}
+    assert backend.prune(older_than=10, now=T0 + 100) == 1
+    assert backend.get(done.id) is None
+    assert r.smembers(queues) == {"kept"}  # a queue with a scheduled job stays
+    assert not r.exists(backend.keys.queue("gone", "fair"))
+    assert [q.queue for q in backend.stats(now=T0 + 100).queues] == ["kept"]
+    backend.enqueue_many([job("gone")], now=T0 + 200)  # the general script
+    assert r.smembers(queues) == {"gone", "kept"}
+    [again] = backend.claim("gone", 1, worker_id="w", lease_s=30, now=T0 + 200)
+    backend.ack(Lease(again.id, again.lease_token or ""), None, now=T0 + 201)
+    assert backend.purge(state=JobState.SUCCEEDED) == 1
+    assert r.smembers(queues) == {"kept"}
+    backend.enqueue_many([NewJob(task="t", queue="gone", args="{}", max_attempts=3, timeout=30.0)])
+    assert r.smembers(queues) == {"gone", "kept"}  # enqueue_one (a plain job due now) names it too
+    assert [q.queue for q in backend.stats().queues] == ["gone", "kept"]
+
+
+def test_a_forgotten_queue_keeps_its_lease_expiries_in_stats(backend: RedisBackend) -> None:
+    backend.enqueue_many([job("q", max_attempts=1)], now=T0)
+    assert backend.claim("q", 1, worker_id="w", lease_s=5, now=T0)
+    assert len(backend.reap(now=T0 + 10).dead) == 1
+    assert backend.purge(state=JobState.DEAD) == 1
+    [q] = backend.stats(now=T0 + 20).queues
+    assert (q.queue, q.dead, q.lease_expiries) == ("q", 0, 1)
+
+
+def test_a_client_that_knew_a_forgotten_queue_is_told_its_list_is_stale(
+        backend: RedisBackend, private_redis: RedisServer) -> None:
+    backend.enqueue_many([job("a"), job("b", delay=60)], now=T0)
+    other = open_backend(private_redis.url)
+    assert isinstance(other, RedisBackend)
+    try:
+        other.stats(now=T0)  # knows a and b
+        [a] = backend.claim("a", 1, worker_id="w", lease_s=30, now=T0)
+        backend.ack(Lease(a.id, a.lease_token or ""), None, now=T0)
+        backend.prune(older_than=0, now=T0 + 1)
+        backend.enqueue_many([job("c", delay=60)], now=T0)  # as many queues as before, not the same
+        assert sorted(q.queue for q in other.stats(now=T0 + 1).queues) == ["b", "c"]
     finally:
         other.close()

@@ -14,7 +14,7 @@
 --                          with a unique_for: enqueue checks finished_at + unique_for > now)
 --   KEYS[11] P:expiries    HASH queue -> number of leases that expired; 'missing/<queue>' ->
 --                          ids found without a job hash and dropped (see forget_missing)
---   KEYS[12] P:queues      SET of every queue name ever used (never shrinks)
+--   KEYS[12] P:queues      SET of the queues that hold jobs (see forget_queue_if_empty)
 --   KEYS[13] P:ids         STRING, INCR counter of job ids
 --   KEYS[14] P:workers     HASH worker id -> JSON info
 --   KEYS[15] P:seen        ZSET worker id -> last_seen
@@ -261,10 +261,25 @@ local function job_data(id)
   return {id, redis.call('HGETALL', P_JOB .. id), redis.call('LRANGE', P_ERR .. id, 0, -1)}
 end
 
--- Scripts that touch every queue need all their blocks; the set only grows, so an equal
--- count means the caller's list is complete.
+-- Scripts that touch every queue need all their blocks. The set shrinks too (forget_queue), so
+-- an equal count is not enough: every queue given must still be in it.
 local function queues_complete()
-  return redis.call('SCARD', K_QUEUES) == NQ
+  if redis.call('SCARD', K_QUEUES) ~= NQ then return false end
+  for i = 1, NQ do
+    if redis.call('SISMEMBER', K_QUEUES, QNAMES[i]) == 0 then return false end
+  end
+  return true
+end
+
+-- A queue whose last job was deleted leaves P:queues, so the scripts that go over every queue
+-- (stats, prune, purge, redrive, listing) stop paying for it; its fair-sharing rounds go too
+-- (no job carries a tag of them). Enqueue names it again (enqueue's SADD, or enqueue_one's for
+-- the first job of an inbox: the prelude has folded this queue's inbox, so it is empty).
+local function forget_queue_if_empty(q)
+  if redis.call('ZCARD', q.jobs) == 0 and redis.call('LLEN', q.inbox) == 0 then
+    redis.call('SREM', K_QUEUES, q.name)
+    redis.call('DEL', q.fair)
+  end
 end
 
 -- A job whose id is in a queue's indexes but whose hash is gone (an evicting maxmemory-policy,
@@ -315,6 +330,7 @@ local function delete_job(q, id, state)
   redis.call('ZREM', K_STATE[state], id)
   redis.call('ZREM', K_ALL, id)
   redis.call('ZREM', q.jobs, id)
+  forget_queue_if_empty(q)
 end
 
 -- The lease check every fenced call makes: same token, still running, not expired at now.
