@@ -9,9 +9,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from redisrig import RedisServer
+from redisrig import RedisServer, wait_until
+from support import running_worker
 
-from conveyor import JobState
+from conveyor import Conveyor, JobState
 from conveyor.backends import open_backend
 from conveyor.backends.base import Lease, NewJob
 from conveyor.backends.redis import RedisBackend
@@ -193,3 +194,31 @@ def test_a_client_that_knew_a_forgotten_queue_is_told_its_list_is_stale(
         assert sorted(q.queue for q in other.stats(now=T0 + 1).queues) == ["b", "c"]
     finally:
         other.close()
+
+
+def test_a_worker_reaps_only_in_its_maintenance_turn(private_redis: RedisServer) -> None:
+    app = Conveyor(private_redis.url)
+    holder = open_backend(private_redis.url)
+    try:
+        [expired] = app.backend.enqueue_many([job("default")])
+        assert app.backend.claim("default", 1, worker_id="gone", lease_s=0.001)
+        assert holder.maintenance_turn(3600.0)  # another worker has this interval's turn
+        turns: list[bool] = []
+        real_turn = app.backend.maintenance_turn
+
+        def counted(interval: float) -> bool:
+            took = real_turn(interval)
+            turns.append(took)
+            return took
+
+        app.backend.maintenance_turn = counted  # type: ignore[method-assign]
+        with running_worker(app, maintenance_interval=0.02, queues=["other"]):
+            wait_until(lambda: len(turns) >= 5, 20, "five maintenance rounds")
+            assert app.backend.get(expired.id).state is JobState.RUNNING  # type: ignore[union-attr]
+            private_redis.client().delete(app.backend.keys.maintenance)  # type: ignore[attr-defined]
+            wait_until(lambda: app.backend.get(expired.id).state is JobState.AVAILABLE,  # type: ignore[union-attr]
+                       20, "the reap in the worker's own turn")
+        assert turns[:5] == [False] * 5 and True in turns
+    finally:
+        holder.close()
+        app.close()
