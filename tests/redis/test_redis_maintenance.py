@@ -15,7 +15,7 @@ from support import running_worker
 from conveyor import Conveyor, JobState
 from conveyor.backends import open_backend
 from conveyor.backends.base import Lease, NewJob
-from conveyor.backends.redis import RedisBackend
+from conveyor.backends.redis import SWEEP_PER_REAP, RedisBackend
 
 T0 = 1_700_000_000.0
 HEADER = 20  # keys of the common header (see _common.lua)
@@ -73,23 +73,22 @@ def test_reap_and_promote_carry_the_keys_of_the_due_work_only(backend: RedisBack
     assert reaped.requeued == [short.id]
     assert promoted == 1
     assert backend.get(due.id).state.value == "available"  # type: ignore[union-attr]
-    core = [(name, n) for name, n in calls if name in ("reap", "promote")]
-    assert core, calls
-    # The queue set holds 2,002 queues (22,022 keys as blocks): each call carries the header and
-    # at most the one block it asked for.
-    assert all(n <= HEADER + BLOCK for _, n in core), core
-    assert len(core) <= 4
-    # The straggler sweep (see sweep.lua) looks at a fixed slice of queues per reap.
-    assert all(n <= HEADER + BLOCK * 20 for name, n in calls if name == "sweep"), calls
+    # The queue set holds 2,002 queues (22,022 keys as blocks). Each call is one script: the
+    # client reads the due entries' queues first. A promote carries the header and the one block
+    # it needs; a reap also the fixed slice of queues it sweeps (see sweep_queue).
+    calls = [c for c in calls if c[0] != "get"]
+    assert [name for name, _ in calls] == ["reap", "promote"], calls
+    assert calls[0][1] <= HEADER + BLOCK * (1 + SWEEP_PER_REAP), calls
+    assert calls[1][1] == HEADER + BLOCK, calls
 
 
-def test_idle_maintenance_sends_only_the_header(backend: RedisBackend) -> None:
+def test_idle_maintenance_sends_only_the_header_and_the_sweep_slice(backend: RedisBackend) -> None:
     many_queues(backend, 300)
     backend.reap(now=T0 + 1)
     calls = spy(backend)
     assert backend.reap(now=T0 + 2).count == 0
     assert backend.promote(now=T0 + 2) == 0
-    assert [(name, n) for name, n in calls if name != "sweep"] == [("reap", HEADER), ("promote", HEADER)]
+    assert calls == [("reap", HEADER + BLOCK * SWEEP_PER_REAP), ("promote", HEADER)]
 
 
 def test_cancel_sends_the_keys_of_the_jobs_own_queue(backend: RedisBackend, private_redis: RedisServer) -> None:

@@ -118,6 +118,7 @@ MAX_CACHED_QUEUES = 100_000
 # lease that only a queue's own ZSET knows (written by an older version) is found within a round.
 SWEEP_QUEUES = 200
 SWEEP_PER_REAP = 20
+CLOCK_MARGIN_S = 5.0  # how far past its own clock the client looks for due entries (see _due_bound)
 # A connection of _send_scripts idle this long is closed, all but the most recently used: a burst
 # of calls from several threads (a worker waking from a pause, a producer's request spike) made
 # one each, and they would otherwise stay open for the process's life. The one kept serves a
@@ -212,6 +213,7 @@ class _Keys:
         ]
         # Set once every queue's own running and scheduled ZSETs were swept into the global
         # ones (P:leases, P:schedule): a store written before those existed has no such key.
+        self.leases, self.schedule = f"{p}:leases", f"{p}:schedule"
         self.indexed = f"{p}:indexed"
         self.maintenance = f"{p}:lock:maintenance"
 
@@ -976,17 +978,32 @@ class RedisBackend(Backend):
     def reap(self, *, limit: int = 1000, now: float | None = None) -> ReapResult:
         if limit <= 0:
             return ReapResult()
-        self._sweep(now)
-        res = self._run("reap", [], [self._now_arg(now), limit], safe=True)
+        self._sweep_all(now)
+        queues = self._due_queues(self.keys.leases, f"({self._due_bound(now)!r}", limit) + self._sweep_slice()
+        res = self._run("reap", queues, [self._now_arg(now), limit], safe=True)
         return ReapResult(requeued=sorted(int(i) for i in res[1]), dead=sorted(int(i) for i in res[2]))
 
     def promote(self, *, limit: int = 1000, now: float | None = None) -> int:
         if limit <= 0:
             return 0
-        if not self._swept:
-            self._sweep(now)
-        res = self._run("promote", [], [self._now_arg(now), limit], safe=True)
+        self._sweep_all(now)
+        queues = self._due_queues(self.keys.schedule, repr(self._due_bound(now)), limit)
+        res = self._run("promote", queues, [self._now_arg(now), limit], safe=True)
         return int(res[1])
+
+    @staticmethod
+    def _due_bound(now: float | None) -> float:
+        """The time up to which the client looks for due entries. Without an injected time it
+        cannot know Redis's clock, so it looks a little past its own: the script decides by
+        Redis's, and asks ('need') for a queue the client missed."""
+        return now if now is not None else time.time() + CLOCK_MARGIN_S
+
+    def _due_queues(self, key: str, bound: str, limit: int) -> list[str]:
+        """The queues of the entries of P:leases or P:schedule due by ``bound``: the blocks the
+        reap or promote script will need, read first so that it needs one call."""
+        members = self._call("read due entries", lambda: self._r.zrangebyscore(key, "-inf", bound, start=0, num=limit),
+                             safe=True)
+        return list(dict.fromkeys(str(m).partition("/")[2] for m in members))
 
     def maintenance_turn(self, interval: float) -> bool:
         """A key taken with SET NX PX for ``interval``, left to expire: the first worker to ask
@@ -996,27 +1013,29 @@ class RedisBackend(Backend):
                           safe=False)
         return bool(took)
 
-    def _sweep(self, now: float | None) -> None:
-        """Keep P:leases and P:schedule complete for a store (or workers) of a version before
-        them: a whole sweep the first time this backend finds the store not marked indexed, then
-        one slice per call (see sweep.lua)."""
-        if not self._swept:
-            if not self._call("check indexes", lambda: self._r.exists(self.keys.indexed), safe=True):
-                queues = self._refresh_queues()
-                for start in range(0, len(queues), SWEEP_QUEUES):
-                    self._run("sweep", queues[start:start + SWEEP_QUEUES], [self._now_arg(now), 1000], safe=True)
-                self._call("mark indexed", lambda: self._r.set(self.keys.indexed, "1"), safe=True)
-            self._swept = True
+    def _sweep_all(self, now: float | None) -> None:
+        """Once per backend: if the store is not marked indexed (written by a version before
+        P:leases and P:schedule), sweep every queue into them (see sweep.lua), then mark it."""
+        if self._swept:
             return
+        if not self._call("check indexes", lambda: self._r.exists(self.keys.indexed), safe=True):
+            queues = self._refresh_queues()
+            for start in range(0, len(queues), SWEEP_QUEUES):
+                self._run("sweep", queues[start:start + SWEEP_QUEUES], [self._now_arg(now), 1000], safe=True)
+            self._call("mark indexed", lambda: self._r.set(self.keys.indexed, "1"), safe=True)
+        self._swept = True
+
+    def _sweep_slice(self) -> list[str]:
+        """The next few queues of the queue set, going round it: each reap also sweeps them (a
+        lease only a queue's own set knows, written by a worker of the previous version still
+        running during an upgrade, is found within one round)."""
         queues = self._all_queues()
-        if not queues:
-            return
         if self._sweep_at >= len(queues):
             self._sweep_at = 0
             queues = self._refresh_queues()
         chunk = queues[self._sweep_at:self._sweep_at + SWEEP_PER_REAP]
         self._sweep_at += SWEEP_PER_REAP
-        self._run("sweep", chunk, [self._now_arg(now), 1000], safe=True)
+        return chunk
 
     def prune(
         self, *, older_than: float, states: Sequence[JobState] = (JobState.SUCCEEDED,),

@@ -94,6 +94,21 @@ local function gmember(q, id) return id .. '/' .. q.name end
 local function split_gmember(m) return string.match(m, '^([^/]+)/(.*)$') end
 local K_GLOBAL = {running = K_LEASES, scheduled = K_SCHEDULE}
 
+-- Copies the entries of a queue's own running or scheduled ZSET scored up to max into the
+-- global one (P:leases, P:schedule), at most limit: for a store, or a worker, of the version
+-- before those existed (see sweep.lua). Only what is due is copied; reap and promote check
+-- each job again. Returns how many were copied.
+local function sweep_queue(q, state, max, limit)
+  local r = redis.call('ZRANGEBYSCORE', q[state], '-inf', max, 'WITHSCORES', 'LIMIT', 0, limit)
+  local args = {}
+  for k = 1, #r, 2 do
+    args[#args + 1] = r[k + 1]
+    args[#args + 1] = gmember(q, r[k])
+  end
+  if #args > 0 then call_many('ZADD', K_GLOBAL[state], args) end
+  return #args / 2
+end
+
 local function is_unfinished(state)
   return state == 'scheduled' or state == 'available' or state == 'running'
 end

@@ -3,11 +3,15 @@
 -- whose job hash is gone is dropped and not counted (forget_missing).
 -- The due jobs are the head of P:schedule (all queues): a call costs O(due + log n) whatever
 -- the number of queues.
+-- The client reads the head of P:schedule first and sends the blocks of those jobs' queues; the
+-- due jobs of the given queues' own scheduled ZSETs are copied into P:schedule first
+-- (sweep_queue), as reap does for leases.
 -- KEYS: the common header, then the blocks of the queues of the due jobs (see 'need').
 -- ARGV: n, queue names; now ('' = the store's clock), limit
 -- Returns {'ok', count, entries looked at} or {'need', queue...} (nothing changed).
 local now = clock(arg(1))
 local limit = tonumber(arg(2))
+for _, qn in ipairs(QNAMES) do sweep_queue(Q[qn], 'scheduled', num(now), limit) end
 local r = redis.call('ZRANGEBYSCORE', K_SCHEDULE, '-inf', num(now), 'LIMIT', 0, limit)
 local found, need, asked = {}, {}, {}
 for _, m in ipairs(r) do

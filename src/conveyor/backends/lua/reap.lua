@@ -4,12 +4,16 @@
 -- gone is dropped from the indexes and not reported (forget_missing).
 -- The expired leases are the head of P:leases (all queues), so a call costs O(expired + log n)
 -- whatever the number of queues: only the queues of those jobs are needed.
+-- The client reads the head of P:leases first and sends the blocks of those jobs' queues, with a
+-- few more: the expired leases in the given queues' own running ZSETs are copied into P:leases
+-- first (sweep_queue), so a lease written by a worker of the previous version is found.
 -- KEYS: the common header, then the blocks of the queues of the expired leases (see 'need').
 -- ARGV: n, queue names; now ('' = the store's clock), limit
 -- Returns {'ok', {requeued ids}, {dead ids}, entries looked at}, or {'need', queue...} (nothing
 -- changed) when a block is missing.
 local now = clock(arg(1))
 local limit = tonumber(arg(2))
+for _, qn in ipairs(QNAMES) do sweep_queue(Q[qn], 'running', '(' .. num(now), limit) end
 local r = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', '(' .. num(now), 'LIMIT', 0, limit)
 local found, need, asked = {}, {}, {}
 for _, m in ipairs(r) do
