@@ -1121,20 +1121,26 @@ class Worker:
         while True:
             await asyncio.sleep(self.maintenance_interval * self._rng.uniform(0.5, 1.5))
             try:
-                reaped = await self._call(self._maint, self.backend.reap, limit=1000)
-                if reaped.count:
-                    self.counters.reaped += reaped.count
-                    if self.metrics is not None:
-                        self.metrics.reaped.labels("requeued").inc(len(reaped.requeued))
-                        self.metrics.reaped.labels("dead").inc(len(reaped.dead))
-                    log.warning("reaped %d expired lease(s): %d back to available, %d dead",
-                                reaped.count, len(reaped.requeued), len(reaped.dead))
-                await self._call(self._maint, self.backend.promote, limit=1000)
+                # One worker of the fleet per interval (the store decides): every worker reaping
+                # and promoting each second cost the store that work times the workers.
+                if await self._call(self._maint, self.backend.maintenance_turn, self.maintenance_interval):
+                    await self._reap_and_promote()
                 if time.monotonic() >= next_prune:
                     next_prune = time.monotonic() + self.prune_interval
                     await self._prune()
             except Exception:
                 log.exception("maintenance failed")
+
+    async def _reap_and_promote(self) -> None:
+        reaped = await self._call(self._maint, self.backend.reap, limit=1000)
+        if reaped.count:
+            self.counters.reaped += reaped.count
+            if self.metrics is not None:
+                self.metrics.reaped.labels("requeued").inc(len(reaped.requeued))
+                self.metrics.reaped.labels("dead").inc(len(reaped.dead))
+            log.warning("reaped %d expired lease(s): %d back to available, %d dead",
+                        reaped.count, len(reaped.requeued), len(reaped.dead))
+        await self._call(self._maint, self.backend.promote, limit=1000)
 
     async def _scheduler_loop(self) -> None:
         from .cron import Scheduler

@@ -73,6 +73,16 @@ def test_the_limit_holds_across_queues(backend: Backend) -> None:
     assert claim(backend, 5, queue="q2") == []
 
 
+def test_a_slot_freed_in_another_queue_lets_a_held_back_queue_claim_at_once(backend: Backend) -> None:
+    backend.enqueue_many([limited(limit=1, queue="q1")], now=T0)
+    backend.enqueue_many([limited(limit=1, queue="q2")] * 2, now=T0)
+    [a] = claim(backend, 5, queue="q1")
+    for k in range(3):
+        assert claim(backend, 5, queue="q2", now=T0 + k / 10) == []
+    backend.ack(lease(a), None, now=T0 + 0.3)
+    assert len(claim(backend, 5, queue="q2", now=T0 + 0.4)) == 1
+
+
 def test_keys_are_independent(backend: Backend) -> None:
     backend.enqueue_many([limited("a", 1)] * 3 + [limited("b", 2)] * 3, now=T0)
     keys = sorted(j.concurrency_key or "" for j in claim(backend, 10))

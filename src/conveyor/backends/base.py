@@ -389,6 +389,13 @@ class Backend(abc.ABC):
     def promote(self, *, limit: int = 1000, now: float | None = None) -> int:
         """Scheduled jobs whose run_at has come become ``available``."""
 
+    def maintenance_turn(self, interval: float) -> bool:
+        """Whether the caller should reap and promote now: True for one caller per ``interval``
+        seconds across every process on the store, so a fleet of workers does that work once
+        per interval instead of once each. The default, for a store where those calls cost
+        little, always says yes."""
+        return True
+
     @abc.abstractmethod
     def prune(
         self, *, older_than: float, states: Sequence[JobState] = (JobState.SUCCEEDED,),

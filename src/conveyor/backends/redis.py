@@ -93,7 +93,7 @@ QUEUE_KEYS = ("available", "scheduled", "running", "succeeded", "dead", "cancell
 GROWING_SCRIPTS = {"enqueue", "enqueue_one"}
 STRICT_SCRIPTS = ("record_step", "retry", "kill")
 OOM_SLACK = 1024  # bytes of caller text a script may write past maxmemory
-# Scripts that do without _common.lua's prelude (its header of 18 keys, the queue blocks, and
+# Scripts that do without _common.lua's prelude (its header of 20 keys, the queue blocks, and
 # its helpers made on every call): only _core.lua comes before them.
 LEAN_SCRIPTS = {"enqueue_one", "get"}
 # The last_outcome a settle of each kind leaves on the job (with its token as last_token).
@@ -114,6 +114,12 @@ ENQUEUE_CHUNK = 1000
 LIST_BUDGET = 20_000  # ids one list_jobs call looks at before it hands back a cursor
 BATCH = 1000  # jobs one redrive/purge script handles, so a big DLQ never blocks Redis for long
 MAX_CACHED_QUEUES = 100_000
+# Queues one sweep call looks at (see sweep.lua): the first sweep of an unindexed store goes
+# round all of them in calls of this many; after it, each reap sweeps one such slice, so a
+# lease that only a queue's own ZSET knows (written by an older version) is found within a round.
+SWEEP_QUEUES = 200
+SWEEP_PER_REAP = 20
+CLOCK_MARGIN_S = 5.0  # how far past its own clock the client looks for due entries (see _due_bound)
 # A connection of _send_scripts idle this long is closed, all but the most recently used: a burst
 # of calls from several threads (a worker waking from a pause, a producer's request spike) made
 # one each, and they would otherwise stay open for the process's life. The one kept serves a
@@ -204,8 +210,13 @@ class _Keys:
         self.header = [
             self.job_prefix, f"{p}:errors:", self.all_jobs, *(f"{p}:state:{s}" for s in STATES),
             f"{p}:unique", f"{p}:expiries", self.queues, self.ids, f"{p}:workers", f"{p}:seen",
-            self.cron, f"{p}:conc:", f"{p}:rate:",
+            self.cron, f"{p}:conc:", f"{p}:rate:", f"{p}:leases", f"{p}:schedule",
         ]
+        # Set once every queue's own running and scheduled ZSETs were swept into the global
+        # ones (P:leases, P:schedule): a store written before those existed has no such key.
+        self.leases, self.schedule = f"{p}:leases", f"{p}:schedule"
+        self.indexed = f"{p}:indexed"
+        self.maintenance = f"{p}:lock:maintenance"
 
     def job(self, job_id: int) -> str:
         return f"{self.p}:job:{job_id}"
@@ -242,6 +253,7 @@ def _load_script(name: str) -> str:
 SCRIPT_NAMES = (
     "enqueue", "enqueue_one", "claim", "heartbeat", "ack", "ack_many", "retry", "kill", "release", "reap", "promote", "prune",
     "cancel", "redrive", "purge", "record_worker", "remove_worker", "stats", "list_jobs", "record_step", "peek", "get",
+    "sweep",
     *(f"{name}:strict" for name in STRICT_SCRIPTS),
 )
 
@@ -300,6 +312,9 @@ class RedisBackend(Backend):
         self._rb = redis.Redis(connection_pool=self._block_pool)
         self._scripts: dict[str, Script] = {n: self._r.register_script(_load_script(n)) for n in SCRIPT_NAMES}
         self._known_queues: list[str] = []
+        self._id = uuid.uuid4().hex
+        self._swept = False  # this backend saw the store marked as indexed (or swept it)
+        self._sweep_at = 0  # where in the queue list the next reap's sweep slice starts
         self._queue_of: dict[int, str] = {}
         self._one_keys: dict[str, list[str]] = {}  # enqueue_one's keys per queue
         self._wake_lock = threading.Lock()
@@ -413,11 +428,10 @@ class RedisBackend(Backend):
         return self._known_queues or self._refresh_queues()
 
     def _guess(self, job_ids: Sequence[int]) -> list[str]:
-        """Queue blocks to send with a script on these jobs: their cached queues, else all known."""
-        found = [self._queue_of.get(i) for i in job_ids]
-        if all(q is not None for q in found):
-            return [q for q in found if q is not None]
-        return [*(q for q in found if q is not None), *self._known_queues]
+        """Queue blocks to send with a script on these jobs: their cached queues. A job not in
+        the cache costs one more round trip (the script answers 'need' with its queue), never
+        the blocks of every queue."""
+        return [q for q in (self._queue_of.get(i) for i in job_ids) if q is not None]
 
     def _remember(self, job: Job) -> None:
         if not job.is_final:
@@ -577,7 +591,7 @@ class RedisBackend(Backend):
 
     def _claimed(self, res: list[Any], queue: str, worker_id: str, tokens: list[str]) -> list[Job]:
         """The jobs of a claim script's reply, with the fields it leaves out put back."""
-        if not res:
+        if not res or res[0] == "hold":  # (limits hold every waiting job back: see claim.lua)
             return []
         at, expires = res[0], res[1]
         known = {"queue": queue, "state": "running", "attempted_at": at, "worker_id": worker_id,
@@ -974,14 +988,64 @@ class RedisBackend(Backend):
     def reap(self, *, limit: int = 1000, now: float | None = None) -> ReapResult:
         if limit <= 0:
             return ReapResult()
-        res = self._run("reap", self._all_queues(), [self._now_arg(now), limit], safe=True, all_queues=True)
+        self._sweep_all(now)
+        queues = self._due_queues(self.keys.leases, f"({self._due_bound(now)!r}", limit) + self._sweep_slice()
+        res = self._run("reap", queues, [self._now_arg(now), limit], safe=True)
         return ReapResult(requeued=sorted(int(i) for i in res[1]), dead=sorted(int(i) for i in res[2]))
 
     def promote(self, *, limit: int = 1000, now: float | None = None) -> int:
         if limit <= 0:
             return 0
-        res = self._run("promote", self._all_queues(), [self._now_arg(now), limit], safe=True, all_queues=True)
+        self._sweep_all(now)
+        queues = self._due_queues(self.keys.schedule, repr(self._due_bound(now)), limit)
+        res = self._run("promote", queues, [self._now_arg(now), limit], safe=True)
         return int(res[1])
+
+    @staticmethod
+    def _due_bound(now: float | None) -> float:
+        """The time up to which the client looks for due entries. Without an injected time it
+        cannot know Redis's clock, so it looks a little past its own: the script decides by
+        Redis's, and asks ('need') for a queue the client missed."""
+        return now if now is not None else time.time() + CLOCK_MARGIN_S
+
+    def _due_queues(self, key: str, bound: str, limit: int) -> list[str]:
+        """The queues of the entries of P:leases or P:schedule due by ``bound``: the blocks the
+        reap or promote script will need, read first so that it needs one call."""
+        members = self._call("read due entries", lambda: self._r.zrangebyscore(key, "-inf", bound, start=0, num=limit),
+                             safe=True)
+        return list(dict.fromkeys(str(m).partition("/")[2] for m in members))
+
+    def maintenance_turn(self, interval: float) -> bool:
+        """A key taken with SET NX PX for ``interval``, left to expire: the first worker to ask
+        in each interval reaps and promotes, the others skip (their calls would find nothing)."""
+        ms = max(1, int(interval * 1000))
+        took = self._call("maintenance turn", lambda: self._r.set(self.keys.maintenance, self._id, nx=True, px=ms),
+                          safe=False)
+        return bool(took)
+
+    def _sweep_all(self, now: float | None) -> None:
+        """Once per backend: if the store is not marked indexed (written by a version before
+        P:leases and P:schedule), sweep every queue into them (see sweep.lua), then mark it."""
+        if self._swept:
+            return
+        if not self._call("check indexes", lambda: self._r.exists(self.keys.indexed), safe=True):
+            queues = self._refresh_queues()
+            for start in range(0, len(queues), SWEEP_QUEUES):
+                self._run("sweep", queues[start:start + SWEEP_QUEUES], [self._now_arg(now), 1000], safe=True)
+            self._call("mark indexed", lambda: self._r.set(self.keys.indexed, "1"), safe=True)
+        self._swept = True
+
+    def _sweep_slice(self) -> list[str]:
+        """The next few queues of the queue set, going round it: each reap also sweeps them (a
+        lease only a queue's own set knows, written by a worker of the previous version still
+        running during an upgrade, is found within one round)."""
+        queues = self._all_queues()
+        if self._sweep_at >= len(queues):
+            self._sweep_at = 0
+            queues = self._refresh_queues()
+        chunk = queues[self._sweep_at:self._sweep_at + SWEEP_PER_REAP]
+        self._sweep_at += SWEEP_PER_REAP
+        return chunk
 
     def prune(
         self, *, older_than: float, states: Sequence[JobState] = (JobState.SUCCEEDED,),

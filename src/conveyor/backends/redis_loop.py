@@ -134,7 +134,7 @@ class RedisLoopClaims:
             # while this reply is read into jobs here. It is told how many jobs the reply holds
             # ([time, expiry, job, ...]; 0 for an answer other than jobs).
             res = replies[-1]
-            on_reply(len(res) - 2 if isinstance(res, list) and res and res[0] not in ("need", "stale") else 0)
+            on_reply(len(res) - 2 if isinstance(res, list) and res and res[0] not in ("need", "stale", "hold") else 0)
         if b._claims_plain(a.acks, replies):
             return b._claims_done(a.acks, a.queue, a.limit, a.worker_id, a.lease_s, None, a.tokens, replies)
 

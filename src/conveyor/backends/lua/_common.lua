@@ -14,7 +14,7 @@
 --                          with a unique_for: enqueue checks finished_at + unique_for > now)
 --   KEYS[11] P:expiries    HASH queue -> number of leases that expired; 'missing/<queue>' ->
 --                          ids found without a job hash and dropped (see forget_missing)
---   KEYS[12] P:queues      SET of every queue name ever used (never shrinks)
+--   KEYS[12] P:queues      SET of the queues that hold jobs (see forget_queue_if_empty)
 --   KEYS[13] P:ids         STRING, INCR counter of job ids
 --   KEYS[14] P:workers     HASH worker id -> JSON info
 --   KEYS[15] P:seen        ZSET worker id -> last_seen
@@ -25,6 +25,11 @@
 --   KEYS[18] P:rate:       prefix key; P:rate:<rate key> is a ZSET of the claims of jobs with
 --                          that key, member = id:lease token, score = claim time + the job's
 --                          rate_period (the end of its window); PEXPIREd to its last entry
+--   KEYS[19] P:leases      ZSET of every running job across queues, member = id/queue (a '/' is
+--                          never in a queue name), score = lease_expires_at: reap reads only
+--                          the expired head (see gmember)
+--   KEYS[20] P:schedule    ZSET of every scheduled job across queues, member = id/queue, score =
+--                          run_at: promote reads only the due head
 -- then one block of 11 keys per queue named in ARGV, in the same order:
 --   P:q:<queue>:available  ZSET, score = priority, member = tag .. sortable(run_at) .. id
 --                          (see member())
@@ -37,7 +42,8 @@
 --                          'v:<priority>' -> that round's virtual time, 't:<priority>:<fair key>'
 --                          -> that key's last tag in it, 'scan' -> prune's HSCAN cursor; and
 --                          'gated' -> how many available jobs have a concurrency or rate key
---                          (see enter_available)
+--                          (see enter_available); 'hold' -> until when claims need not look:
+--                          every waiting job is held back by a limit (see claim.lua)
 --   P:q:<queue>:due        ZSET of the available ids, score = run_at: the oldest waiting job
 --   P:q:<queue>:inbox      LIST of plain jobs enqueue_one wrote but did not index yet, folded
 --                          into the indexes above before any script reads them (fold_inbox)
@@ -55,7 +61,8 @@ local K_STATE = {
 local K_UNIQUE, K_EXPIRIES, K_QUEUES, K_IDS = KEYS[10], KEYS[11], KEYS[12], KEYS[13]
 local K_WORKERS, K_SEEN, K_CRON = KEYS[14], KEYS[15], KEYS[16]
 local P_CONC, P_RATE = KEYS[17], KEYS[18]
-local NHEAD, NQK = 18, 11
+local K_LEASES, K_SCHEDULE = KEYS[19], KEYS[20]
+local NHEAD, NQK = 20, 11
 local KEEP_ERRORS = 20
 
 local NQ = tonumber(ARGV[1])
@@ -75,10 +82,32 @@ end
 -- Before anything reads a queue's indexes, its inbox goes into them (see fold_inbox).
 for i = 1, NQ do
   local q = Q[QNAMES[i]]
-  fold_inbox(q.inbox, K_ALL, K_STATE.available, q.jobs, q.available, q.due)
+  fold_inbox(q.inbox, K_ALL, K_STATE.available, q.jobs, q.available, q.due, q.fair)
 end
 local A = 2 + NQ
 local function arg(i) return ARGV[A + i - 1] end
+
+-- The member of P:leases and P:schedule: the id and its queue, so reap and promote know which
+-- queue blocks to ask for without reading the jobs. Every writer of a queue's running or
+-- scheduled ZSET writes these two in step (the per-queue sets stay: stats and listing read them).
+local function gmember(q, id) return id .. '/' .. q.name end
+local function split_gmember(m) return string.match(m, '^([^/]+)/(.*)$') end
+local K_GLOBAL = {running = K_LEASES, scheduled = K_SCHEDULE}
+
+-- Copies the entries of a queue's own running or scheduled ZSET scored up to max into the
+-- global one (P:leases, P:schedule), at most limit: for a store, or a worker, of the version
+-- before those existed (see sweep.lua). Only what is due is copied; reap and promote check
+-- each job again. Returns how many were copied.
+local function sweep_queue(q, state, max, limit)
+  local r = redis.call('ZRANGEBYSCORE', q[state], '-inf', max, 'WITHSCORES', 'LIMIT', 0, limit)
+  local args = {}
+  for k = 1, #r, 2 do
+    args[#args + 1] = r[k + 1]
+    args[#args + 1] = gmember(q, r[k])
+  end
+  if #args > 0 then call_many('ZADD', K_GLOBAL[state], args) end
+  return #args / 2
+end
 
 local function is_unfinished(state)
   return state == 'scheduled' or state == 'available' or state == 'running'
@@ -94,6 +123,26 @@ local function limit_keys(id, ck, rk)
   return ck, rk
 end
 
+-- A queue whose waiting jobs were all held back by limits (claim set 'hold') may have a job
+-- to run again: a job became available, or a concurrency slot of a job of it freed.
+local function unhold(q) redis.call('HDEL', q.fair, 'hold', 'holdc') end
+
+-- Until when claim's hold on q (see claim.lua) stands, or nil when it does not at now: it has
+-- run out, or one of the full concurrency keys it names ('holdc': key, running count...) has
+-- freed a slot since, which a job of another queue sharing the key may have done.
+local function held_until(q, now)
+  local f = redis.call('HMGET', q.fair, 'hold', 'holdc')
+  local t = tonumber(f[1] or 0)
+  if t <= now then return nil end
+  if f[2] then
+    local c = cjson.decode(f[2])
+    for i = 1, #c, 2 do
+      if redis.call('ZCARD', P_CONC .. c[i]) < c[i + 1] then return nil end
+    end
+  end
+  return t
+end
+
 -- Take the job out of its state's sets (not the hash: the caller rewrites that). Every way out
 -- of running (ack, retry, kill, release, reap, cancel) comes through here, so this is where a
 -- job gives back its concurrency slot; a held-back job may now start, so idle workers are told.
@@ -106,10 +155,12 @@ local function leave(q, id, state, m, ck, rk)
     if ck or rk then redis.call('HINCRBY', q.fair, 'gated', -1) end
   else
     redis.call('ZREM', q[state], id)
+    if K_GLOBAL[state] then redis.call('ZREM', K_GLOBAL[state], gmember(q, id)) end
     if state == 'running' then
       if ck == nil then ck = redis.call('HGET', P_JOB .. id, 'concurrency_key') end
       if ck then
         redis.call('ZREM', P_CONC .. ck, id)
+        unhold(q)
         wake(q, 1)
       end
     end
@@ -119,6 +170,7 @@ end
 
 local function enter(q, id, key, state, score)
   redis.call('ZADD', q[state], score, id)
+  if K_GLOBAL[state] then redis.call('ZADD', K_GLOBAL[state], score, gmember(q, id)) end
   redis.call('ZADD', K_STATE[state], id, id)
   redis.call('HSET', key, 'state', state)
 end
@@ -134,6 +186,7 @@ local function enter_available(q, id, key, run_at, priority, tag, ck, rk)
   redis.call('ZADD', q.due, run_at, id)
   redis.call('ZADD', K_STATE.available, id, id)
   redis.call('HSET', key, 'state', 'available', 'm', m)
+  unhold(q)
   ck, rk = limit_keys(id, ck, rk)
   if ck or rk then redis.call('HINCRBY', q.fair, 'gated', 1) end
 end
@@ -223,10 +276,25 @@ local function job_data(id)
   return {id, redis.call('HGETALL', P_JOB .. id), redis.call('LRANGE', P_ERR .. id, 0, -1)}
 end
 
--- Scripts that touch every queue need all their blocks; the set only grows, so an equal
--- count means the caller's list is complete.
+-- Scripts that touch every queue need all their blocks. The set shrinks too (forget_queue), so
+-- an equal count is not enough: every queue given must still be in it.
 local function queues_complete()
-  return redis.call('SCARD', K_QUEUES) == NQ
+  if redis.call('SCARD', K_QUEUES) ~= NQ then return false end
+  for i = 1, NQ do
+    if redis.call('SISMEMBER', K_QUEUES, QNAMES[i]) == 0 then return false end
+  end
+  return true
+end
+
+-- A queue whose last job was deleted leaves P:queues, so the scripts that go over every queue
+-- (stats, prune, purge, redrive, listing) stop paying for it; its fair-sharing rounds go too
+-- (no job carries a tag of them). Enqueue names it again (enqueue's SADD, or enqueue_one's for
+-- the first job of an inbox: the prelude has folded this queue's inbox, so it is empty).
+local function forget_queue_if_empty(q)
+  if redis.call('ZCARD', q.jobs) == 0 and redis.call('LLEN', q.inbox) == 0 then
+    redis.call('SREM', K_QUEUES, q.name)
+    redis.call('DEL', q.fair)
+  end
 end
 
 -- A job whose id is in a queue's indexes but whose hash is gone (an evicting maxmemory-policy,
@@ -240,6 +308,7 @@ local function forget_missing(q, id)
     redis.call('ZREM', q[state], id)
   end
   for _, k in pairs(K_STATE) do redis.call('ZREM', k, id) end
+  for _, k in pairs(K_GLOBAL) do redis.call('ZREM', k, gmember(q, id)) end
   redis.call('ZREM', q.due, id)
   redis.call('ZREM', q.jobs, id)
   redis.call('ZREM', K_ALL, id)
@@ -255,6 +324,7 @@ local function promote_queue(q, now, limit)
     local key = P_JOB .. id
     redis.call('ZREM', q.scheduled, id)
     redis.call('ZREM', K_STATE.scheduled, id)
+    redis.call('ZREM', K_SCHEDULE, gmember(q, id))
     local f = redis.call('HMGET', key, 'run_at', 'priority', 'fair_tag', 'concurrency_key', 'rate_key')
     if f[1] then
       enter_available(q, id, key, tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or 0), f[4], f[5])
@@ -275,6 +345,7 @@ local function delete_job(q, id, state)
   redis.call('ZREM', K_STATE[state], id)
   redis.call('ZREM', K_ALL, id)
   redis.call('ZREM', q.jobs, id)
+  forget_queue_if_empty(q)
 end
 
 -- The lease check every fenced call makes: same token, still running, not expired at now.
@@ -326,8 +397,10 @@ local function succeed(q, id, key, token, ck, uk, ufor, now, has_result, result,
   local t = num(now)
   w.zrem(q.running, id)
   w.zrem(K_STATE.running, id)
+  w.zrem(K_LEASES, gmember(q, id))
   if ck then
     redis.call('ZREM', P_CONC .. ck, id)
+    unhold(q)
     wake(q, 1)
   end
   redis.call('HDEL', key, 'lease_token', 'lease_expires_at')

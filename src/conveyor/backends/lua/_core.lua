@@ -81,10 +81,11 @@ end
 -- FOLD_AT, which bounds the work any one script does here.
 -- An entry is 'priority run_at member' (the member ends in the id, see id_of).
 local FOLD_AT = 256
-local function fold_inbox(inbox, all, state_available, jobs, available, due)
+local function fold_inbox(inbox, all, state_available, jobs, available, due, fair)
   local items = redis.call('LRANGE', inbox, 0, -1)
   if #items == 0 then return end
   redis.call('DEL', inbox)
+  redis.call('HDEL', fair, 'hold')  -- a new job may run: the queue is not held back (see claim)
   local ids, members, dues = {}, {}, {}
   for i, item in ipairs(items) do
     local p, t, m = string.match(item, '^(%S+) (%S+) (%S+)$')

@@ -9,11 +9,21 @@
 -- to `scan` members, passing over the jobs whose key is at its limit (they stay where they are,
 -- attempts untouched). A claimed job with a concurrency key joins P:conc:<key>; one with a rate
 -- key adds its claim to P:rate:<key>.
+-- A walk that admits nothing records in the queue's 'hold' field (P:q:<queue>:fair) when it is
+-- worth looking again: when the earliest rate window met ends, or at most HOLD_S ahead for a
+-- full concurrency key, with the full keys (up to HOLD_KEYS of them) and their running counts, so
+-- a slot freed by a job of another queue sharing the key ends it too. Until then claims answer at once without walking, and peek tells idle
+-- workers to sleep until then, so a held-back head costs one walk per hold, not one per idle
+-- worker per poll. Whatever may let a job run sooner clears it (unhold in _common.lua): a job
+-- becoming available, a slot of a job of this queue freed. HOLD_S bounds the wait for a slot
+-- freed by a job of another queue sharing a key when the walk met more full keys than it
+-- names (that queue's keys are not at hand where the slot frees).
 -- KEYS: the common header, then the block of the queue.
 -- ARGV: 1, queue; now ('' = the store's clock), limit, lease_s, worker_id, scan (CLAIM_SCAN:
 --   most waiting jobs the walk looks at), then `limit` lease tokens made by the client (Lua's
 --   math.random is not a safe source of them).
--- Returns {} when nothing was claimed, else {now, lease expiry, then one {id, base, extra,
+-- Returns {} when nothing was claimed, {'hold', until, entries walked} when limits hold every
+-- waiting job back (see above), else {now, lease expiry, then one {id, base, extra,
 -- errors} per claimed job, in claim order; the n-th job returned holds the n-th token}. A job
 -- whose hash is gone is dropped from the indexes and not returned (forget_missing): base is the values of BASE (below), in that order,
 -- and extra is empty; or, for a job with other fields, base is empty and extra is the job's
@@ -29,7 +39,10 @@ local limit = tonumber(arg(2))
 local expires = now + tonumber(arg(3))
 local worker_id = arg(4)
 local scan = tonumber(arg(5))
+local HOLD_S, HOLD_KEYS = 5, 16
 promote_queue(q, now, 1000)
+local hold = held_until(q, now)
+if hold then return {'hold', num(hold), 0} end
 local popped = redis.call('ZPOPMIN', q.available, limit)
 if #popped == 0 then
   redis.call('HDEL', q.fair, 'gated')  -- nothing waits: nothing is gated
@@ -98,6 +111,8 @@ if gated then
   -- key, rate period} of the admitted jobs that have limits.
   picked, scores = {}, {}
   local running_n, rate_n = {}, {}
+  local hold_at = math.huge  -- the hold if nothing is admitted: the earliest a blocker may clear
+  local full, n_full = {}, 0  -- concurrency keys met at their limit: key, running count...
   local seen, page = 0, limit
   while #picked < limit and seen < scan do
     local n = math.min(page, scan - seen)
@@ -113,10 +128,19 @@ if gated then
       if ck then
         if running_n[ck] == nil then running_n[ck] = conc_running(ck) end
         ok = running_n[ck] < tonumber(f[2])
+        if not ok and full[ck] == nil then
+          hold_at = math.min(hold_at, now + HOLD_S)
+          full[ck] = true
+          n_full = n_full + 1
+        end
       end
       if ok and rk then
         if rate_n[rk] == nil then rate_n[rk] = rate_claims(rk) end
         ok = rate_n[rk] < tonumber(f[4])
+        if not ok then
+          local first = redis.call('ZRANGE', P_RATE .. rk, 0, 0, 'WITHSCORES')
+          if first[2] then hold_at = math.min(hold_at, tonumber(first[2])) end
+        end
       end
       if ok then
         picked[#picked + 1] = m
@@ -131,7 +155,23 @@ if gated then
     if #batch < 2 * n then break end
     page = math.max(page, 200)  -- past the head, look further in bigger steps
   end
-  if #picked == 0 then return {} end
+  if #picked == 0 then
+    if hold_at == math.huge then hold_at = now + HOLD_S end
+    if hold_at > now then
+      redis.call('HSET', q.fair, 'hold', num(hold_at))
+      if n_full <= HOLD_KEYS then
+        local named = {}
+        for ck in pairs(full) do
+          named[#named + 1] = ck
+          named[#named + 1] = running_n[ck]
+        end
+        redis.call('HSET', q.fair, 'holdc', cjson.encode(named))
+      else
+        redis.call('HDEL', q.fair, 'holdc')
+      end
+    end
+    return {'hold', num(hold_at), seen}
+  end
   call_many('ZREM', q.available, picked)
 elseif #popped < 2 * limit and gated_n ~= 0 then
   redis.call('HDEL', q.fair, 'gated')  -- the queue is empty now, and none of it was gated
@@ -150,7 +190,7 @@ local PLAIN = NBASE
 for name in pairs(OMIT) do
   if name ~= 'fair_tag' then PLAIN = PLAIN + 1 end
 end
-local out, ids, running, states = {}, {}, {}, {}
+local out, ids, running, states, leases = {}, {}, {}, {}, {}
 local rated, n_gated = {}, 0
 -- The largest tag claimed at priority p1, and at any other priority (by ZSET score).
 local top1, tops = -1, nil
@@ -196,6 +236,8 @@ for i, m in ipairs(picked) do
     ids[#ids + 1] = id
     running[#running + 1] = e_at
     running[#running + 1] = id
+    leases[#leases + 1] = e_at
+    leases[#leases + 1] = gmember(q, id)
     states[#states + 1] = id
     states[#states + 1] = id
     -- A job has error records only after a failed attempt (then attempt was >= 1 before this
@@ -232,6 +274,7 @@ end
 call_many('ZREM', K_STATE.available, ids)
 call_many('ZREM', q.due, ids)
 call_many('ZADD', q.running, running)
+call_many('ZADD', K_LEASES, leases)
 call_many('ZADD', K_STATE.running, states)
 if top1 > v1 then redis.call('HSET', q.fair, vf1, string.format('%.0f', top1)) end
 if tops then

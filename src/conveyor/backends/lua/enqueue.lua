@@ -72,7 +72,7 @@ local all_ids, queues_used, per_q = {}, {}, {}
 local function batch_of(qn)
   local b = per_q[qn]
   if b == nil then
-    b = {jobs = {}, scheduled = {}, scheduled_ids = {}, available = {}, due = {}, gated = 0}
+    b = {jobs = {}, scheduled = {}, scheduled_ids = {}, global_scheduled = {}, available = {}, due = {}, gated = 0}
     per_q[qn] = b
     queues_used[#queues_used + 1] = qn
   end
@@ -130,6 +130,9 @@ while i <= #ARGV do
       local sch = b.scheduled
       sch[#sch + 1] = num(run_at)
       sch[#sch + 1] = id
+      local gs = b.global_scheduled
+      gs[#gs + 1] = num(run_at)
+      gs[#gs + 1] = gmember(q, id)
       b.scheduled_ids[id] = true
       local ids = state_ids.scheduled
       ids[#ids + 1] = id
@@ -174,10 +177,12 @@ for _, qn in ipairs(queues_used) do
   if #b.available > 0 then
     call_many('ZADD', q.available, b.available)
     call_many('ZADD', q.due, b.due)
+    redis.call('HDEL', q.fair, 'hold')  -- (unhold)
   end
   if b.gated > 0 then redis.call('HINCRBY', q.fair, 'gated', b.gated) end
   if #b.scheduled > 0 then
     call_many('ZADD', q.scheduled, b.scheduled)
+    call_many('ZADD', K_SCHEDULE, b.global_scheduled)
     -- A new job that is now the queue's earliest scheduled one moves idle workers' next due time.
     local head = redis.call('ZRANGE', q.scheduled, 0, 0)
     if b.scheduled_ids[head[1]] then wake(q, 1) end

@@ -26,13 +26,13 @@ redis.call('HSET', P_JOB .. id, 'task', task, 'queue', qn, 'args', args, 'priori
   'attempt', 0, 'max_attempts', maxa, 'timeout_s', timeout, 'meta', meta, 'created_at', t, 'uid', uid,
   'fair_tag', string.format('%.0f', tag), 'state', 'available', 'm', m)
 local waiting = redis.call('RPUSH', Q_INBOX, prio .. ' ' .. t .. ' ' .. m)
--- The first job since the inbox was last folded names the queue in P:queues (which never
--- shrinks), so a queue with an inbox is always there.
+-- The first job since the inbox was last folded names the queue in P:queues (a queue leaves it
+-- only with an empty inbox), so a queue with an inbox is always there.
 if waiting == 1 then redis.call('SADD', K_QUEUES, qn) end
 -- Wake-up markers: one per job for the first WAKE_MAX since the last fold, as many as the list
 -- keeps. Every worker checks (claim or peek, which fold) before it blocks and after it pops a
 -- marker, so a longer inbox means none of those markers has been acted on yet: one more would
 -- wake nobody new.
 if waiting <= WAKE_MAX then wake({wake = Q_WAKE}, 1) end
-if waiting >= FOLD_AT then fold_inbox(Q_INBOX, K_ALL, K_AVAILABLE, Q_JOBS, Q_AVAILABLE, Q_DUE) end
+if waiting >= FOLD_AT then fold_inbox(Q_INBOX, K_ALL, K_AVAILABLE, Q_JOBS, Q_AVAILABLE, Q_DUE, Q_FAIR) end
 return {t, id, 1}

@@ -22,6 +22,7 @@ if #need > 0 then return {'need', unpack(need)} end
 for _, h in ipairs(held) do
   redis.call('HSET', P_JOB .. h[1], 'lease_expires_at', num(expires))
   redis.call('ZADD', h[2].running, 'XX', expires, h[1])
+  redis.call('ZADD', K_LEASES, expires, gmember(h[2], h[1]))
   if h[3] then redis.call('ZADD', P_CONC .. h[3], expires, h[1]) end
 end
 return {'ok', unpack(lost)}

@@ -4,12 +4,17 @@
 -- KEYS: the common header, then the blocks of the queues to look at.
 -- ARGV: n, queue names; now ('' = the store's clock)
 -- Returns {1} if a job is available or due now, else {0, seconds until the earliest scheduled
--- job is due, or '' if none is scheduled}.
+-- job is due or a hold ends (see claim.lua), or '' if neither}.
 local now = clock(arg(1))
 local due_in = nil
 for _, qn in ipairs(QNAMES) do
   local q = Q[qn]
-  if redis.call('ZCARD', q.available) > 0 then return {1} end
+  if redis.call('ZCARD', q.available) > 0 then
+    -- Jobs wait; unless limits hold them all back (claim's 'hold'), one can be claimed now.
+    local hold = held_until(q, now)
+    if not hold then return {1} end
+    if due_in == nil or hold - now < due_in then due_in = hold - now end
+  end
   local head = redis.call('ZRANGE', q.scheduled, 0, 0, 'WITHSCORES')
   if head[2] then
     local left = tonumber(head[2]) - now

@@ -2,27 +2,42 @@
 -- attempts are used up. Each expiry is recorded as a lease_expired error and counted per
 -- queue. Bounded by limit, earliest expiry first; idempotent. A running id whose job hash is
 -- gone is dropped from the indexes and not reported (forget_missing).
--- KEYS: the common header, then the blocks of every queue in P:queues.
+-- The expired leases are the head of P:leases (all queues), so a call costs O(expired + log n)
+-- whatever the number of queues: only the queues of those jobs are needed.
+-- The client reads the head of P:leases first and sends the blocks of those jobs' queues, with a
+-- few more: the expired leases in the given queues' own running ZSETs are copied into P:leases
+-- first (sweep_queue), so a lease written by a worker of the previous version is found.
+-- KEYS: the common header, then the blocks of the queues of the expired leases (see 'need').
 -- ARGV: n, queue names; now ('' = the store's clock), limit
--- Returns {'ok', {requeued ids}, {dead ids}}, or {'stale'} (nothing changed) when the queue
--- list is not complete.
-if not queues_complete() then return {'stale'} end
+-- Returns {'ok', {requeued ids}, {dead ids}, entries looked at}, or {'need', queue...} (nothing
+-- changed) when a block is missing.
 local now = clock(arg(1))
 local limit = tonumber(arg(2))
-local found = {}
-for _, qn in ipairs(QNAMES) do
-  local r = redis.call('ZRANGEBYSCORE', Q[qn].running, '-inf', '(' .. num(now), 'WITHSCORES', 'LIMIT', 0, limit)
-  for k = 1, #r, 2 do found[#found + 1] = {r[k], tonumber(r[k + 1]), Q[qn]} end
+for _, qn in ipairs(QNAMES) do sweep_queue(Q[qn], 'running', '(' .. num(now), limit) end
+local r = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', '(' .. num(now), 'LIMIT', 0, limit)
+local found, need, asked = {}, {}, {}
+for _, m in ipairs(r) do
+  local id, qn = split_gmember(m)
+  if Q[qn] then
+    found[#found + 1] = {id, Q[qn], m}
+  elseif not asked[qn] then
+    asked[qn] = true
+    need[#need + 1] = qn
+  end
 end
-table.sort(found, function(a, b) return a[2] < b[2] end)
+if #need > 0 then return {'need', unpack(need)} end
 local requeued, dead, woken = {}, {}, {}
-for k = 1, math.min(limit, #found) do
-  local id, q = found[k][1], found[k][3]
+for k = 1, #found do
+  local id, q = found[k][1], found[k][2]
   local key = P_JOB .. id
   local f = redis.call('HMGET', key, 'attempt', 'max_attempts', 'worker_id', 'run_at', 'priority', 'fair_tag',
-    'concurrency_key', 'rate_key')
+    'concurrency_key', 'rate_key', 'state', 'lease_expires_at')
   if not f[2] then
     forget_missing(q, id)  -- its hash is gone: see there
+  elseif f[9] ~= 'running' then
+    redis.call('ZREM', K_LEASES, found[k][3])  -- left running without the index being told
+  elseif tonumber(f[10] or 0) >= now then
+    redis.call('ZADD', K_LEASES, f[10], found[k][3])  -- renewed: the index had an old expiry
   else
     local who = f[3] or '?'
     add_error(id, f[1], now, f[3], '"kind":"lease_expired","type":"LeaseExpired","message":'
@@ -44,4 +59,4 @@ for k = 1, math.min(limit, #found) do
   end
 end
 for qn, n in pairs(woken) do wake(Q[qn], n) end
-return {'ok', requeued, dead}
+return {'ok', requeued, dead, #r}

@@ -32,6 +32,15 @@ for _, qn in ipairs(QNAMES) do
     redis.call('ZCOUNT', q.running, '-inf', '(' .. num(now)),
   }
 end
+-- A queue forgotten once its jobs were deleted still shows its lease expiries, as the SQL stores
+-- keep their counters.
+local counted = redis.call('HGETALL', K_EXPIRIES)
+for k = 1, #counted, 2 do
+  local qn = counted[k]
+  if not Q[qn] and not string.find(qn, '/', 1, true) then
+    queues[#queues + 1] = {qn, 0, 0, 0, 0, 0, 0, 0, '', counted[k + 1], 0}
+  end
+end
 local workers = {}
 local seen = redis.call('ZRANGEBYSCORE', K_SEEN, num(now - tonumber(arg(2))), '+inf', 'WITHSCORES')
 for k = 1, #seen, 2 do
