@@ -1,13 +1,16 @@
 -- reap: jobs whose lease expired before now go back to available, or dead when their
 -- attempts are used up. Each expiry is recorded as a lease_expired error and counted per
--- queue. Bounded by limit, earliest expiry first; idempotent.
+-- queue. A job claimed held that never started ('held' in its hash) goes back uncounted, as a
+-- stall ('stalls' + 1), while it has stalled fewer than max_stalls times; past that its expiry
+-- counts. Bounded by limit, earliest expiry first; idempotent.
 -- KEYS: the common header, then the blocks of every queue in P:queues.
--- ARGV: n, queue names; now ('' = the store's clock), limit
+-- ARGV: n, queue names; now ('' = the store's clock), limit, max_stalls
 -- Returns {'ok', {requeued ids}, {dead ids}}, or {'stale'} (nothing changed) when the queue
 -- list is not complete.
 if not queues_complete() then return {'stale'} end
 local now = clock(arg(1))
 local limit = tonumber(arg(2))
+local max_stalls = tonumber(arg(3))
 local found = {}
 for _, qn in ipairs(QNAMES) do
   local r = redis.call('ZRANGEBYSCORE', Q[qn].running, '-inf', '(' .. num(now), 'WITHSCORES', 'LIMIT', 0, limit)
@@ -19,14 +22,27 @@ for k = 1, math.min(limit, #found) do
   local id, q = found[k][1], found[k][3]
   local key = P_JOB .. id
   local f = redis.call('HMGET', key, 'attempt', 'max_attempts', 'worker_id', 'run_at', 'priority', 'fair_tag',
-    'concurrency_key', 'rate_key')
+    'concurrency_key', 'rate_key', 'held', 'stalls')
   local who = f[3] or '?'
-  add_error(id, f[1], now, f[3], '"kind":"lease_expired","type":"LeaseExpired","message":'
-    .. cjson.encode('lease expired: worker ' .. who .. ' stopped heartbeating (crashed, killed or stalled)')
-    .. ',"traceback":""')
+  local stalls = tonumber(f[10] or 0)
+  local free = f[9] ~= false and stalls < max_stalls
+  local attempt, why = tonumber(f[1]), nil
+  if f[9] == false then
+    why = 'lease expired mid-job: worker ' .. who .. ' stopped heartbeating (crashed, killed or stalled)'
+  elseif free then
+    attempt = attempt - 1
+    redis.call('HSET', key, 'attempt', string.format('%d', attempt), 'stalls', string.format('%d', stalls + 1))
+    why = 'lease expired before the job started: worker ' .. who .. ' held it unstarted (prefetched, or the '
+      .. 'reply to its claim was lost) and stopped heartbeating; attempt not counted'
+  else
+    why = 'lease expired before the job started, ' .. string.format('%d', stalls + 1)
+      .. ' times: counted as an attempt; worker ' .. who .. ' stopped heartbeating'
+  end
+  add_error(id, string.format('%d', attempt), now, f[3], '"kind":"lease_expired","type":"LeaseExpired","message":'
+    .. cjson.encode(why) .. ',"traceback":""')
   leave(q, id, 'running', nil, f[7])
-  redis.call('HDEL', key, 'lease_token', 'lease_expires_at')
-  if tonumber(f[1]) >= tonumber(f[2]) then
+  redis.call('HDEL', key, 'lease_token', 'lease_expires_at', 'held')
+  if not free and attempt >= tonumber(f[2]) then
     redis.call('HSET', key, 'finished_at', num(now))
     enter(q, id, key, 'dead', now)
     free_unique(key, id)
