@@ -468,6 +468,7 @@ class WorkerSpec:
     scheduler: bool = False
     processes: int = 1  # > 1: under the product's supervisor (--processes), which restarts crashed ones
     prefetch: int = 0  # --prefetch: jobs held (leased) beyond the free slots
+    prefetch_hold: float | None = None  # --prefetch-hold: seconds a held job waits for a slot
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -507,6 +508,8 @@ class Cluster:
             argv.append("--no-scheduler")
         if spec.prefetch:
             argv += ["--prefetch", str(spec.prefetch)]
+        if spec.prefetch_hold is not None:
+            argv += ["--prefetch-hold", str(spec.prefetch_hold)]
         if spec.processes > 1:
             argv += ["--processes", str(spec.processes)]
         env = {**self.env, **spec.env}
