@@ -61,7 +61,7 @@ from ..errors import (
 )
 from ..job import Job, JobState, make_job
 from ..payload import NAME_RE
-from . import redact_url
+from . import forking, redact_url
 from .base import (
     CLAIM_SCAN,
     MAX_STALLS,
@@ -341,8 +341,18 @@ def _await_idle(pool: ConnectionPool[Any], until: float) -> None:
         pause = min(pause * 2, 0.05)
 
 
+def _fresh_pool(old: ConnectionPool[Any], max_size: int) -> ConnectionPool[Any]:
+    """A pool like ``old``, not opened yet, for a forked child."""
+    return ConnectionPool(
+        conninfo=old.conninfo, kwargs=old.kwargs, min_size=old.min_size, max_size=max(max_size, old.min_size),
+        open=False, timeout=old.timeout, reconnect_timeout=old.reconnect_timeout, configure=_configure,
+        name=old.name, max_idle=old.max_idle,
+    )
+
+
 class PostgresBackend(Backend):
     supports_transactions = True  # enqueue/ack can join a caller's transaction
+    _pools_pending = False  # a forked child's pools are opened on first use
 
     def __init__(self, url: str, *, min_size: int | None = None, max_size: int | None = None) -> None:
         """``max_size`` (or ``?pool_max_size=`` in the URL) fixes the main pool's size; unset, it is
@@ -400,9 +410,35 @@ class PostgresBackend(Backend):
         # limited path instead of trying the fast statement first (a hint, never a rule).
         self._limited_queues: set[str] = set()
         self._wake_generation = 0
+        forking.register(self)
         self._migrate()
 
     # -- plumbing ---------------------------------------------------------------------
+    def _after_fork_in_child(self) -> None:
+        # The parent's pools and LISTEN connection are its sessions: closing them here would
+        # send Terminate on them, and their pool threads are not in this process. They are
+        # kept untouched (psycopg finishes a connection only in the process that opened it)
+        # and this process opens its own on first use.
+        forking.keep_inherited(self._pool, self._control, self._listener)
+        # The parent's workers are not in this process: the pools are sized for none yet.
+        self._reserved = self._workers = 0
+        self._size_lock = threading.Lock()
+        self._pool = _fresh_pool(self._pool, self._fixed_size or POOL_ROOM)
+        self._control = _fresh_pool(self._control, CONTROL_SIZE)
+        self._listener = None
+        self._listen_lock = threading.Lock()
+        self._open_lock = threading.Lock()
+        self._replacing = {}
+        self._pools_pending = True
+
+    def _open_pools(self) -> None:
+        with self._open_lock:
+            if self._pools_pending:
+                # Not waiting: a server that is down makes the caller's own bounded wait fail.
+                self._pool.open(wait=False)
+                self._control.open(wait=False)
+                self._pools_pending = False
+
     @contextmanager
     def _live_connection(
         self, pool: ConnectionPool[psycopg.Connection[dict[str, Any]]] | None = None, *,
@@ -417,6 +453,8 @@ class PostgresBackend(Backend):
         ``_statement_budget()`` at most. Past that, the connection is shut down and discarded
         and the call raises StoreUnavailable. With ``hold`` false only the probe is bounded (the
         caller bounds its own uses of the connection)."""
+        if self._pools_pending:
+            self._open_pools()
         pool = pool or self._pool
         start = time.monotonic()
         if until is None:

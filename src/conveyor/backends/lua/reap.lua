@@ -2,7 +2,8 @@
 -- attempts are used up. Each expiry is recorded as a lease_expired error and counted per
 -- queue. A job claimed held that never started ('held' in its hash) goes back uncounted, as a
 -- stall ('stalls' + 1), while it has stalled fewer than max_stalls times; past that its expiry
--- counts. Bounded by limit, earliest expiry first; idempotent.
+-- counts. Bounded by limit, earliest expiry first; idempotent. A running id whose job hash is
+-- gone is dropped from the indexes and not reported (forget_missing).
 -- KEYS: the common header, then the blocks of every queue in P:queues.
 -- ARGV: n, queue names; now ('' = the store's clock), limit, max_stalls
 -- Returns {'ok', {requeued ids}, {dead ids}}, or {'stale'} (nothing changed) when the queue
@@ -23,36 +24,40 @@ for k = 1, math.min(limit, #found) do
   local key = P_JOB .. id
   local f = redis.call('HMGET', key, 'attempt', 'max_attempts', 'worker_id', 'run_at', 'priority', 'fair_tag',
     'concurrency_key', 'rate_key', 'held', 'stalls')
-  local who = f[3] or '?'
-  local stalls = tonumber(f[10] or 0)
-  local free = f[9] ~= false and stalls < max_stalls
-  local attempt, why = tonumber(f[1]), nil
-  if f[9] == false then
-    why = 'lease expired mid-job: worker ' .. who .. ' stopped heartbeating (crashed, killed or stalled)'
-  elseif free then
-    attempt = attempt - 1
-    redis.call('HSET', key, 'attempt', string.format('%d', attempt), 'stalls', string.format('%d', stalls + 1))
-    why = 'lease expired before the job started: worker ' .. who .. ' held it unstarted (prefetched, or the '
-      .. 'reply to its claim was lost) and stopped heartbeating; attempt not counted'
+  if not f[2] then
+    forget_missing(q, id)  -- its hash is gone: see there
   else
-    why = 'lease expired before the job started, ' .. string.format('%d', stalls + 1)
-      .. ' times: counted as an attempt; worker ' .. who .. ' stopped heartbeating'
+    local who = f[3] or '?'
+    local stalls = tonumber(f[10] or 0)
+    local free = f[9] ~= false and stalls < max_stalls
+    local attempt, why = tonumber(f[1]), nil
+    if f[9] == false then
+      why = 'lease expired mid-job: worker ' .. who .. ' stopped heartbeating (crashed, killed or stalled)'
+    elseif free then
+      attempt = attempt - 1
+      redis.call('HSET', key, 'attempt', string.format('%d', attempt), 'stalls', string.format('%d', stalls + 1))
+      why = 'lease expired before the job started: worker ' .. who .. ' held it unstarted (prefetched, or the '
+        .. 'reply to its claim was lost) and stopped heartbeating; attempt not counted'
+    else
+      why = 'lease expired before the job started, ' .. string.format('%d', stalls + 1)
+        .. ' times: counted as an attempt; worker ' .. who .. ' stopped heartbeating'
+    end
+    add_error(id, string.format('%d', attempt), now, f[3], '"kind":"lease_expired","type":"LeaseExpired","message":'
+      .. cjson.encode(why) .. ',"traceback":""')
+    leave(q, id, 'running', nil, f[7])
+    redis.call('HDEL', key, 'lease_token', 'lease_expires_at', 'held')
+    if not free and attempt >= tonumber(f[2]) then
+      redis.call('HSET', key, 'finished_at', num(now))
+      enter(q, id, key, 'dead', now)
+      free_unique(key, id)
+      dead[#dead + 1] = id
+    else
+      enter_available(q, id, key, tonumber(f[4]), tonumber(f[5]), tonumber(f[6] or 0), f[7], f[8])
+      woken[q.name] = (woken[q.name] or 0) + 1
+      requeued[#requeued + 1] = id
+    end
+    redis.call('HINCRBY', K_EXPIRIES, q.name, 1)
   end
-  add_error(id, string.format('%d', attempt), now, f[3], '"kind":"lease_expired","type":"LeaseExpired","message":'
-    .. cjson.encode(why) .. ',"traceback":""')
-  leave(q, id, 'running', nil, f[7])
-  redis.call('HDEL', key, 'lease_token', 'lease_expires_at', 'held')
-  if not free and attempt >= tonumber(f[2]) then
-    redis.call('HSET', key, 'finished_at', num(now))
-    enter(q, id, key, 'dead', now)
-    free_unique(key, id)
-    dead[#dead + 1] = id
-  else
-    enter_available(q, id, key, tonumber(f[4]), tonumber(f[5]), tonumber(f[6] or 0), f[7], f[8])
-    woken[q.name] = (woken[q.name] or 0) + 1
-    requeued[#requeued + 1] = id
-  end
-  redis.call('HINCRBY', K_EXPIRIES, q.name, 1)
 end
 for qn, n in pairs(woken) do wake(Q[qn], n) end
 return {'ok', requeued, dead}
