@@ -112,6 +112,7 @@ CONNECT_DEFAULTS = {
 }
 STATEMENT_TIMEOUT_MS = 30_000
 POOL_TIMEOUT = 5.0  # longest wait for a connection: an outage surfaces as StoreError this soon
+RECOVER_S = 2.0  # how long a claimer whose reply was lost keeps trying to give the claim back
 # The main pool's size beyond the task slots of the workers in this process (each slot may hold
 # a connection in transaction()): room for producers, the app's own calls and the dashboard.
 POOL_ROOM = 10
@@ -732,16 +733,32 @@ class PostgresBackend(Backend):
         charged an attempt for it; if that fails too, they are held and come back as stalls."""
         try:
             return self._ack_and_claim_once(acks, queue, limit, worker_id, lease_s, now, start, claim_id)
-        except StoreUnavailable:
+        except StoreError:
+            # A broken connection comes as StoreError or StoreUnavailable; either way the claim
+            # may have committed unseen. Giving back a claim that never ran finds nothing.
+            self._give_back_lost_claim(queue, claim_id, now)
+            raise
+
+    def _give_back_lost_claim(self, queue: str, claim_id: str, now: float | None) -> None:
+        """release_claim, tried again for up to RECOVER_S while the store is away (the blip
+        that lost the reply often takes the next connection too); after that the jobs come
+        back when their leases run out, as held jobs, uncounted (see reap)."""
+        deadline = time.monotonic() + RECOVER_S
+        pause = 0.05
+        while True:
             try:
                 released = self.release_claim(queue, claim_id, now=now)
             except StoreError:
-                log.warning("a claim's reply was lost and its jobs could not be given back yet; "
-                            "they come back when their leases run out")
-            else:
-                if released:
-                    log.warning("a claim's reply was lost: gave its jobs back unrun: %s", released)
-            raise
+                if time.monotonic() + pause > deadline:
+                    log.warning("a claim's reply was lost and its jobs could not be given back; "
+                                "they come back when their leases run out")
+                    return
+                time.sleep(pause)
+                pause = min(pause * 2, 0.5)
+                continue
+            if released:
+                log.warning("a claim's reply was lost: gave its jobs back unrun: %s", released)
+            return
 
     def _ack_and_claim_once(
         self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, worker_id: str, lease_s: float,
