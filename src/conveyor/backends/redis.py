@@ -1276,12 +1276,16 @@ class RedisBackend(Backend):
         memory: dict[str, Any] = self._call("read server info", lambda: self._r.info("memory"), safe=True)
 
         def config(name: str) -> str | None:
-            try:
-                got = self._r.config_get(name)
-            except redis.ResponseError:
-                return None  # managed services often refuse CONFIG; say what we know from INFO
-            value = got.get(name) if isinstance(got, dict) else None
-            return None if value is None else str(value)
+            def read() -> str | None:
+                try:
+                    got = self._r.config_get(name)
+                except redis.ResponseError:
+                    return None  # managed services often refuse CONFIG; say what we know from INFO
+                value = got.get(name) if isinstance(got, dict) else None
+                return None if value is None else str(value)
+
+            # A safe read: a broken connection is retried (unguarded, it ended the worker's start).
+            return self._call("read the config", read, safe=True)
 
         if not int(info.get("aof_enabled", 0)):
             save = config("save")
