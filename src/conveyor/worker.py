@@ -39,6 +39,10 @@ from .threads import TaskThreads
 
 log = logging.getLogger("conveyor.worker")
 ACK_BATCH = 256  # most acks written in one store transaction
+# Held (prefetched) jobs a worker starts are reported started to the store (a heartbeat of their
+# leases) at most this often: the store charges an attempt only for a job it knows started, so
+# this bounds the time a job runs uncounted, for at most 1/MARK_SPACING_S writes a second.
+MARK_SPACING_S = 0.1
 T = TypeVar("T")
 # A round of claims (Worker._claim_steps): yields (acks, queue, how many, how many start) per
 # store call, is sent each call's (held, jobs), returns (held or None, every job claimed).
@@ -211,6 +215,8 @@ class Worker:
         self._hold_timer: asyncio.TimerHandle | None = None  # for the longest held job (_hold_expired)
         self._prefetch_paused = False  # held jobs were given back for want of a slot; until one frees
         self._giving_back: set[asyncio.Task[None]] = set()  # releases of held jobs in flight
+        self._unmarked: list[_Running] = []  # held jobs started here, not yet reported started
+        self._marking: asyncio.Task[None] | None = None  # the task that reports them (_mark_started)
         self._loop_claims: LoopClaims | None = None
         # A claim sent ahead (see _send_ahead), not read yet: (what finish takes, the acks it
         # carries, the slots it asked for).
@@ -314,6 +320,8 @@ class Worker:
             finally:
                 await self._drain()
         finally:
+            if self._marking is not None:
+                helpers.append(self._marking)
             for h in helpers:
                 h.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
@@ -765,6 +773,27 @@ class Worker:
                 self._drop_held(running)
                 continue
             self._launch(running)
+            self._unmarked.append(running)
+        if self._unmarked and self._marking is None and self._loop is not None:
+            self._marking = self._loop.create_task(self._mark_started(), name="conveyor-mark-started")
+
+    async def _mark_started(self) -> None:
+        """Tell the store that held jobs started here (a heartbeat of their leases marks them):
+        until it knows, a lease that runs out on one gives it back uncounted, as a job that never
+        started. Started jobs are reported together, at most every MARK_SPACING_S; a job that
+        finished meanwhile needs nothing (its outcome counts the attempt)."""
+        try:
+            while self._unmarked:
+                batch, self._unmarked = self._unmarked, []
+                leases = [r.lease for r in batch if not (r.settled or r.lost or r.acking or r.finishing)]
+                if leases:
+                    try:
+                        await self._call(self._beat, self.backend.heartbeat, leases, lease_s=self.lease_s)
+                    except Exception as exc:  # the next heartbeat reports them
+                        log.warning("could not report %d started job(s): %s", len(leases), exc)
+                await asyncio.sleep(MARK_SPACING_S)
+        finally:
+            self._marking = None
 
     def _drop_held(self, running: _Running) -> None:
         """A held job that will not run here (its lease is gone, or it is given back): forget it."""

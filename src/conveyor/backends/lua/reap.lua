@@ -31,18 +31,19 @@ for k = 1, math.min(limit, #found) do
     local stalls = tonumber(f[10] or 0)
     local free = f[9] ~= false and stalls < max_stalls
     local attempt, why = tonumber(f[1]), nil
+    local recorded = f[1]  -- the error names the attempt number the lease had
     if f[9] == false then
       why = 'lease expired mid-job: worker ' .. who .. ' stopped heartbeating (crashed, killed or stalled)'
     elseif free then
       attempt = attempt - 1
       redis.call('HSET', key, 'attempt', string.format('%d', attempt), 'stalls', string.format('%d', stalls + 1))
-      why = 'lease expired before the job started: worker ' .. who .. ' held it unstarted (prefetched, or the '
-        .. 'reply to its claim was lost) and stopped heartbeating; attempt not counted'
+      why = 'lease expired before the job started (as far as the store knows): worker ' .. who .. ' held it '
+        .. '(prefetched, or the reply to its claim was lost) and stopped heartbeating; attempt not counted'
     else
       why = 'lease expired before the job started, ' .. string.format('%d', stalls + 1)
         .. ' times: counted as an attempt; worker ' .. who .. ' stopped heartbeating'
     end
-    add_error(id, string.format('%d', attempt), now, f[3], '"kind":"lease_expired","type":"LeaseExpired","message":'
+    add_error(id, recorded, now, f[3], '"kind":"lease_expired","type":"LeaseExpired","message":'
       .. cjson.encode(why) .. ',"traceback":""')
     leave(q, id, 'running', nil, f[7])
     redis.call('HDEL', key, 'lease_token', 'lease_expires_at', 'held')

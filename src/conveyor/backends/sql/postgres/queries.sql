@@ -403,14 +403,13 @@ SET state = CASE WHEN e.free THEN 'available' WHEN j.attempt >= j.max_attempts T
     stalls = CASE WHEN e.free THEN j.stalls + 1 ELSE j.stalls END,
     errors = (CASE WHEN jsonb_array_length(j.errors) >= %(keep_errors)s THEN j.errors - 0 ELSE j.errors END)
              || jsonb_build_array(jsonb_build_object(
-                    'attempt', CASE WHEN e.free THEN j.attempt - 1 ELSE j.attempt END,
-                    'at', extract(epoch FROM :NOW)::float8, 'kind', 'lease_expired', 'type', 'LeaseExpired',
+                    'attempt', j.attempt, 'at', extract(epoch FROM :NOW)::float8, 'kind', 'lease_expired', 'type', 'LeaseExpired',
                     'message', CASE
                         WHEN NOT j.held THEN 'lease expired mid-job: worker ' || coalesce(j.worker_id, '?')
                              || ' stopped heartbeating (crashed, killed or stalled)'
-                        WHEN e.free THEN 'lease expired before the job started: worker '
-                             || coalesce(j.worker_id, '?') || ' held it unstarted (prefetched, or the reply'
-                             || ' to its claim was lost) and stopped heartbeating; attempt not counted'
+                        WHEN e.free THEN 'lease expired before the job started (as far as the store'
+                             || ' knows): worker ' || coalesce(j.worker_id, '?') || ' held it (prefetched, or the'
+                             || ' reply to its claim was lost) and stopped heartbeating; attempt not counted'
                         ELSE 'lease expired before the job started, ' || (j.stalls + 1)
                              || ' times: counted as an attempt; worker ' || coalesce(j.worker_id, '?')
                              || ' stopped heartbeating' END,

@@ -197,14 +197,14 @@ SET state = CASE WHEN held AND stalls < :max_stalls THEN 'available'
     errors = json_insert(CASE WHEN json_array_length(errors) >= :keep_errors
                               THEN json_remove(errors, '$[0]') ELSE errors END,
                          '$[#]', json_object(
-                             'attempt', CASE WHEN held AND stalls < :max_stalls THEN attempt - 1 ELSE attempt END,
-                             'at', :now, 'kind', 'lease_expired', 'type', 'LeaseExpired',
+                             'attempt', attempt, 'at', :now, 'kind', 'lease_expired', 'type', 'LeaseExpired',
                              'message', CASE
                                  WHEN NOT held THEN 'lease expired mid-job: worker ' || coalesce(worker_id, '?')
                                       || ' stopped heartbeating (crashed, killed or stalled)'
-                                 WHEN stalls < :max_stalls THEN 'lease expired before the job started: worker '
-                                      || coalesce(worker_id, '?') || ' held it unstarted (prefetched, or the reply'
-                                      || ' to its claim was lost) and stopped heartbeating; attempt not counted'
+                                 WHEN stalls < :max_stalls THEN 'lease expired before the job started (as far as'
+                                      || ' the store knows): worker ' || coalesce(worker_id, '?') || ' held it'
+                                      || ' (prefetched, or the reply to its claim was lost) and stopped heartbeating;'
+                                      || ' attempt not counted'
                                  ELSE 'lease expired before the job started, ' || (stalls + 1)
                                       || ' times: counted as an attempt; worker ' || coalesce(worker_id, '?')
                                       || ' stopped heartbeating' END,
