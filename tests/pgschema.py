@@ -18,6 +18,12 @@ from conveyor.backends.base import NewJob
 from conveyor.backends.postgres import CHANNEL, ENQUEUE_ONE, _insert_params
 from conveyor.backends.sql import load_migrations
 
+# The enqueue statement as producers of a version before job uids (migration 008) send it: the
+# current one returns the uid column, which a store being upgraded does not have yet. Newer
+# processes migrate before they enqueue; older ones go on writing during the migration.
+PRE_UID_ENQUEUE_ONE = ENQUEUE_ONE.replace(b"ins.uid, ", b"").replace(b"RETURNING id, uid, ", b"RETURNING id, ")
+assert PRE_UID_ENQUEUE_ONE.count(b"uid") == 0
+
 # The scripts of the versions a user may still be at (version 3 is the last one before the
 # json columns); these files never change once shipped.
 OLD_SCRIPTS = {version: script for version, script in load_migrations("postgres") if version <= 3}
@@ -120,8 +126,8 @@ def without_index_names(cat: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class Producers:
-    """Threads enqueueing one plain job at a time through the backend's own statement, each
-    on its own connection, until stopped; every call's wall time and error is kept."""
+    """Threads enqueueing one plain job at a time through the backend's own statement (as it was
+    before job uids: see PRE_UID_ENQUEUE_ONE), each on its own connection, until stopped; every call's wall time and error is kept."""
 
     url: str
     threads: int = 2
@@ -152,7 +158,8 @@ class Producers:
             while not self._stop.is_set():
                 t0 = time.monotonic()
                 try:
-                    row = conn.execute(ENQUEUE_ONE, {**_insert_params(job, None, None), "channel": CHANNEL}).fetchone()
+                    row = conn.execute(PRE_UID_ENQUEUE_ONE,
+                                       {**_insert_params(job, None, None), "channel": CHANNEL}).fetchone()
                 except psycopg.Error as exc:
                     with self._lock:
                         self.errors.append(f"{type(exc).__name__}: {exc}")

@@ -138,6 +138,9 @@ DESCRIPTIONS: dict[str, str] = {
     "Worker.__init__.metrics": "Where to record Prometheus metrics (default: the app's, if enabled).",
     "Worker.__init__.strict": "Strict priority between queues: the heaviest queue with work takes every "
     "free slot.",
+    "Worker.__init__.stuck_grace": "Seconds every slot may stay stuck (sync tasks running past their timeout, "
+    "whose threads cannot be killed) before the worker stops with `exit_code` 75 (`EXIT_STUCK`) for its "
+    "supervisor to start a fresh process.",
 }
 
 # Variables that are not (only) a CLI option's; the others are described by their option's help.

@@ -190,7 +190,8 @@ class LeaseExpiryRate:
 @dataclass
 class JobsPastTimeout:
     """Jobs still running ``grace`` seconds past their timeout: a worker is blocked (an event
-    loop stalled by sync code, a thread stuck on a call without a timeout)."""
+    loop stalled by sync code, or too stalled to enforce the timeout). A sync task whose timeout
+    did fire is settled and so not seen here, though its thread may still run: see StuckSlots."""
 
     grace: float = 30.0
     limit: int = 1000
@@ -208,6 +209,27 @@ class JobsPastTimeout:
             Finding(f"{self.name}:{worker}", f"worker {worker} runs job(s) {ids[:10]} past their timeout",
                     len(ids), 0)
             for worker, ids in stuck.items()
+        ]
+
+
+@dataclass
+class StuckSlots:
+    """A worker has more than ``threshold`` stuck slots (default: any): sync tasks still running
+    past their timeout. Their jobs were already failed or retried by the timeout, so they are no
+    longer running in the store and ``jobs_past_timeout`` cannot see them; their threads, which
+    cannot be killed, hold the slots until the calls return. Read from the workers' heartbeats."""
+
+    threshold: int = 0
+    name: str = "stuck_slots"
+    severity: str = "critical"
+
+    def check(self, stats: Stats, backend: Backend, memory: dict[str, object]) -> list[Finding]:
+        """Findings for this snapshot (see ``Rule.check``)."""
+        return [
+            Finding(f"{self.name}:{w.id}",
+                    f"worker {w.id} has {w.stuck} of {w.concurrency} slot(s) stuck on tasks running past "
+                    "their timeout", w.stuck, self.threshold)
+            for w in stats.workers if w.stuck > self.threshold
         ]
 
 

@@ -244,6 +244,9 @@ def main() -> None:
               help="Seconds to finish running jobs after SIGTERM before releasing them.")
 @click.option("--poll-interval", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Longest idle wait between checks, seconds.")
+@click.option("--stuck-grace", default=60.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds every slot may stay stuck (sync tasks running past their timeout, whose threads "
+                   "cannot be killed) before the process exits with code 75 for its supervisor to restart it.")
 @click.option("--strict", is_flag=True,
               help="Strict priority between queues: the heaviest with work first (weights order them).")
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=None,
@@ -254,7 +257,7 @@ def main() -> None:
 @pass_ctx
 def worker(obj: Ctx, queues: str | None, concurrency: int, prefetch: int, prefetch_hold: float, processes: int,
            visibility_timeout: float | None,
-           grace_period: float, poll_interval: float, strict: bool, metrics_port: int | None,
+           grace_period: float, poll_interval: float, stuck_grace: float, strict: bool, metrics_port: int | None,
            metrics_addr: str, no_scheduler: bool) -> None:
     """Run jobs. SIGTERM or Ctrl-C stops gracefully; a second one hurries."""
     app = obj.require_tasks("worker")
@@ -265,7 +268,7 @@ def worker(obj: Ctx, queues: str | None, concurrency: int, prefetch: int, prefet
     # Built here even when children will run it: a bad option fails now, not in a restart loop.
     w = Worker(app, queues=queues, concurrency=concurrency, visibility_timeout=visibility_timeout,
                grace_period=grace_period, poll_interval=poll_interval, strict=strict,
-               scheduler=not no_scheduler, prefetch=prefetch, prefetch_hold=prefetch_hold)
+               scheduler=not no_scheduler, prefetch=prefetch, prefetch_hold=prefetch_hold, stuck_grace=stuck_grace)
     if processes > 1:
         from .supervisor import Supervisor
 
@@ -277,7 +280,7 @@ def worker(obj: Ctx, queues: str | None, concurrency: int, prefetch: int, prefet
                  "worker", "--queues", queues,
                  "--concurrency", str(concurrency), "--prefetch", str(prefetch), "--prefetch-hold", str(prefetch_hold),
                  "--grace", str(grace_period),
-                 "--poll-interval", str(poll_interval)]
+                 "--poll-interval", str(poll_interval), "--stuck-grace", str(stuck_grace)]
         if strict:
             argv.append("--strict")
         if no_scheduler:
@@ -298,7 +301,8 @@ def worker(obj: Ctx, queues: str | None, concurrency: int, prefetch: int, prefet
     sys.stdout.flush()
     sys.stderr.flush()
     # Threads of sync tasks that outlived their timeout cannot be joined; don't wait for them.
-    os._exit(0)
+    # Non-zero (EXIT_STUCK) if it stopped because every slot was stuck on one: restart it.
+    os._exit(w.exit_code)
 
 
 # -- enqueue -----------------------------------------------------------------------------
@@ -434,10 +438,11 @@ def stats_view(stats: Stats, url: str, previous: Stats | None = None) -> Group:
     if not stats.queues:
         table.add_row("(no jobs yet)", *[""] * (len(columns) - 1))
     workers = Table(title=f"live workers: {len(stats.workers)}", title_justify="left")
-    for col in ("worker", "queues", "running", "concurrency", "last heartbeat", "up"):
+    for col in ("worker", "queues", "running", "stuck", "concurrency", "last heartbeat", "up"):
         workers.add_column(col)
     for w in stats.workers:
-        workers.add_row(w.id, ",".join(w.queues), str(w.running), str(w.concurrency),
+        workers.add_row(w.id, ",".join(w.queues), str(w.running), f"[red]{w.stuck}[/red]" if w.stuck else "0",
+                        str(w.concurrency),
                         age(stats.now - w.last_seen) + " ago", age(stats.now - w.started_at))
     return Group(table, workers)
 
@@ -508,7 +513,7 @@ def show_job(job: Job) -> None:
     table.add_column(style="bold")
     table.add_column()
     rows = [
-        ("id", str(job.id)), ("task", job.task), ("queue", job.queue), ("state", str(job.state)),
+        ("id", str(job.id)), ("uid", job.uid or "-"), ("task", job.task), ("queue", job.queue), ("state", str(job.state)),
         ("attempts", f"{job.attempts}/{job.max_attempts}"), ("priority", str(job.priority)),
         ("args", shown_json(job.args, SHOWN_CHARS)), ("created", when(job.created_at)),
         ("run at", when(job.run_at)), ("last started", when(job.attempted_at)),
@@ -774,13 +779,16 @@ def dashboard_cmd(obj: Ctx, host: str, port: int, token: str | None, basic_auth:
               help="Alert above this many lease expiries per minute on a queue.")
 @click.option("--past-timeout", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="Alert when jobs run this many seconds past their timeout.")
+@click.option("--stuck-slots", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Alert when a worker has more than this many slots stuck on sync tasks running past "
+                   "their timeout (their threads cannot be killed).")
 @click.option("--webhook", "webhooks", multiple=True, help="POST incidents as JSON here (repeatable).")
 @click.option("--interval", default=15.0, show_default=True, type=click.FloatRange(min=0.1))
 @click.option("--once", is_flag=True, help="Evaluate once, print what fires, exit 1 if anything does.")
 @pass_ctx
 def alerts(obj: Ctx, dead: bool, depth: int | None, age: float | None, no_workers: bool,
-           lease_expiry_rate: float | None, past_timeout: float, webhooks: tuple[str, ...], interval: float,
-           once: bool) -> None:
+           lease_expiry_rate: float | None, past_timeout: float, stuck_slots: int, webhooks: tuple[str, ...],
+           interval: float, once: bool) -> None:
     """Watch the store and notify (log, webhooks) when an alert fires and when it resolves.
 
     Run one of these per store: evaluators do not coordinate.
@@ -795,11 +803,12 @@ def alerts(obj: Ctx, dead: bool, depth: int | None, age: float | None, no_worker
         OldestJobAge,
         QueueDepth,
         Rule,
+        StuckSlots,
         Webhook,
         log_action,
     )
 
-    rules: list[Rule] = [JobsPastTimeout(grace=past_timeout)]
+    rules: list[Rule] = [JobsPastTimeout(grace=past_timeout), StuckSlots(stuck_slots)]
     if dead:
         rules.append(DeadJobs())
     if depth is not None:

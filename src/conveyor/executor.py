@@ -74,6 +74,16 @@ class JobContext:
         return self.job.id
 
     @property
+    def uid(self) -> str:
+        """A key no other job has: the job's ``uid`` (32 hex digits, random), the same for
+        every attempt of this job. Unlike ``id``, which a store that lost data (Redis without
+        persistence, a restore from backup, a failover) hands out again, it never names two
+        jobs. Build idempotency keys for other systems from it: ``f"{ctx.uid}:{step}"``. For
+        a job stored before Conveyor had uids, its id and the time it was enqueued."""
+        job = self.job
+        return job.uid if job.uid is not None else f"{job.id}-{job.created_at!r}"
+
+    @property
     def attempt(self) -> int:
         """This attempt's number: 1 for the first run, 2 for the first retry or redelivery."""
         return self.job.attempts
@@ -87,13 +97,15 @@ class JobContext:
         """Run ``fn(*args, **kwargs)`` at most once per job *to completion*, and remember its result.
 
         The first attempt that finishes the step records ``(job id, step) -> result`` in the
-        store; a later attempt of the same job (a retry, or a redelivery after a crash) gets
-        the recorded result back without calling ``fn`` again. The result must be JSON.
+        store, bound to the job's ``uid``; a later attempt of the same job (a retry, or a
+        redelivery after a crash) gets the recorded result back without calling ``fn`` again.
+        Never another job that took this id after the store lost data: its record is refused
+        (JobNotFound) and that job runs the step itself. The result must be JSON.
 
         What it guarantees: a step that completed and was recorded never runs again for this
         job. What it cannot: an attempt that dies after ``fn`` did its effect but before the
-        record was written runs it again; pass the job id and step to the other side as an
-        idempotency key (``f"{ctx.id}:{step}"``) where it accepts one. Inside
+        record was written runs it again; pass the job's uid and step to the other side as an
+        idempotency key (``f"{ctx.uid}:{step}"``) where it accepts one. Inside
         ``transaction()`` on PostgreSQL, the record commits with the task's own writes, so
         database effects made through that connection happen exactly once. Cost: one store
         write per step.
@@ -125,9 +137,9 @@ class JobContext:
         assert backend is not None
         if self._connection is not None:
             _, stored = backend.record_step(  # type: ignore[call-arg]
-                self.job.id, step, encoded, connection=self._connection)
+                self.job.id, step, encoded, uid=self.job.uid, connection=self._connection)
         else:
-            _, stored = backend.record_step(self.job.id, step, encoded)
+            _, stored = backend.record_step(self.job.id, step, encoded, uid=self.job.uid)
         # A concurrent attempt may have recorded first: the first record is the answer.
         value = payload.decode(stored) if stored is not None else None
         self._steps[step] = value

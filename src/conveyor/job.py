@@ -71,6 +71,13 @@ class Job:
     """Seconds one attempt may run before it is stopped and counted as failed."""
     created_at: float
     """When it was enqueued."""
+    uid: str | None = None
+    """32 hex digits (128 random bits) written with the job at enqueue: unlike ``id``, never
+    the same for two jobs, even after a store lost data and handed out an id again (Redis
+    without persistence, a restore from backup, a failover with replication lag). Kept
+    through retries and redrive. Build keys for other systems from it (idempotency keys).
+    None only for a job stored before Conveyor had uids (a migrated PostgreSQL or SQLite
+    store's old rows, a Redis job written by an earlier version)."""
     attempted_at: float | None = None
     """When its latest attempt started."""
     finished_at: float | None = None

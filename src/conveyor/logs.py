@@ -24,12 +24,15 @@ class TextFormatter(logging.Formatter):
     Tracebacks keep their lines; control characters inside them are escaped too."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
+        """The message line, CR, LF and ESC written as escapes."""
         return escape_controls(super().formatMessage(record))
 
     def formatException(self, ei: ExcInfo) -> str:
+        """The traceback, its own line breaks kept, other control characters escaped."""
         return escape_controls(super().formatException(ei), keep="\n")
 
     def formatStack(self, stack_info: str) -> str:
+        """The stack, its own line breaks kept, other control characters escaped."""
         return escape_controls(super().formatStack(stack_info), keep="\n")
 
 

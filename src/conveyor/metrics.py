@@ -4,7 +4,7 @@
 Store-wide numbers (depth, oldest waiting age, dead jobs, live workers, lease expiries) are
 read from the store when scraped, so every exporter reports the same value for the whole
 fleet; aggregate them with ``max by (queue)``, never ``sum``. Per-process numbers (attempts,
-run times, lag) are counters and histograms: ``sum`` them.
+run times, lag, stuck slots) are counters, histograms and gauges of this process: ``sum`` them.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -127,6 +127,12 @@ class Metrics:
         self.refused = Counter(
             "conveyor_enqueue_refused", "Enqueues refused because the queue was at its max_depth (QueueFull)",
             ["queue"], registry=r,
+        )
+        self.stuck_slots = Gauge(
+            "conveyor_worker_stuck_slots",
+            "Slots of this process's workers held by sync tasks still running past their timeout "
+            "(threads cannot be killed; each such slot takes no new job until its call returns)",
+            registry=r,
         )
         self._store: StoreCollector | None = None
 

@@ -12,6 +12,8 @@ import time
 from collections.abc import Sequence
 from types import FrameType
 
+from .worker import EXIT_STUCK
+
 log = logging.getLogger("conveyor.supervisor")
 
 
@@ -25,7 +27,8 @@ def _die_with_parent() -> None:
 
 class Supervisor:
     """Runs ``processes`` copies of the worker command ``argv``, restarts any that exit (with
-    backoff), and passes SIGTERM/SIGINT on to them. ``conveyor worker --processes N`` uses it."""
+    backoff; among them a child that exits because all its slots were stuck), and passes
+    SIGTERM/SIGINT on to them. ``conveyor worker --processes N`` uses it."""
 
     def __init__(
         self, argv: Sequence[str], processes: int, *, grace_period: float = 30.0,
@@ -76,8 +79,11 @@ class Supervisor:
                     continue
                 delay = backoff.get(slot, 0.5)
                 if slot not in restarts:
-                    log.error("worker process %d (pid %d) exited with %s; restarting in %.1fs",
-                              slot, child.pid, code, delay)
+                    # A child whose slots were all stuck on hung sync tasks exits on its own
+                    # (Worker.stuck_grace): a fresh process is the only way to free them.
+                    why = " (every slot stuck)" if code == EXIT_STUCK else ""
+                    log.error("worker process %d (pid %d) exited with %s%s; restarting in %.1fs",
+                              slot, child.pid, code, why, delay)
                     restarts[slot] = time.monotonic() + delay
                     backoff[slot] = min(delay * 2, 30.0)
                 if time.monotonic() >= restarts[slot]:

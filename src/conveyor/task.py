@@ -284,10 +284,11 @@ class _Enqueuer(Generic[P, R]):
             run_at = item.run_at if item.run_at is not None else res.at + item.delay
             state = JobState.SCHEDULED if run_at > res.at else JobState.AVAILABLE
             if item.meta == "{}":
-                jobs.append(make(id=res.id, args=next(decoded), state=state, run_at=run_at, created_at=res.at))
+                jobs.append(make(id=res.id, args=next(decoded), state=state, run_at=run_at, created_at=res.at,
+                                 uid=res.uid))
             else:
                 jobs.append(make(id=res.id, args=next(decoded), state=state, run_at=run_at, created_at=res.at,
-                                 meta=payload.decode(item.meta)))
+                                 uid=res.uid, meta=payload.decode(item.meta)))
         return jobs
 
     def _split_connection(self, kwargs: dict[str, Any]) -> Any:

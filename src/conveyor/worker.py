@@ -43,6 +43,9 @@ ACK_BATCH = 256  # most acks written in one store transaction
 # leases) at most this often: the store charges an attempt only for a job it knows started, so
 # this bounds the time a job runs uncounted, for at most 1/MARK_SPACING_S writes a second.
 MARK_SPACING_S = 0.1
+# Exit code of a worker process that stopped because every slot was stuck (EX_TEMPFAIL: "try
+# again"): a new process starts with free slots, which the hung threads cannot give back.
+EXIT_STUCK = 75
 T = TypeVar("T")
 # A round of claims (Worker._claim_steps): yields (acks, queue, how many, how many start) per
 # store call, is sent each call's (held, jobs), returns (held or None, every job claimed).
@@ -152,6 +155,11 @@ class Worker:
     fill them all) is released back to its queue unrun, its attempt not counted, where an idle
     worker can take it; until a slot frees, this worker then claims no more than its free slots.
     So a held job never waits behind long ones for more than this.
+
+    ``stuck_grace`` (default 60 s): a sync task that runs past its timeout is failed (or retried)
+    at the timeout, but its thread cannot be killed and keeps the slot until the call returns:
+    a stuck slot (``WorkerInfo.stuck``). When every slot has been stuck this long, the worker
+    stops with ``exit_code`` EXIT_STUCK, so that its supervisor starts a fresh process.
     """
 
     def __init__(
@@ -172,6 +180,7 @@ class Worker:
         scheduler: bool = True,
         prefetch: int = 0,
         prefetch_hold: float = 1.0,
+        stuck_grace: float = 60.0,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be >= 1, got {concurrency}")
@@ -193,6 +202,8 @@ class Worker:
             raise ConfigurationError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
         if not grace_period >= 0:
             raise ConfigurationError(f"grace_period must be >= 0 seconds, got {grace_period!r}")
+        if not stuck_grace > 0:
+            raise ConfigurationError(f"stuck_grace must be > 0 seconds, got {stuck_grace!r}")
         if not maintenance_interval > 0:
             raise ConfigurationError(f"maintenance_interval must be > 0 seconds, got {maintenance_interval!r}")
         self.heartbeat_interval = self.lease_s / 3
@@ -200,6 +211,8 @@ class Worker:
         self.grace_period = grace_period
         self.maintenance_interval = maintenance_interval
         self.prune_interval = prune_interval
+        self.stuck_grace = float(stuck_grace)
+        self.exit_code = 0  # what a process running only this worker should exit with (EXIT_STUCK)
         self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.install_signal_handlers = install_signal_handlers
         self.metrics = metrics if metrics is not None else app.metrics
@@ -211,6 +224,8 @@ class Worker:
         self._prepared: dict[int, Execution] = {}
         self._context: contextvars.Context | None = None  # what tasks run in copies of
         self._busy = 0  # slots taken, including threads still running past a timeout
+        self._stuck: list[int] = []  # job ids of those threads (a job hung twice here is in it twice)
+        self._stuck_timer: asyncio.TimerHandle | None = None  # while every slot is stuck
         self._held: collections.deque[_Running] = collections.deque()  # claimed, waiting for a slot (prefetch)
         self._hold_timer: asyncio.TimerHandle | None = None  # for the longest held job (_hold_expired)
         self._prefetch_paused = False  # held jobs were given back for want of a slot; until one frees
@@ -325,6 +340,8 @@ class Worker:
             for h in helpers:
                 h.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
+            if self._stuck_timer is not None:
+                self._stuck_timer.cancel()
             if self.install_signal_handlers:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
@@ -341,6 +358,10 @@ class Worker:
                 ex.shutdown(wait=False, cancel_futures=True)
             self.backend.reserve_connections(-self.concurrency)
             self._pool.shutdown()
+            if self._stuck and self.metrics is not None:
+                # The worker is gone: threads still hung are no longer anyone's slots.
+                self.metrics.stuck_slots.dec(len(self._stuck))
+            self._stuck.clear()
             if self._loop_claims is not None:
                 self._loop_claims.close()
             log.info("worker %s stopped: %d succeeded, %d retried, %d dead, %d released",
@@ -356,6 +377,7 @@ class Worker:
             id=self.id, queues=list(self.weights), concurrency=self.concurrency, host=socket.gethostname(),
             pid=os.getpid(), started_at=self.started_at, last_seen=0.0,
             running=len(self._running) - len(self._held),  # held (prefetched) jobs are not running yet
+            stuck=len(self._stuck),
         )
 
     async def _park(self, waiting: Awaitable[T]) -> T:
@@ -745,6 +767,12 @@ class Worker:
                 return
             self._prepared[job.id] = execution
 
+    def _forget(self, running: _Running) -> None:
+        """Drop a finished job from the jobs heartbeated, unless its id now names another job:
+        ids repeat after a store's data loss, and the newer job must stay heartbeated."""
+        if self._running.get(running.job.id) is running:
+            del self._running[running.job.id]
+
     def _start(self, job: Job) -> None:
         assert job.lease_token is not None
         self.counters.claimed += 1
@@ -798,7 +826,7 @@ class Worker:
     def _drop_held(self, running: _Running) -> None:
         """A held job that will not run here (its lease is gone, or it is given back): forget it."""
         running.settled = True
-        self._running.pop(running.job.id, None)
+        self._forget(running)
 
     def _prefetch_now(self) -> int:
         return 0 if self._prefetch_paused else self.prefetch
@@ -888,7 +916,7 @@ class Worker:
         finally:
             if not running.acking:
                 running.settled = True
-                self._running.pop(job.id, None)
+                self._forget(running)
             thread = execution.thread
             if running.freed:
                 pass
@@ -897,10 +925,51 @@ class Worker:
                 # busy until the thread returns, so capacity shown is capacity real.
                 log.warning("job %d: its thread is still running (%s); the slot stays busy until it returns",
                             job.id, "lease lost" if running.lost else "timed out")
-                thread.add_done_callback(lambda _: self._loop.call_soon_threadsafe(self._free_slot)
-                                         if self._loop and not self._loop.is_closed() else None)
+                self._stuck_changed(job.id, stuck=True)
+
+                def returned(_: object, job_id: int = job.id) -> None:
+                    if self._loop and not self._loop.is_closed():
+                        self._loop.call_soon_threadsafe(self._unstuck, job_id)
+
+                thread.add_done_callback(returned)
             else:
                 self._free_slot()
+
+    def _unstuck(self, job_id: int) -> None:
+        """A thread that ran past its job's end returned: its slot is free again."""
+        self._stuck_changed(job_id, stuck=False)
+        self._free_slot()
+
+    def _stuck_changed(self, job_id: int, *, stuck: bool) -> None:
+        """Count a stuck slot in or out; while every slot is stuck, time stuck_grace."""
+        if stuck:
+            self._stuck.append(job_id)
+        elif job_id in self._stuck:
+            self._stuck.remove(job_id)
+        else:
+            return  # returned after the worker stopped (and stopped counting it)
+        if self.metrics is not None:
+            self.metrics.stuck_slots.inc(1 if stuck else -1)
+        if len(self._stuck) < self.concurrency:
+            if self._stuck_timer is not None:
+                self._stuck_timer.cancel()
+                self._stuck_timer = None
+        elif self._stuck_timer is None and not self._stopping and self._loop is not None:
+            self._stuck_timer = self._loop.call_later(self.stuck_grace, self._all_stuck)
+
+    def _all_stuck(self) -> None:
+        """Every slot stayed stuck for stuck_grace: this process can run nothing until a hung
+        call returns, which may be never. Stop (the hung jobs were settled at their timeout; any
+        held job is released as at every stop) and exit non-zero, for a fresh process."""
+        self._stuck_timer = None
+        if self._stopping:
+            return
+        self.exit_code = EXIT_STUCK
+        log.error("worker %s: all %d slot(s) stuck for %gs on sync tasks running past their timeout "
+                  "(jobs %s; threads cannot be killed); stopping with exit code %d so that its "
+                  "supervisor starts a fresh process", self.id, len(self._stuck), self.stuck_grace,
+                  sorted(set(self._stuck)), EXIT_STUCK)
+        self._request_stop()
 
     def _free_slot(self) -> None:
         self._busy -= 1
@@ -970,7 +1039,7 @@ class Worker:
         if running.settled:
             return
         running.settled = True
-        self._running.pop(running.job.id, None)
+        self._forget(running)
         job = running.job
         if ok:
             self.counters.succeeded += 1
@@ -994,7 +1063,7 @@ class Worker:
             running.acking = False
             if not running.settled:
                 running.settled = True
-                self._running.pop(running.job.id, None)
+                self._forget(running)
                 self._job_log(logging.ERROR, running.job, "ack_failed",
                               "job %d %s: could not record its success (%s); it runs again after its lease expires",
                               running.job.id, running.job.task, exc)

@@ -310,12 +310,13 @@ def test_a_claim_of_varied_jobs_returns_each_as_the_store_holds_it(backend: Back
         new_job(args={"n": 6}, rate_key="r", rate_limit=10, rate_period=1.0),
         new_job(args={"n": 7}),
     ]
-    ids = [r.id for r in backend.enqueue_many(batch, now=T0 + 1)]
+    made = backend.enqueue_many(batch, now=T0 + 1)
+    ids = [r.id for r in made]
     [first] = backend.claim("default", 1, worker_id="w0", lease_s=30, now=T0 + 1)
     assert first.id == ids[0]
     backend.retry(Lease(first.id, first.lease_token), ErrorInfo("exception", "Boom", "boom"),  # type: ignore[arg-type]
                   delay=0, now=T0 + 2)
-    backend.record_step(ids[7], "charge", '{"ok": true}')
+    backend.record_step(ids[7], "charge", '{"ok": true}', uid=made[7].uid)
     assert backend.redrive([extra], now=T0 + 5) == 1
 
     claimed = backend.claim("default", 20, worker_id="w1", lease_s=30, now=T0 + 6)

@@ -27,6 +27,11 @@ def _lease(job: Job) -> Lease:
     return Lease(job.id, job.lease_token)
 
 
+def _enqueue_with_uid(backend: Backend) -> tuple[int, str | None]:
+    [made] = backend.enqueue_many([new_job()], now=T0)
+    return made.id, made.uid
+
+
 def _race(n: int, fn: Callable[[int], object]) -> list[object]:
     """Run fn(i) on n threads released together; return their results (or exceptions)."""
     barrier = threading.Barrier(n)
@@ -97,12 +102,12 @@ def test_a_full_queue_leaves_the_tick_untaken(backend: Backend) -> None:
 # -- exactly-once step records ------------------------------------------------------------------
 
 def test_the_first_step_record_wins_and_shows_on_the_job(backend: Backend) -> None:
-    job_id = enqueue_one(backend)
-    assert backend.record_step(job_id, "charge-card", json.dumps({"charge": "ch_1"})) == (
+    job_id, uid = _enqueue_with_uid(backend)
+    assert backend.record_step(job_id, "charge-card", json.dumps({"charge": "ch_1"}), uid=uid) == (
         True, json.dumps({"charge": "ch_1"}))
-    created, stored = backend.record_step(job_id, "charge-card", json.dumps({"charge": "ch_2"}))
+    created, stored = backend.record_step(job_id, "charge-card", json.dumps({"charge": "ch_2"}), uid=uid)
     assert not created and json.loads(stored or "null") == {"charge": "ch_1"}
-    assert backend.record_step(job_id, "email", None) == (True, None)
+    assert backend.record_step(job_id, "email", None, uid=uid) == (True, None)
     job = backend.get(job_id)
     assert job is not None and job.steps == {"charge-card": {"charge": "ch_1"}, "email": None}
 
@@ -110,23 +115,23 @@ def test_the_first_step_record_wins_and_shows_on_the_job(backend: Backend) -> No
 def test_step_records_survive_retries_and_redelivery(backend: Backend) -> None:
     from conveyor.backends.base import ErrorInfo
 
-    job_id = enqueue_one(backend)
+    job_id, uid = _enqueue_with_uid(backend)
     job = _claim_one(backend)
-    backend.record_step(job_id, "s1", "1")
+    backend.record_step(job_id, "s1", "1", uid=uid)
     backend.retry(_lease(job), ErrorInfo("exception", "boom"), delay=0, now=T0 + 1)
     again = _claim_one(backend, now=T0 + 2)
     assert again.id == job_id and again.steps == {"s1": 1}
-    assert backend.record_step(job_id, "s1", "2") == (False, "1")
+    assert backend.record_step(job_id, "s1", "2", uid=uid) == (False, "1")
 
 
 def test_a_step_of_an_unknown_job_is_refused(backend: Backend) -> None:
     with pytest.raises(JobNotFound):
-        backend.record_step(999_999, "s", None)
+        backend.record_step(999_999, "s", None, uid=None)
 
 
 def test_racing_attempts_record_a_step_once(backend: Backend) -> None:
-    job_id = enqueue_one(backend)
-    results = _race(8, lambda i: backend.record_step(job_id, "pay", str(i)))
+    job_id, uid = _enqueue_with_uid(backend)
+    results = _race(8, lambda i: backend.record_step(job_id, "pay", str(i), uid=uid))
     assert not [r for r in results if isinstance(r, Exception)], results
     wins = [r for r in results if isinstance(r, tuple) and r[0]]
     assert len(wins) == 1

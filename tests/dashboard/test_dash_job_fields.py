@@ -17,7 +17,7 @@ def test_the_job_page_shows_limits_steps_and_cron_tick(app: Conveyor, client: Te
     def limited(x: int) -> None: ...
 
     job = limited.options(fair_key="tenant-<b>x</b>").enqueue(1)
-    app.backend.record_step(job.id, "charge-card", '{"charge": "ch_<i>1</i>"}')
+    app.backend.record_step(job.id, "charge-card", '{"charge": "ch_<i>1</i>"}', uid=job.uid)
     page = client.get(f"/jobs/{job.id}").text
     assert "tenant-&lt;b&gt;x&lt;/b&gt;" in page and "<b>x</b>" not in page
     assert "at most 2 running" in page and "10 per 1m" in page.replace("1m 00s", "1m")

@@ -256,3 +256,18 @@ def test_dead_letter_page_lists_dead_jobs_only(app: Conveyor, client: TestClient
     assert "Redrive all 3" in page and "Purge all 3" in page
     assert job_ids(client.get("/dead?queue=other").text) == []
     assert app.backend.list_jobs(state=JobState.DEAD).jobs
+
+
+def test_stuck_slots_show_on_the_overview_and_workers_page(app: Conveyor, client: TestClient) -> None:
+    b = app.backend
+    now = b.now()
+    b.record_worker(WorkerInfo(id="host-s:1:hung", queues=["a"], concurrency=2, host="host-s", pid=1,
+                               started_at=now - 100, last_seen=now, running=0, stuck=2))
+    def text(path: str) -> str:
+        return re.sub(r"<[^>]+>", "", client.get(path).text)
+
+    workers = text("/workers")
+    assert "0 of 2 busy, 2 stuck" in workers and "sync tasks running past their timeout" in workers
+    overview = text("/")
+    assert "2 of 2 worker slots busy, 2 stuck" in overview
+    assert "stuck_slots:host-s:1:hung" in overview or "host-s:1:hung has 2 of 2 slot(s) stuck" in overview

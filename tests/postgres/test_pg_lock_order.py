@@ -144,7 +144,7 @@ def test_a_step_recorded_in_an_open_transaction_blocks_no_write_of_the_job(pg_ur
         [job] = backend.claim("default", 1, worker_id="w", lease_s=5.0)
         lease = Lease(job.id, job.lease_token or "")
         with backend.completion_connection() as conn:
-            backend.record_step(job.id, "charge", '"ok"', connection=conn)
+            backend.record_step(job.id, "charge", '"ok"', uid=job.uid, connection=conn)
             if write == "cancel":
                 assert backend.cancel(job.id)
             elif write == "reap":

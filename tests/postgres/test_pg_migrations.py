@@ -22,6 +22,7 @@ from pgschema import build_schema_at, catalog, fill, without_index_names
 from stores import postgres_store
 
 from conveyor.backends import pg_migrate
+from conveyor.backends.base import NewJob
 from conveyor.backends.postgres import PostgresBackend
 from conveyor.cli import cli
 
@@ -233,3 +234,36 @@ def test_an_index_build_waits_for_a_long_transaction_without_stopping_enqueues(
     assert busy.seen == 0
     assert versions == [pg_migrate.LATEST]
     assert without_index_names(catalog(url)) == without_index_names(catalog(fresh_url))
+
+
+def test_job_uids_come_without_a_rewrite_and_old_rows_keep_working(pair: tuple[str, str]) -> None:
+    """008 adds the uid column: the table is not rewritten (same file on disk), rows from
+    before keep NULL and still take step records and acks; new rows get a uid each."""
+    from conveyor.backends.base import Lease
+    from conveyor.executor import JobContext
+
+    url, _ = pair
+    build_schema_at(url, 4)
+    fill(url, ROWS, scheduled=0, running=0)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE conveyor_jobs SET state = 'available', result = NULL, finished_at = NULL,"
+                     " queue = 'old' WHERE id <= 2")
+        file_before = conn.execute("SELECT relfilenode FROM pg_class WHERE oid = 'conveyor_jobs'::regclass").fetchone()
+    backend = PostgresBackend(url)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            file_after = conn.execute("SELECT relfilenode FROM pg_class WHERE oid = 'conveyor_jobs'::regclass").fetchone()
+            nulls = conn.execute("SELECT count(*) FROM conveyor_jobs WHERE uid IS NULL").fetchone()
+        assert file_after == file_before
+        assert nulls == (ROWS,)
+        old = backend.claim("old", 1, worker_id="w", lease_s=30)[0]
+        assert old.uid is None
+        assert JobContext(old, backend).once("charge", lambda: "ch_old") == "ch_old"
+        backend.ack(Lease(old.id, old.lease_token or ""), None)
+        done = backend.get(old.id)
+        assert done is not None and done.state == "succeeded" and done.steps == {"charge": "ch_old"}
+        made = backend.enqueue_many([NewJob(task="app.work", queue="new", args="{}", max_attempts=1, timeout=5)] * 3)
+        uids = {m.uid for m in made}
+        assert len(uids) == 3 and all(u is not None and len(u) == 32 for u in uids)
+    finally:
+        backend.close()

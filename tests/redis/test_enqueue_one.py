@@ -86,6 +86,8 @@ def test_the_short_script_writes_what_the_general_one_writes(private_redis: Redi
                 for b in (short, general):
                     [claimed] = b.claim("default", 1, worker_id="w", lease_s=30, now=now - 0.5)
                     assert claimed.id == 1
+            # The same random uid for both stores' n-th job, so the stores can be compared.
+            monkeypatch.setattr(redis_backend, "new_uids", lambda k, n=n: [f"{n:032x}"] * k)
             got_short = short.enqueue_many([job], now=now)
             with monkeypatch.context() as m:
                 m.setattr(redis_backend, "_plain", lambda job: False)

@@ -652,3 +652,11 @@ def test_a_full_redis_refuses_whole_batches_with_storage_full(tmp_path: Path) ->
     finally:
         b.close()
         server.stop()
+
+
+def test_a_worker_entry_written_before_stuck_slots_reads_as_none_stuck(backend: RedisBackend) -> None:
+    # The JSON an older worker writes: no "stuck" (WorkerInfo.stuck was added later).
+    old = {"queues": ["a"], "concurrency": 2, "host": "h", "pid": 1, "started_at": T0, "running": 1}
+    backend._run("record_worker", [], [repr(T0), "w-old", json.dumps(old)], safe=True)
+    [seen] = backend.stats(now=T0).workers
+    assert (seen.id, seen.running, seen.stuck) == ("w-old", 1, 0)

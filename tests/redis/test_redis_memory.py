@@ -137,13 +137,13 @@ def test_at_maxmemory_new_data_is_refused_whole_and_jobs_still_finish(
             backend.enqueue_many(batch, now=T0)
     # A step record bigger than the slack is new data too: refused whole, the task sees why.
     with pytest.raises(StorageFull, match="record_step refused, nothing was written"):
-        backend.record_step(a.id, "big", json.dumps("s" * 5000))
+        backend.record_step(a.id, "big", json.dumps("s" * 5000), uid=a.uid)
     assert admin.get(ids_key) == last_id and admin.dbsize() == dbsize
     assert not admin.hexists(f"{{{private_redis.prefix}}}:job:{a.id}", "step:big")
 
     # What must not fail goes on: a small step record, an ack, a kill. The kill's traceback is
     # cut to its last lines rather than the kill refused (a refused kill runs the job again).
-    assert backend.record_step(a.id, "small", json.dumps("ok")) == (True, json.dumps("ok"))
+    assert backend.record_step(a.id, "small", json.dumps("ok"), uid=a.uid) == (True, json.dumps("ok"))
     backend.ack(Lease(a.id, a.lease_token or ""), json.dumps("done"), now=T0 + 1)
     tb = "".join(f"  line {n}\n" for n in range(20_000)) + "ValueError: the end\n"
     backend.kill(Lease(b.id, b.lease_token or ""), ErrorInfo("exception", "boom", "ValueError", tb), now=T0 + 1)

@@ -108,6 +108,15 @@ class EnqueueResult:
     id: int
     created: bool  # False when unique_key matched an unfinished job, whose id is returned
     at: float  # the store's time of the write; a new job's created_at
+    uid: str | None = None  # the new job's uid (see Job.uid); None when not created
+
+
+def new_uids(n: int) -> list[str]:
+    """``n`` job uids of 32 hex digits (128 random bits each) from one read of the OS's random
+    source. Random, not counted: a store that lost data and counts its ids again from an older
+    value still never repeats one."""
+    raw = os.urandom(16 * n).hex()
+    return [raw[i:i + 32] for i in range(0, 32 * n, 32)]
 
 
 @dataclass(frozen=True)
@@ -250,6 +259,9 @@ class WorkerInfo:
     started_at: float
     last_seen: float
     running: int = 0
+    # Slots held by a sync task's thread still running after its job was settled (timed out,
+    # lease lost): threads cannot be killed, so the slot stays taken until the call returns.
+    stuck: int = 0
 
 
 @dataclass(frozen=True)
@@ -510,11 +522,14 @@ class Backend(abc.ABC):
         """The last tick taken per schedule name (unix seconds)."""
         raise NotImplementedError(f"{type(self).__name__} has no cron support")
 
-    def record_step(self, job_id: int, step: str, result: str | None) -> tuple[bool, str | None]:
+    def record_step(self, job_id: int, step: str, result: str | None, *, uid: str | None) -> tuple[bool, str | None]:
         """Record that ``step`` of job ``job_id`` finished with ``result`` (JSON text), unless a
         record for it exists already. Returns (created, the stored result): the first record
         wins. Not fenced by a lease: an attempt that did the step, even one that has since lost
-        its lease, tells the truth by recording it. Raises JobNotFound for an unknown job."""
+        its lease, tells the truth by recording it. ``uid`` is the job's ``Job.uid`` (None for a
+        job stored before uids existed): a job with that id but another uid is another job
+        that took the id after the store lost data, so the record is refused as for an unknown
+        job, with JobNotFound."""
         raise NotImplementedError(f"{type(self).__name__} has no step records")
 
     def reserve_connections(self, slots: int) -> list[str]:

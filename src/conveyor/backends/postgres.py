@@ -31,6 +31,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import select
 import socket
 import threading
@@ -90,14 +91,29 @@ log = logging.getLogger("conveyor.postgres")
 NOW = "coalesce(to_timestamp(%(now)s::float8), now())"
 # The time the statement started, for the limited claim: later than the transaction's now().
 STMT_NOW = "coalesce(to_timestamp(%(now)s::float8), statement_timestamp())"
-Q = {name: sql.replace(":NOW", NOW).replace(":STMT_NOW", STMT_NOW)
+# A job row's columns, named: a statement returning ``j.*`` is prepared with the table's shape,
+# and PostgreSQL refuses it once a later release's migration adds a column ("cached plan must
+# not change result type"), which would stop every running worker of the old release.
+JOB_COLUMNS = ("id", "queue", "task", "state", "priority", "run_at", "attempt", "max_attempts",
+               "timeout_s", "lease_token", "lease_expires_at", "worker_id", "unique_key", "errors",
+               "meta", "created_at", "attempted_at", "finished_at", "fair_key", "fair_tag",
+               "unique_for", "concurrency_key", "concurrency_limit", "rate_key", "rate_limit",
+               "rate_period", "args", "result", "uid", "stalls")
+
+
+def _job_columns(sql: str) -> str:
+    """``:JOB(alias)`` becomes ``alias.id, alias.queue, ...``."""
+    return re.sub(r":JOB\((\w+)\)", lambda m: ", ".join(f"{m[1]}.{c}" for c in JOB_COLUMNS), sql)
+
+
+Q = {name: _job_columns(sql.replace(":NOW", NOW).replace(":STMT_NOW", STMT_NOW))
      for name, sql in load_queries("postgres").items()}
 KEEP_ERRORS = 20
 CHANNEL = "conveyor_wake"
 DEPTH_LOCK = "SELECT pg_advisory_xact_lock(hashtext('conveyor_depth:' || current_schema() || ':' || %s))"
 # A plain job's enqueue (see _plain): the insert, and its wake-up delivered at the same commit.
 ENQUEUE_ONE = ("WITH ins AS (" + Q["insert"].strip().rstrip(";") + ")\n"
-               "SELECT ins.id, ins.at, pg_notify(%(channel)s, %(queue)s) FROM ins").encode()
+               "SELECT ins.id, ins.uid, ins.at, pg_notify(%(channel)s, %(queue)s) FROM ins").encode()
 UNIQUE_RACE_TRIES = 3  # a unique key that changes hands between insert and lookup is tried again
 
 # Every network call has a bound: connecting, each statement, a dead peer (tcp_user_timeout).
@@ -603,7 +619,7 @@ class PostgresBackend(Backend):
             except psycopg.Error as exc:
                 raise _translate(exc) from exc
             assert row is not None  # no unique key: the insert always writes its row
-            return [EnqueueResult(row["id"], True, row["at"])]
+            return [EnqueueResult(row["id"], True, row["at"], row["uid"])]
         with self._tx() as conn, conn.cursor() as cur:
             return _run(cur, _enqueue_plan(jobs, now))
 
@@ -638,7 +654,7 @@ class PostgresBackend(Backend):
         with self._tx() as conn:
             return {r["name"]: float(r["last_tick"]) for r in conn.execute(Q["cron_ticks"])}
 
-    def record_step(self, job_id: int, step: str, result: str | None, *,
+    def record_step(self, job_id: int, step: str, result: str | None, *, uid: str | None,
                     connection: psycopg.Connection[Any] | None = None) -> tuple[bool, str | None]:
         """With ``connection``, the record joins that connection's open transaction (the caller
         commits): with the task's own writes, it happens exactly once."""
@@ -646,11 +662,11 @@ class PostgresBackend(Backend):
         if connection is not None:
             try:
                 with _bounded(connection), connection.cursor(row_factory=dict_row) as cur:
-                    return _record_step(cur, job_id, step, result)
+                    return _record_step(cur, job_id, step, result, uid)
             except psycopg.Error as exc:
                 raise _translate(exc) from exc
         with self._tx() as conn, conn.cursor() as cur:
-            return _record_step(cur, job_id, step, result)
+            return _record_step(cur, job_id, step, result, uid)
 
     # -- worker -----------------------------------------------------------------------
     def claim(
@@ -952,7 +968,7 @@ class PostgresBackend(Backend):
             workers=[
                 WorkerInfo(id=w["id"], queues=list(w["queues"]), concurrency=w["concurrency"], host=w["host"],
                            pid=w["pid"], started_at=w["started_at"], last_seen=w["last_seen"],
-                           running=w["running"])
+                           running=w["running"], stuck=w["stuck"])
                 for w in workers
             ],
         )
@@ -1068,7 +1084,7 @@ class PostgresBackend(Backend):
                 Q["record_worker"],
                 {"id": info.id, "queues": json.dumps(info.queues), "concurrency": info.concurrency,
                  "host": info.host, "pid": info.pid, "started_at": info.started_at, "now": now,
-                 "running": info.running},
+                 "running": info.running, "stuck": info.stuck},
             )
             conn.execute(Q["forget_workers"], {"now": now})
 
@@ -1129,7 +1145,7 @@ def _row_to_job(row: dict[str, Any]) -> Job:
         id=row["id"], task=row["task"], queue=row["queue"], args=row["args"], state=JobState(row["state"]),
         attempts=row["attempt"], max_attempts=row["max_attempts"], priority=row["priority"],
         run_at=row["run_at"].timestamp(), timeout=float(row["timeout_s"]),
-        created_at=row["created_at"].timestamp(), attempted_at=_ts(row["attempted_at"]),
+        created_at=row["created_at"].timestamp(), uid=row["uid"], attempted_at=_ts(row["attempted_at"]),
         finished_at=_ts(row["finished_at"]), result=row["result"], errors=row["errors"],
         unique_key=row["unique_key"], worker_id=row["worker_id"], lease_token=row["lease_token"],
         lease_expires_at=_ts(row["lease_expires_at"]), meta=row["meta"], fair_key=row["fair_key"],
@@ -1432,7 +1448,7 @@ def _enqueue_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[Enqueu
     for job, param, row in zip(jobs, params, rows, strict=True):
         for _ in range(UNIQUE_RACE_TRIES):
             if row is not None:
-                results.append(EnqueueResult(row["id"], True, row["at"]))
+                results.append(EnqueueResult(row["id"], True, row["at"], row["uid"]))
                 break
             found = yield _Stmt("one", Q["find_unique"], {"unique_key": job.unique_key, "now": now})
             if found is not None:
@@ -1458,7 +1474,7 @@ def _plain_batch_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[En
     row = yield _Stmt("one", Q["insert_plain"], {"jobs": doc, "now": now})
     yield _Stmt("none", Q["notify"], {"channel": CHANNEL, "queues": sorted({j.queue for j in jobs})})
     at = row["at"]
-    return [EnqueueResult(i, True, at) for i in row["ids"]]
+    return [EnqueueResult(i, True, at, uid) for i, uid in zip(row["ids"], row["uids"], strict=True)]
 
 
 def _fair_tags_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[int | None]]:
@@ -1525,8 +1541,8 @@ def _check_step_name(step: str) -> None:
 
 
 def _record_step(cur: psycopg.Cursor[dict[str, Any]], job_id: int, step: str,
-                 result: str | None) -> tuple[bool, str | None]:
-    params = {"id": job_id, "step": step, "result": result}
+                 result: str | None, uid: str | None) -> tuple[bool, str | None]:
+    params = {"id": job_id, "step": step, "result": result, "uid": uid}
     try:
         if cur.execute(Q["record_step"], params).fetchone() is not None:
             return True, result
@@ -1534,9 +1550,11 @@ def _record_step(cur: psycopg.Cursor[dict[str, Any]], job_id: int, step: str,
         raise JobNotFound(f"no job with id {job_id}") from None  # deleted while we recorded
     row = cur.execute(Q["read_step"], params).fetchone()
     assert row is not None
+    if not row["job_found"]:
+        # No such job, or the id names another job now (the store lost data and its sequence
+        # handed the id out again): either way not this job.
+        raise JobNotFound(f"no job with id {job_id} and uid {uid}")
     if not row["found"]:
-        if not row["job_found"]:
-            raise JobNotFound(f"no job with id {job_id}")
         raise StoreError(f"step {step!r} of job {job_id}: record neither written nor found; retry")
     value = row["result"]  # the stored JSON text; SQL NULL is a step that returned None
     return False, None if value in (None, "null") else value

@@ -65,6 +65,7 @@ from .base import (
     WorkerInfo,
     check_claim_id,
     new_claim_id,
+    new_uids,
     queue_full,
 )
 
@@ -105,7 +106,8 @@ _SETTLED_AS = {"ack": ("succeeded",), "kill": ("dead",), "retry": ("scheduled", 
 STEP_PREFIX = "step:"  # a step record is the field step:<name> of the job's hash
 # The fields whose values a claim returns in this order for a job that has no others (BASE in
 # claim.lua); a job with others comes back as its hash's field, value pairs instead.
-_CLAIM_BASE = ("task", "args", "priority", "run_at", "attempt", "max_attempts", "timeout_s", "meta", "created_at")
+_CLAIM_BASE = ("task", "args", "priority", "run_at", "attempt", "max_attempts", "timeout_s", "meta", "created_at",
+               "uid")
 
 DEFAULT_SOCKET_TIMEOUT = 5.0
 DEFAULT_CONNECT_TIMEOUT = 2.0
@@ -492,9 +494,10 @@ class RedisBackend(Backend):
         if not cron and len(jobs) == 1 and _plain(jobs[0]):
             return [self._enqueue_one(jobs[0], now)]
         args: list[Any] = [self._now_arg(now), cron, repr(float(tick))]
+        uids = new_uids(len(jobs))
         for n, job in enumerate(jobs):
             _validate(job, n)
-            args += [
+            args += [uids[n],
                 job.queue, job.task, job.args, str(job.priority), repr(float(job.delay)),
                 "" if job.run_at is None else repr(float(job.run_at)), str(job.max_attempts),
                 repr(float(job.timeout)), "0" if job.unique_key is None else "1", job.unique_key or "",
@@ -511,7 +514,11 @@ class RedisBackend(Backend):
         if res and res[0] == "taken":
             return None
         at = float(res[0])
-        return [EnqueueResult(int(res[i]), bool(int(res[i + 1])), at) for i in range(1, len(res), 2)]
+        results = []
+        for n, i in enumerate(range(1, len(res), 2)):
+            created = bool(int(res[i + 1]))
+            results.append(EnqueueResult(int(res[i]), created, at, uids[n] if created else None))
+        return results
 
     def _enqueue_one(self, job: NewJob, now: float | None) -> EnqueueResult:
         """One plain job (see _plain) by enqueue_one.lua, which writes what the enqueue script
@@ -525,10 +532,11 @@ class RedisBackend(Backend):
             if len(self._one_keys) > MAX_CACHED_QUEUES:
                 self._one_keys.clear()
             self._one_keys[job.queue] = keys
+        [uid] = new_uids(1)
         args = [self._now_arg(now), job.queue, job.task, job.args, str(job.priority), str(job.max_attempts),
-                repr(float(job.timeout)), job.meta]
+                repr(float(job.timeout)), job.meta, uid]
         res = self._call("enqueue", functools.partial(self._script, "enqueue_one", keys, args), safe=False)
-        return EnqueueResult(int(res[1]), True, float(res[0]))
+        return EnqueueResult(int(res[1]), True, float(res[0]), uid)
 
     def cron_enqueue(self, schedule: str, tick: float, job: NewJob | None, *,
                      now: float | None = None) -> EnqueueResult | None:
@@ -543,7 +551,7 @@ class RedisBackend(Backend):
         ticks = self._call("read cron ticks", lambda: self._r.hgetall(self.keys.cron), safe=True)
         return {str(name): float(tick) for name, tick in ticks.items()}
 
-    def record_step(self, job_id: int, step: str, result: str | None) -> tuple[bool, str | None]:
+    def record_step(self, job_id: int, step: str, result: str | None, *, uid: str | None) -> tuple[bool, str | None]:
         if not isinstance(step, str) or not NAME_RE.fullmatch(step):
             raise InvalidName(f"step name must match {NAME_RE.pattern}, got {step!r}")
         if result is not None and not isinstance(result, str):
@@ -551,9 +559,12 @@ class RedisBackend(Backend):
         # Safe to resend: HSETNX changes nothing the second time, and the answer is the stored text.
         text = "null" if result is None else result
         name = "record_step" if len(text) <= OOM_SLACK else "record_step:strict"  # (see STRICT_SCRIPTS)
-        res = self._run(name, [], [int(job_id), step, text], safe=True)
+        res = self._run(name, [], [int(job_id), step, text, uid or ""], safe=True)
         if res[0] == "missing":
             raise JobNotFound(f"no job with id {job_id}")
+        if res[0] == "other":
+            raise JobNotFound(f"no job with id {job_id} and uid {uid}: the id now names another job "
+                              "(the store lost data and counted its ids again)")
         stored = str(res[2])
         return bool(int(res[1])), None if stored == "null" else stored
 
@@ -631,7 +642,7 @@ class RedisBackend(Backend):
                     })
                 raw_meta = h["meta"]
                 job = make(id=int(job_id), args=json.loads(h["args"]), attempts=int(h["attempt"]),
-                           run_at=float(h["run_at"]), created_at=float(h["created_at"]), lease_token=token,
+                           run_at=float(h["run_at"]), created_at=float(h["created_at"]), uid=h["uid"], lease_token=token,
                            **({} if raw_meta == "{}" else {"meta": json.loads(raw_meta)}))
                 self._queue_of[job.id] = queue  # (_remember: a claimed job is not final)
             jobs.append(job)
@@ -1077,7 +1088,7 @@ class RedisBackend(Backend):
             workers.append(WorkerInfo(
                 id=wid, queues=list(d["queues"]), concurrency=int(d["concurrency"]), host=str(d["host"]),
                 pid=int(d["pid"]), started_at=float(d["started_at"]), last_seen=float(last_seen),
-                running=int(d["running"]),
+                running=int(d["running"]), stuck=int(d.get("stuck", 0)),  # (absent: written before 'stuck' was)
             ))
         workers.sort(key=lambda w: (w.started_at, w.id))
         return Stats(now=t, queues=sorted(queues, key=lambda q: q.queue), workers=workers)
@@ -1262,7 +1273,7 @@ class RedisBackend(Backend):
     def record_worker(self, info: WorkerInfo, *, now: float | None = None) -> None:
         doc = json.dumps({
             "queues": list(info.queues), "concurrency": info.concurrency, "host": info.host, "pid": info.pid,
-            "started_at": info.started_at, "running": info.running,
+            "started_at": info.started_at, "running": info.running, "stuck": info.stuck,
         })
         self._run("record_worker", [], [self._now_arg(now), info.id, doc], safe=True)
 
@@ -1459,7 +1470,7 @@ def _to_job(job_id: int, h: dict[str, str], errors: Sequence[str]) -> Job:
     return make_job(
         id=job_id, task=h["task"], queue=h["queue"], args=json.loads(h["args"]), state=JobState(h["state"]),
         attempts=int(h["attempt"]), max_attempts=int(h["max_attempts"]), priority=int(h["priority"]),
-        run_at=float(h["run_at"]), timeout=float(h["timeout_s"]), created_at=float(h["created_at"]),
+        run_at=float(h["run_at"]), timeout=float(h["timeout_s"]), created_at=float(h["created_at"]), uid=h.get("uid"),
         attempted_at=_opt_float(h.get("attempted_at")), finished_at=_opt_float(h.get("finished_at")),
         result=json.loads(h["result"]) if "result" in h else None,
         errors=[json.loads(e) for e in errors], unique_key=h.get("unique_key"), worker_id=h.get("worker_id"),

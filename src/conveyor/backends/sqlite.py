@@ -47,6 +47,7 @@ from .base import (
     check_filters,
     depth_limits,
     new_claim_id,
+    new_uids,
     queue_stats_from_rows,
     refuse_overflow,
 )
@@ -433,15 +434,17 @@ class SqliteBackend(Backend):
     def cron_ticks(self) -> dict[str, float]:
         return {r["name"]: r["last_tick"] for r in self._read(Q["cron_ticks"])}
 
-    def record_step(self, job_id: int, step: str, result: str | None) -> tuple[bool, str | None]:
+    def record_step(self, job_id: int, step: str, result: str | None, *, uid: str | None) -> tuple[bool, str | None]:
         path = _step_path(step)
         with self._write(None) as (conn, _):
-            params = {"id": job_id, "path": path, "result": "null" if result is None else result}
+            params = {"id": job_id, "path": path, "result": "null" if result is None else result, "uid": uid}
             if conn.execute(Q["record_step"], params).rowcount == 1:
                 return True, result
-            row = conn.execute(Q["read_step"], {"id": job_id, "path": path}).fetchone()
+            row = conn.execute(Q["read_step"], {"id": job_id, "path": path, "uid": uid}).fetchone()
         if row is None:
-            raise JobNotFound(f"no job with id {job_id}")
+            # No such job, or the id names another job now (a restored store counted the id
+            # out again): either way not this job.
+            raise JobNotFound(f"no job with id {job_id} and uid {uid}")
         value = row["value"]
         return False, None if value in (None, "null") else value
 
@@ -653,6 +656,7 @@ class SqliteBackend(Backend):
                 WorkerInfo(
                     id=w["id"], queues=json.loads(w["queues"]), concurrency=w["concurrency"], host=w["host"],
                     pid=w["pid"], started_at=w["started_at"], last_seen=w["last_seen"], running=w["running"],
+                    stuck=w["stuck"],
                 )
                 for w in workers
             ],
@@ -756,7 +760,7 @@ class SqliteBackend(Backend):
                 {
                     "id": info.id, "queues": json.dumps(info.queues), "concurrency": info.concurrency,
                     "host": info.host, "pid": info.pid, "started_at": info.started_at, "now": t,
-                    "running": info.running,
+                    "running": info.running, "stuck": info.stuck,
                 },
             )
             # Rows of workers gone for a day are only noise.
@@ -776,29 +780,32 @@ def _enqueue_in(conn: sqlite3.Connection, jobs: Sequence[NewJob], t: float) -> l
     """Write the batch in the caller's open transaction (which rolls it all back on QueueFull)."""
     results: list[EnqueueResult] = []
     tags = _FairTags(conn)
+    uids = new_uids(len(jobs))
     if all(job.unique_key is None for job in jobs):
-        rows = [_insert_values(job, t, tags.take(job.queue, job.priority, job.fair_key)) for job in jobs]
+        rows = [_insert_values(job, t, tags.take(job.queue, job.priority, job.fair_key), uid)
+                for job, uid in zip(jobs, uids, strict=True)]
         conn.executemany(Q["insert"], rows)
         # One writer holds the lock and ids are AUTOINCREMENT: the batch is consecutive.
         last = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
         first = last - len(rows) + 1
-        results = [EnqueueResult(first + i, True, t) for i in range(len(rows))]
+        results = [EnqueueResult(first + i, True, t, uid) for i, uid in enumerate(uids)]
     else:
-        for job in jobs:
+        for job, uid in zip(jobs, uids, strict=True):
             if job.unique_key is None:
-                cur = conn.execute(Q["insert"], _insert_values(job, t, tags.take(job.queue, job.priority, job.fair_key)))
+                cur = conn.execute(Q["insert"], _insert_values(job, t, tags.take(job.queue, job.priority, job.fair_key),
+                                                               uid))
                 assert cur.lastrowid is not None
-                results.append(EnqueueResult(cur.lastrowid, True, t))
+                results.append(EnqueueResult(cur.lastrowid, True, t, uid))
                 continue
             done = conn.execute(Q["unique_done"], {"unique_key": job.unique_key, "now": t}).fetchone()
             if done is not None:
                 results.append(EnqueueResult(done[0], False, t))
                 continue
-            values = _insert_values(job, t, tags.peek(job.queue, job.priority, job.fair_key))
+            values = _insert_values(job, t, tags.peek(job.queue, job.priority, job.fair_key), uid)
             row = conn.execute(Q["insert_unique"], values).fetchone()
             if row is not None:
                 tags.take(job.queue, job.priority, job.fair_key)
-                results.append(EnqueueResult(row[0], True, t))
+                results.append(EnqueueResult(row[0], True, t, uid))
             else:
                 existing = conn.execute(Q["find_unique"], {"unique_key": job.unique_key}).fetchone()
                 results.append(EnqueueResult(existing[0], False, t))
@@ -942,13 +949,13 @@ def _step_path(step: str) -> str:
     return f'$."{step}"'
 
 
-def _insert_values(job: NewJob, t: float, fair_tag: int) -> tuple[Any, ...]:
+def _insert_values(job: NewJob, t: float, fair_tag: int, uid: str) -> tuple[Any, ...]:
     """The values of the insert statements, in their order."""
     run_at = job.run_at if job.run_at is not None else t + max(job.delay, 0.0)
     return (
         job.queue, job.task, job.args, "scheduled" if run_at > t else "available", job.priority, run_at,
         job.max_attempts, job.timeout, job.unique_key, job.meta, t, job.fair_key, fair_tag, job.unique_for,
-        job.concurrency_key, job.concurrency_limit, job.rate_key, job.rate_limit, job.rate_period,
+        job.concurrency_key, job.concurrency_limit, job.rate_key, job.rate_limit, job.rate_period, uid,
     )
 
 
@@ -957,7 +964,7 @@ def _row_to_job(row: sqlite3.Row) -> Job:
         id=row["id"], task=row["task"], queue=row["queue"], args=json.loads(row["args"]),
         state=JobState(row["state"]), attempts=row["attempt"], max_attempts=row["max_attempts"],
         priority=row["priority"], run_at=row["run_at"], timeout=row["timeout_s"],
-        created_at=row["created_at"], attempted_at=row["attempted_at"], finished_at=row["finished_at"],
+        created_at=row["created_at"], uid=row["uid"], attempted_at=row["attempted_at"], finished_at=row["finished_at"],
         result=json.loads(row["result"]) if row["result"] is not None else None,
         errors=json.loads(row["errors"]), unique_key=row["unique_key"], worker_id=row["worker_id"],
         lease_token=row["lease_token"], lease_expires_at=row["lease_expires_at"], meta=json.loads(row["meta"]),

@@ -204,7 +204,7 @@ def create_app(
     cookies (default: derived from the credentials, so replicas with the same settings agree).
     ``allowed_hosts`` adds Host names it answers to besides loopback. ``alert_rules`` are the
     rules whose firing alerts the overview shows (default: dead jobs, queues without workers,
-    jobs past their timeout, a job waiting more than 5 minutes). ``forwarded_allow_ips``: the
+    jobs past their timeout, stuck worker slots, a job waiting more than 5 minutes). ``forwarded_allow_ips``: the
     proxies (addresses, networks, or ``"*"``) whose ``X-Forwarded-Proto`` and ``X-Forwarded-For``
     are believed (uvicorn's setting and middleware); by default no proxy header is.
     """
@@ -563,7 +563,9 @@ class Pages:
                           default=None),
             "rate": recent_rate(samples, lambda s: float(s.succeeded)),
             "capacity": sum(w.concurrency for w in stats.workers),
-            "busy": sum(w.running for w in stats.workers),
+            # A stuck slot (a sync task's thread past its timeout) is busy: it takes no job.
+            "busy": sum(w.running + w.stuck for w in stats.workers),
+            "stuck": sum(w.stuck for w in stats.workers),
         }
         return self.render(
             request, "overview.html", now=stats.now, stats=stats, rows=rows, totals=totals, nav_dead=totals["dead"],

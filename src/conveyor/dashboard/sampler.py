@@ -15,14 +15,22 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..alerts import DeadJobs, Finding, JobsPastTimeout, NoLiveWorkers, OldestJobAge, Rule
+from ..alerts import (
+    DeadJobs,
+    Finding,
+    JobsPastTimeout,
+    NoLiveWorkers,
+    OldestJobAge,
+    Rule,
+    StuckSlots,
+)
 from ..backends.base import Backend, QueueStats, Stats
 
 log = logging.getLogger("conveyor.dashboard")
 
 
 def default_rules() -> list[Rule]:
-    return [DeadJobs(), NoLiveWorkers(), JobsPastTimeout(), OldestJobAge(300.0)]
+    return [DeadJobs(), NoLiveWorkers(), JobsPastTimeout(), StuckSlots(), OldestJobAge(300.0)]
 
 
 @dataclass(frozen=True)

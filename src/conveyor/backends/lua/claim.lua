@@ -143,7 +143,7 @@ end
 -- BASE: the fields whose values the reply gives in this order; fair_tag is read with them only
 -- to know it is there (the reply leaves it out).
 local BASE = {'task', 'args', 'priority', 'run_at', 'attempt', 'max_attempts', 'timeout_s', 'meta', 'created_at',
-  'fair_tag'}
+  'uid', 'fair_tag'}
 local NBASE, ATTEMPT = #BASE, 5  -- BASE[ATTEMPT] == 'attempt'
 -- OMIT: what the reply never sends. PLAIN: how many fields a claimed job has when it has
 -- nothing beyond BASE and OMIT (fair_tag is in both).

@@ -3,8 +3,8 @@
 -- written only if it takes that schedule's tick (a compare-and-set of P:cron in the same script).
 -- KEYS: the common header, then one queue block per queue the batch uses.
 -- ARGV: n, queue names; now ('' = the store's clock), cron schedule ('' = none), cron tick
---   (unix seconds, when a schedule is given); then 20 values per job:
---   queue, task, args (JSON), priority, delay, run_at ('' = now + delay), max_attempts,
+--   (unix seconds, when a schedule is given); then 21 values per job:
+--   uid (made by the client: random, see Job.uid), queue, task, args (JSON), priority, delay, run_at ('' = now + delay), max_attempts,
 --   timeout_s, has_unique ('1' or '0'), unique_key, meta (JSON), max_depth ('' = no limit),
 --   unique_for ('' = none), has_fair ('1' or '0'), fair_key, concurrency_key,
 --   concurrency_limit ('' = no concurrency limit: the key is then ignored), rate_key,
@@ -19,7 +19,7 @@ local cron, tick = arg(2), tonumber(arg(3))
 local t = num(now)
 local out = {t}
 local made = {}
-local W = 20
+local W = 21
 local FIRST = A + 3
 
 if cron ~= '' then
@@ -42,7 +42,7 @@ end
 local adds, limits, claimed = {}, {}, {}
 local j = FIRST
 while j <= #ARGV do
-  local qn, has_u, uk, limit = ARGV[j], ARGV[j + 8], ARGV[j + 9], ARGV[j + 11]
+  local qn, has_u, uk, limit = ARGV[j + 1], ARGV[j + 9], ARGV[j + 10], ARGV[j + 12]
   j = j + W
   local creates = true
   if has_u == '1' then
@@ -82,9 +82,10 @@ local state_ids = {scheduled = {}, available = {}}
 
 local i = FIRST
 while i <= #ARGV do
-  local qn, task, args, prio, delay, run_at_s, maxa, timeout, has_u, uk, meta = unpack(ARGV, i, i + 10)
-  local ufor, has_fair, fk = ARGV[i + 12], ARGV[i + 13], ARGV[i + 14]
-  local ck, climit, rk, rlimit, rperiod = unpack(ARGV, i + 15, i + 19)
+  local uid = ARGV[i]
+  local qn, task, args, prio, delay, run_at_s, maxa, timeout, has_u, uk, meta = unpack(ARGV, i + 1, i + 11)
+  local ufor, has_fair, fk = ARGV[i + 13], ARGV[i + 14], ARGV[i + 15]
+  local ck, climit, rk, rlimit, rperiod = unpack(ARGV, i + 16, i + 20)
   i = i + W
   local holder = false
   if has_u == '1' then
@@ -104,7 +105,7 @@ while i <= #ARGV do
     local tag = tags.take(q, prio, has_fair == '1' and fk)
     local fields = {'task', task, 'queue', qn, 'args', args, 'priority', prio,
       'run_at', num(run_at), 'attempt', 0, 'max_attempts', maxa, 'timeout_s', timeout,
-      'meta', meta, 'created_at', t, 'fair_tag', string.format('%.0f', tag)}
+      'meta', meta, 'created_at', t, 'uid', uid, 'fair_tag', string.format('%.0f', tag)}
     local function field(name, value)
       fields[#fields + 1] = name
       fields[#fields + 1] = value

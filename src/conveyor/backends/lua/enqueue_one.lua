@@ -1,7 +1,7 @@
 -- enqueue_one: the enqueue script's work for one plain job, written out: a job due now with no
 -- unique key, depth limit, fair key, concurrency or rate limit, and no cron tick. Most
 -- enqueues are that, and one by one each is a round trip the caller waits on: this script
--- takes 11 keys and 8 arguments instead of 29 and 25, skips the general script's batch
+-- takes 11 keys and 9 arguments instead of 29 and 26, skips the general script's batch
 -- bookkeeping and the shared prelude (only _core.lua comes before it), writes the job whole
 -- and leaves its index entries in the queue's inbox (fold_inbox in _core.lua), to be written
 -- in bulk by the next script given the queue. Once folded, the store holds exactly what
@@ -9,12 +9,12 @@
 -- KEYS: P:job:, P:jobs, P:state:available, P:queues, P:ids, then the queue's available, jobs,
 --   wake, fair, due and inbox keys (see _common.lua for each).
 -- ARGV: now ('' = the store's clock), queue, task, args (JSON), priority, max_attempts,
---   timeout_s, meta (JSON).
+--   timeout_s, meta (JSON), uid (made by the client: random, see Job.uid).
 -- Returns {now, id, 1}, as enqueue.lua does for a batch of one.
 local P_JOB, K_ALL, K_AVAILABLE, K_QUEUES, K_IDS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local Q_AVAILABLE, Q_JOBS, Q_WAKE, Q_FAIR, Q_DUE, Q_INBOX = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
 local now = clock(ARGV[1])
-local qn, task, args, prio, maxa, timeout, meta = unpack(ARGV, 2, 8)
+local qn, task, args, prio, maxa, timeout, meta, uid = unpack(ARGV, 2, 9)
 local t = num(now)
 -- Fair sharing: without a fair key a job is a round of its own, the round's virtual time + 1
 -- (tags.take in _common.lua). Nothing raises that time while the inbox holds jobs: a claim
@@ -23,7 +23,7 @@ local tag = tonumber(redis.call('HGET', Q_FAIR, 'v:' .. pkey(prio)) or 0) + 1
 local id = tostring(redis.call('INCR', K_IDS))
 local m = member(tag, now, id)
 redis.call('HSET', P_JOB .. id, 'task', task, 'queue', qn, 'args', args, 'priority', prio, 'run_at', t,
-  'attempt', 0, 'max_attempts', maxa, 'timeout_s', timeout, 'meta', meta, 'created_at', t,
+  'attempt', 0, 'max_attempts', maxa, 'timeout_s', timeout, 'meta', meta, 'created_at', t, 'uid', uid,
   'fair_tag', string.format('%.0f', tag), 'state', 'available', 'm', m)
 local waiting = redis.call('RPUSH', Q_INBOX, prio .. ' ' .. t .. ' ' .. m)
 -- The first job since the inbox was last folded names the queue in P:queues (which never

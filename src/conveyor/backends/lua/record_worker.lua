@@ -2,7 +2,7 @@
 -- seen for a day.
 -- KEYS: the common header (no queue blocks).
 -- ARGV: 0; now ('' = the store's clock), worker id, info (JSON: queues, concurrency, host, pid,
---   started_at, running)
+--   started_at, running, stuck; a worker of an older version leaves stuck out)
 -- Returns {'ok', now}.
 local now = clock(arg(1))
 redis.call('HSET', K_WORKERS, arg(2), arg(3))

@@ -28,7 +28,7 @@ WHERE %(unique_key)s::text IS NULL OR NOT EXISTS (
       AND d.finished_at + make_interval(secs => d.unique_for) > t.now)
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('scheduled', 'available', 'running')
 DO NOTHING
-RETURNING id, extract(epoch FROM created_at)::float8 AS at;
+RETURNING id, uid, extract(epoch FROM created_at)::float8 AS at;
 
 -- name: insert_plain
 -- A batch of plain jobs (no unique key, no fair key: see _plain in postgres.py) in one statement.
@@ -65,8 +65,9 @@ FROM (SELECT :NOW AS now) AS t,
                               t.now + make_interval(secs => b.delay)) AS run_at) AS r,
      LATERAL jsonb_array_elements_text(b.args_list) WITH ORDINALITY AS a(args, ord)
 ORDER BY b.ord, a.ord
-RETURNING id, created_at)
-SELECT array_agg(id ORDER BY id) AS ids, extract(epoch FROM min(created_at))::float8 AS at FROM inserted;
+RETURNING id, uid, created_at)
+SELECT array_agg(id ORDER BY id) AS ids, array_agg(uid ORDER BY id) AS uids,
+       extract(epoch FROM min(created_at))::float8 AS at FROM inserted;
 
 -- name: unique_held
 -- Which of these keys a job holds now: an unfinished one, or a succeeded one in its window.
@@ -166,7 +167,7 @@ WITH picked AS MATERIALIZED (
         held = ranked.n > %(start)s
     FROM ranked
     WHERE j.id = ranked.id AND NOT (SELECT h.limited FROM head AS h)
-    RETURNING j.*
+    RETURNING :JOB(j)
 ), tops AS MATERIALIZED (
     SELECT priority, max(fair_tag) AS tag FROM claimed GROUP BY priority
 ), raised AS (
@@ -254,7 +255,7 @@ WITH picked AS MATERIALIZED (
         held = j.id = ANY(%(held_ids)s::bigint[])
     FROM picked
     WHERE j.id = picked.id
-    RETURNING j.*
+    RETURNING :JOB(j)
 ), rated AS (
     INSERT INTO conveyor_rate_claims (rate_key, at, expires_at, job_id)
     SELECT r.rate_key, a.at, a.at + make_interval(secs => r.rate_period), r.id
@@ -426,13 +427,13 @@ ON CONFLICT (queue, name) DO UPDATE SET value = conveyor_counters.value + exclud
 
 -- name: job_rows
 -- Jobs with their step records; list_jobs adds its WHERE and ORDER BY.
-SELECT j.*,
+SELECT :JOB(j),
        (SELECT coalesce(json_object_agg(s.step, s.result), '{}'::json)
         FROM conveyor_steps AS s WHERE s.job_id = j.id) AS steps
 FROM conveyor_jobs AS j;
 
 -- name: get
-SELECT j.*,
+SELECT :JOB(j),
        (SELECT coalesce(json_object_agg(s.step, s.result), '{}'::json)
         FROM conveyor_steps AS s WHERE s.job_id = j.id) AS steps
 FROM conveyor_jobs AS j WHERE j.id = %(id)s;
@@ -523,14 +524,17 @@ SELECT name, last_tick FROM conveyor_cron ORDER BY name;
 
 -- name: record_step
 -- First record wins: racing inserts of one (job, step) wait for the first and then do nothing.
+-- Only onto the job of this uid (NULL: a job stored before uids): after a restore, the id may
+-- name another job, which must not get this one's record.
 INSERT INTO conveyor_steps (job_id, step, result)
 SELECT %(id)s, %(step)s, %(result)s::json
-WHERE EXISTS (SELECT 1 FROM conveyor_jobs WHERE id = %(id)s)
+WHERE EXISTS (SELECT 1 FROM conveyor_jobs WHERE id = %(id)s AND uid IS NOT DISTINCT FROM %(uid)s::text)
 ON CONFLICT (job_id, step) DO NOTHING
 RETURNING job_id;
 
 -- name: read_step
-SELECT EXISTS (SELECT 1 FROM conveyor_jobs WHERE id = %(id)s) AS job_found,
+SELECT EXISTS (SELECT 1 FROM conveyor_jobs WHERE id = %(id)s AND uid IS NOT DISTINCT FROM %(uid)s::text)
+           AS job_found,
        s.job_id IS NOT NULL AS found, s.result::text AS result
 FROM (SELECT 1) AS one
 LEFT JOIN conveyor_steps AS s ON s.job_id = %(id)s AND s.step = %(step)s;
@@ -577,9 +581,9 @@ SELECT EXISTS (SELECT 1 FROM conveyor_jobs WHERE state = 'available' AND queue =
            AS next_due_in;
 
 -- name: record_worker
-INSERT INTO conveyor_workers (id, queues, concurrency, host, pid, started_at, last_seen, running)
-VALUES (%(id)s, %(queues)s::jsonb, %(concurrency)s, %(host)s, %(pid)s, %(started_at)s, :NOW, %(running)s)
-ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen, running = excluded.running;
+INSERT INTO conveyor_workers (id, queues, concurrency, host, pid, started_at, last_seen, running, stuck)
+VALUES (%(id)s, %(queues)s::jsonb, %(concurrency)s, %(host)s, %(pid)s, %(started_at)s, :NOW, %(running)s, %(stuck)s)
+ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen, running = excluded.running, stuck = excluded.stuck;
 
 -- name: forget_workers
 DELETE FROM conveyor_workers WHERE last_seen < :NOW - interval '1 day';
@@ -589,5 +593,5 @@ DELETE FROM conveyor_workers WHERE id = %(id)s;
 
 -- name: workers
 SELECT id, queues, concurrency, host, pid, started_at, extract(epoch FROM last_seen)::float8 AS last_seen,
-       running
+       running, stuck
 FROM conveyor_workers WHERE last_seen >= :NOW - make_interval(secs => %(ttl)s::float8) ORDER BY started_at;

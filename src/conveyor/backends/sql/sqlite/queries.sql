@@ -9,15 +9,15 @@ SELECT (julianday('now') - 2440587.5) * 86400.0;
 -- tuples at about four fifths of the cost of named ones from dicts.
 INSERT INTO conveyor_jobs (queue, task, args, state, priority, run_at, max_attempts, timeout_s,
                            unique_key, meta, created_at, fair_key, fair_tag, unique_for,
-                           concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
+                           concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period, uid)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
 
 -- name: insert_unique
 -- Values as in insert.
 INSERT INTO conveyor_jobs (queue, task, args, state, priority, run_at, max_attempts, timeout_s,
                            unique_key, meta, created_at, fair_key, fair_tag, unique_for,
-                           concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                           concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period, uid)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('scheduled', 'available', 'running')
 DO NOTHING
 RETURNING id;
@@ -67,12 +67,14 @@ WHERE last_tick < excluded.last_tick;
 SELECT name, last_tick FROM conveyor_cron ORDER BY name;
 
 -- name: record_step
+-- Only onto the job of this uid (NULL: a job stored before uids): after a restore, the id may
+-- name another job, which must not get this one's record.
 UPDATE conveyor_jobs SET steps = json_set(steps, :path, json(:result))
-WHERE id = :id AND json_type(steps, :path) IS NULL;
+WHERE id = :id AND uid IS :uid AND json_type(steps, :path) IS NULL;
 
 -- name: read_step
 -- `->` gives the stored JSON text (NULL when the step is absent; 'null' for a null result).
-SELECT 1 AS found, steps -> :path AS value FROM conveyor_jobs WHERE id = :id;
+SELECT 1 AS found, steps -> :path AS value FROM conveyor_jobs WHERE id = :id AND uid IS :uid;
 
 -- name: promote_queue
 UPDATE conveyor_jobs SET state = 'available'
@@ -285,9 +287,9 @@ WHERE state = 'running' AND lease_expires_at < :now GROUP BY queue;
 SELECT queue, name, value FROM conveyor_counters;
 
 -- name: record_worker
-INSERT INTO conveyor_workers (id, queues, concurrency, host, pid, started_at, last_seen, running)
-VALUES (:id, :queues, :concurrency, :host, :pid, :started_at, :now, :running)
-ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen, running = excluded.running;
+INSERT INTO conveyor_workers (id, queues, concurrency, host, pid, started_at, last_seen, running, stuck)
+VALUES (:id, :queues, :concurrency, :host, :pid, :started_at, :now, :running, :stuck)
+ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen, running = excluded.running, stuck = excluded.stuck;
 
 -- name: remove_worker
 DELETE FROM conveyor_workers WHERE id = :id;

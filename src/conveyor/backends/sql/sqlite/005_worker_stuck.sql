@@ -1,0 +1,3 @@
+-- Slots of a worker held by threads of sync tasks running past their job's timeout (see
+-- WorkerInfo.stuck). Workers of an older version do not write it: it stays 0 for them.
+ALTER TABLE conveyor_workers ADD COLUMN stuck INTEGER NOT NULL DEFAULT 0;
