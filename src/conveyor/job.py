@@ -59,7 +59,8 @@ class Job:
     state: JobState
     """Where it is in its lifecycle."""
     attempts: int
-    """Attempts started so far (a claim counts one; a release at shutdown gives it back)."""
+    """Attempts started so far (a claim counts one; a release at shutdown gives it back, and so
+    does a lease that ran out before the job started: see ``stalls``)."""
     max_attempts: int
     """After this many failed attempts the job goes ``dead``."""
     priority: int
@@ -104,6 +105,9 @@ class Job:
     rate_period: float | None = None
     # Exactly-once steps this job has recorded (JobContext.once): step name -> its result.
     steps: dict[str, Any] = field(default_factory=dict)
+    stalls: int = 0
+    """Leases that ran out before the job started (held in a dead worker's prefetch, or claimed
+    by a reply that was lost): given back without counting an attempt, up to MAX_STALLS times."""
 
     @property
     def is_final(self) -> bool:

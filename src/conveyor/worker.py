@@ -39,13 +39,17 @@ from .threads import TaskThreads
 
 log = logging.getLogger("conveyor.worker")
 ACK_BATCH = 256  # most acks written in one store transaction
+# Held (prefetched) jobs a worker starts are reported started to the store (a heartbeat of their
+# leases) at most this often: the store charges an attempt only for a job it knows started, so
+# this bounds the time a job runs uncounted, for at most 1/MARK_SPACING_S writes a second.
+MARK_SPACING_S = 0.1
 # Exit code of a worker process that stopped because every slot was stuck (EX_TEMPFAIL: "try
 # again"): a new process starts with free slots, which the hung threads cannot give back.
 EXIT_STUCK = 75
 T = TypeVar("T")
-# A round of claims (Worker._claim_steps): yields (acks, queue, how many) per store call, is
-# sent each call's (held, jobs), returns (held or None, every job claimed).
-ClaimSteps = Generator[tuple[list[tuple[Lease, str | None]], str, int], ClaimReply,
+# A round of claims (Worker._claim_steps): yields (acks, queue, how many, how many start) per
+# store call, is sent each call's (held, jobs), returns (held or None, every job claimed).
+ClaimSteps = Generator[tuple[list[tuple[Lease, str | None]], str, int, int], ClaimReply,
                        tuple[list[bool] | None, list[Job]]]
 
 
@@ -141,7 +145,11 @@ class Worker:
     overlaps running jobs instead of waiting between them. It pays for short jobs. The cost:
     a held job is this worker's (other workers cannot take it) and waits behind the running
     ones, and a job enqueued later, even a higher-priority one, can start only after the held
-    ones. Leases, fencing and acks are unchanged; at stop, held jobs are released unrun.
+    ones. Leases, fencing and acks are unchanged; at stop, held jobs are released unrun. A held
+    job is claimed as not started: if this worker dies before it starts, its lease runs out
+    without costing it an attempt (a stall, see ``Job.stalls``). Once it starts, the next
+    heartbeat says so (in the write it makes anyway): a worker killed in between leaves it a
+    stall too, not an attempt.
 
     ``prefetch_hold`` (default 1 s): a held job that has waited this long for a slot (long jobs
     fill them all) is released back to its queue unrun, its attempt not counted, where an idle
@@ -222,6 +230,8 @@ class Worker:
         self._hold_timer: asyncio.TimerHandle | None = None  # for the longest held job (_hold_expired)
         self._prefetch_paused = False  # held jobs were given back for want of a slot; until one frees
         self._giving_back: set[asyncio.Task[None]] = set()  # releases of held jobs in flight
+        self._unmarked: list[_Running] = []  # held jobs started here, not yet reported started
+        self._marking: asyncio.Task[None] | None = None  # the task that reports them (_mark_started)
         self._loop_claims: LoopClaims | None = None
         # A claim sent ahead (see _send_ahead), not read yet: (what finish takes, the acks it
         # carries, the slots it asked for).
@@ -325,6 +335,8 @@ class Worker:
             finally:
                 await self._drain()
         finally:
+            if self._marking is not None:
+                helpers.append(self._marking)
             for h in helpers:
                 h.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
@@ -507,14 +519,14 @@ class Worker:
         # A store that can make the claims in the wake-up's own round trip (Redis) does; with the
         # others this thread claims the moment the wake-up comes.
         woken, jobs = self.backend.wait_and_claim(queues, self.poll_interval, claims, worker_id=self.id,
-                                                  lease_s=self.lease_s)
+                                                  lease_s=self.lease_s, start=startable)
         if not woken:
             return False, None
         if jobs is None:
             if self._stopping or free <= 0:
                 return True, None
             try:
-                _, jobs = self._claim_sync(free, [])
+                _, jobs = self._claim_sync(free, [], startable)
             except Exception:
                 log.exception("claim failed")
                 return True, None  # the loop claims again
@@ -533,14 +545,15 @@ class Worker:
         near = self._loop_claims
 
         def claim() -> tuple[list[bool] | None, list[Job]]:
-            held, jobs = self._claim_sync(free, batch)
+            held, jobs = self._claim_sync(free, batch, startable)
             self._prepare(jobs, startable)
             return held, jobs
 
         held: list[bool] | None
         try:
             if near is not None and not self._stopping:
-                held, jobs = await self._claim_on_loop(near, free, batch, functools.partial(self._send_ahead, free))
+                held, jobs = await self._claim_on_loop(near, free, batch, startable,
+                                                       functools.partial(self._send_ahead, free))
                 self._prepare(jobs, startable)
             else:
                 held, jobs = await self._call(self._store, claim)
@@ -554,19 +567,20 @@ class Worker:
         return jobs
 
     async def _claim_on_loop(self, near: LoopClaims, free: int, acks: Sequence[tuple[_Running, str | None]],
-                             on_reply: Callable[[int], None]) -> tuple[list[bool] | None, list[Job]]:
+                             startable: int, on_reply: Callable[[int], None]) -> tuple[list[bool] | None, list[Job]]:
         """_claim_sync's round, each store call awaited on the loop; what the loop cannot do
         without blocking (see LoopClaims) runs on a store thread. ``on_reply`` goes with a
         round of one call (one queue)."""
-        steps = self._claim_steps(free, acks)
+        steps = self._claim_steps(free, acks, startable)
         try:
             step = next(steps)
             while True:
-                step_acks, queue, want = step
+                step_acks, queue, want, start = step
                 try:
                     got = await near.ack_and_claim(step_acks, queue, want, worker_id=self.id, lease_s=self.lease_s,
                                                    wanted=self._claiming,
-                                                   on_reply=on_reply if len(self.weights) == 1 else None)
+                                                   on_reply=on_reply if len(self.weights) == 1 else None,
+                                                   start=start)
                     if callable(got):
                         got = await self._call(self._store, got)
                 except Exception as exc:
@@ -642,20 +656,22 @@ class Worker:
         for (running, _), ok in zip(batch, held, strict=True):
             self._acked(running, ok)
 
-    def _claim_sync(self, free: int, acks: Sequence[tuple[_Running, str | None]]) -> tuple[list[bool] | None, list[Job]]:
+    def _claim_sync(self, free: int, acks: Sequence[tuple[_Running, str | None]],
+                    startable: int) -> tuple[list[bool] | None, list[Job]]:
         """The claims of one round (see _claim_steps), made in turn on the calling (store or
         waiter) thread."""
-        steps = self._claim_steps(free, acks)
+        steps = self._claim_steps(free, acks, startable)
         backend = self.backend
         try:
             step = next(steps)
             while True:
-                step_acks, queue, want = step
+                step_acks, queue, want, start = step
                 try:
                     if step_acks:
-                        got = backend.ack_and_claim(step_acks, queue, want, worker_id=self.id, lease_s=self.lease_s)
+                        got = backend.ack_and_claim(step_acks, queue, want, worker_id=self.id, lease_s=self.lease_s,
+                                                    start=start)
                     else:
-                        got = [], backend.claim(queue, want, worker_id=self.id, lease_s=self.lease_s)
+                        got = [], backend.claim(queue, want, worker_id=self.id, lease_s=self.lease_s, start=start)
                 except Exception as exc:
                     step = steps.throw(exc)
                 else:
@@ -667,12 +683,14 @@ class Worker:
     def _claiming(self) -> bool:
         return not self._stopping
 
-    def _claim_steps(self, free: int, acks: Sequence[tuple[_Running, str | None]]) -> ClaimSteps:
+    def _claim_steps(self, free: int, acks: Sequence[tuple[_Running, str | None]], startable: int) -> ClaimSteps:
         """The claims of one round, as a plan its caller carries out (_claim_sync on a thread,
         _claim_on_loop on the loop): ``free`` slots split across the queues by weight, each
         queue's unused share passed on to the next (work-conserving). Yields (acks, queue, how
-        many) for each store call (``acks`` go with the first one only, else it is a plain
-        claim), and is sent that call's (held, jobs), or thrown its error. Returns whether each
+        many, how many of them start at once) for each store call (``acks`` go with the first
+        one only, else it is a plain claim), and is sent that call's (held, jobs), or thrown its
+        error. The first ``startable`` jobs of the round start (see _start); the rest are
+        claimed held (prefetch), not counted as attempts until they start. Returns whether each
         ack was held (None if no claim was made), and the jobs claimed."""
         claimed: list[Job] = []
         held: list[bool] | None = None
@@ -684,13 +702,14 @@ class Worker:
             want = share + carry
             if want <= 0 or self._stopping:
                 continue
+            start = max(startable - len(claimed), 0)
             try:
                 if held is None and acks:
-                    held, jobs = yield [(r.lease, result) for r, result in acks], queue, want
+                    held, jobs = yield [(r.lease, result) for r, result in acks], queue, want, start
                     acked = True
                     faultpoints.hit("after_ack")
                 else:
-                    _, jobs = yield [], queue, want
+                    _, jobs = yield [], queue, want, start
                     if held is None:
                         held = []  # no acks to carry: a claim was made
             except Exception:
@@ -709,7 +728,7 @@ class Worker:
             if carry <= 0 or self._stopping:
                 break
             try:
-                _, jobs = yield [], queue, carry
+                _, jobs = yield [], queue, carry, max(startable - len(claimed), 0)
             except Exception:
                 log.exception("claim on queue %s failed; running the %d job(s) already claimed",
                               queue, len(claimed))
@@ -782,6 +801,27 @@ class Worker:
                 self._drop_held(running)
                 continue
             self._launch(running)
+            self._unmarked.append(running)
+        if self._unmarked and self._marking is None and self._loop is not None:
+            self._marking = self._loop.create_task(self._mark_started(), name="conveyor-mark-started")
+
+    async def _mark_started(self) -> None:
+        """Tell the store that held jobs started here (a heartbeat of their leases marks them):
+        until it knows, a lease that runs out on one gives it back uncounted, as a job that never
+        started. Started jobs are reported together, at most every MARK_SPACING_S; a job that
+        finished meanwhile needs nothing (its outcome counts the attempt)."""
+        try:
+            while self._unmarked:
+                batch, self._unmarked = self._unmarked, []
+                leases = [r.lease for r in batch if not (r.settled or r.lost or r.acking or r.finishing)]
+                if leases:
+                    try:
+                        await self._call(self._beat, self.backend.heartbeat, leases, lease_s=self.lease_s)
+                    except Exception as exc:  # the next heartbeat reports them
+                        log.warning("could not report %d started job(s): %s", len(leases), exc)
+                await asyncio.sleep(MARK_SPACING_S)
+        finally:
+            self._marking = None
 
     def _drop_held(self, running: _Running) -> None:
         """A held job that will not run here (its lease is gone, or it is given back): forget it."""
@@ -1074,9 +1114,11 @@ class Worker:
             await asyncio.sleep(self.heartbeat_interval)
             held = [r for r in list(self._running.values())
                     if not r.settled and not r.lost and not _completing(r)]
+            # Jobs still waiting for a slot; every other one has started, and this write says so.
+            waiting = {r.job.id for r in self._held}
             try:
                 lost = await self._call(self._beat, self.backend.heartbeat, [r.lease for r in held],
-                                        lease_s=self.lease_s)
+                                        lease_s=self.lease_s, held=waiting)
                 await self._call(self._beat, self.backend.record_worker, self._info())
             except Exception:
                 log.exception("heartbeat failed; leases run out in %gs unless it recovers", self.lease_s)

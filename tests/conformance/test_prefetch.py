@@ -173,3 +173,46 @@ def test_a_job_held_past_prefetch_hold_goes_back_for_an_idle_worker(app: Conveyo
 def test_prefetch_hold_must_be_positive(app: Conveyor, bad: float) -> None:
     with pytest.raises(ConveyorError, match="prefetch_hold"):
         Worker(app, prefetch=1, prefetch_hold=bad)
+
+
+
+def test_a_held_job_that_starts_is_reported_started_soon(app: Conveyor) -> None:
+    """A job claimed into the prefetch is not counted as an attempt until the store knows it
+    started: once a slot frees and it starts, the worker reports it (a heartbeat of its lease,
+    within about worker.MARK_SPACING_S), long before the regular heartbeat (a third of the
+    lease). From then on its lease running out counts the attempt (max_attempts=1: dead)."""
+    go_first, go_second = threading.Event(), threading.Event()
+    second_started = threading.Event()
+
+    @app.task(name="two_blockers", max_attempts=1)
+    def two_blockers(i: int) -> int:
+        if i == 1:
+            second_started.set()
+        (go_second if i else go_first).wait(30)
+        return i
+
+    _, second = two_blockers.enqueue_many([(0,), (1,)])
+
+    def lease_end() -> float:
+        job = app.backend.get(second.id)
+        assert job is not None and job.lease_expires_at is not None
+        return job.lease_expires_at
+
+    try:
+        with running_worker(app, concurrency=1, prefetch=1, prefetch_hold=600.0, visibility_timeout=120.0):
+            wait_until(lambda: running_in_store(app) == 2, timeout=10)  # one running, one held
+            claimed_until = lease_end()
+            go_first.set()  # the slot frees and the held job starts
+            wait_until(second_started.is_set, timeout=10)
+            # Reported started: its lease renewed, 40 s before the regular heartbeat would.
+            wait_until(lambda: lease_end() > claimed_until, timeout=10)
+            reaped = app.backend.reap(now=lease_end() + 1)
+            assert reaped.dead == [second.id]
+            go_second.set()
+    finally:
+        go_first.set()
+        go_second.set()
+    job = app.backend.get(second.id)
+    assert job is not None and job.state is JobState.DEAD
+    assert (job.attempts, job.stalls) == (1, 0)
+    assert "mid-job" in job.errors[-1]["message"]

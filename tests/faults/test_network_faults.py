@@ -607,3 +607,66 @@ def test_a_call_waiting_when_the_pool_gives_up_reconnecting_gets_a_connection_on
     assert got == [None], (f"the waiting call did not get a connection within 15 s of the store "
                            f"answering again: {got or 'still waiting'}")
     print(f"the waiting call got its answer {took:.2f}s after healing")
+
+
+# -- a claim whose reply is lost (issue 32 item 3) --------------------------------------------------------
+def test_a_claim_whose_reply_is_lost_costs_no_attempt(net: Net, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The claim reaches the server and runs there; its reply is dropped (half-open), then the
+    connection is reset. The claimer knows the claim id its lease tokens began with and gives
+    the claim back once the store answers again: the jobs are available at once, attempts 0,
+    instead of waiting out the lease and being charged an attempt (max_attempts=1: dead)."""
+    from support import new_job
+
+    from conveyor.errors import StoreError as Err
+
+    direct = net.app(direct=True)
+    proxied = net.app()
+    ids = [r.id for r in direct.backend.enqueue_many([new_job(max_attempts=1) for _ in range(3)])]
+    # Connections through the proxy, ready (and on Redis the claim script loaded).
+    assert proxied.backend.claim("warm-up", 1, worker_id="w-lost", lease_s=60.0) == []
+    out: dict[str, Any] = {}
+    cut: list[str] = []  # the PostgreSQL claim statement whose reply the proxy dropped
+    if net.kind == "postgres":
+        # A PostgreSQL claim is two statements (promote the due jobs, then claim): the proxy
+        # goes half-open just before the claim statement is handed to libpq, so the server
+        # runs and commits it and its reply is the one lost.
+        import psycopg
+
+        real_execute = psycopg.Connection.execute
+
+        def execute(self: Any, query: Any, *args: Any, **kw: Any) -> Any:
+            text = query.decode() if isinstance(query, bytes) else str(query)
+            if "claimed AS (" in text and threading.current_thread() is thread and not cut:
+                cut.append(text)
+                net.proxy.half_open()
+            return real_execute(self, query, *args, **kw)
+
+        monkeypatch.setattr(psycopg.Connection, "execute", execute)
+
+    def claim() -> None:
+        try:
+            out["jobs"] = proxied.backend.claim("default", 3, worker_id="w-lost", lease_s=60.0)
+        except Exception as exc:
+            out["error"] = exc
+
+    thread = threading.Thread(target=claim, daemon=True)
+    if net.kind == "redis":
+        net.proxy.half_open()  # a Redis claim is one script call
+    thread.start()
+    try:
+        def claimed() -> bool:
+            jobs = [direct.backend.get(i) for i in ids]
+            return all(j is not None and j.state is JobState.RUNNING for j in jobs)
+
+        wait_until(claimed, 10, message="the claim to run on the server")
+    finally:
+        net.proxy.heal()
+        net.proxy.reset()
+    thread.join(net.bound + 5)
+    assert not thread.is_alive()
+    assert net.kind == "redis" or len(cut) == 1
+    assert "jobs" not in out and isinstance(out.get("error"), Err), out
+    for job_id in ids:
+        job = direct.backend.get(job_id)
+        assert job is not None
+        assert (job.state, job.attempts, job.stalls, job.lease_token) == (JobState.AVAILABLE, 0, 0, None), job

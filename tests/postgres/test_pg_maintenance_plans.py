@@ -15,6 +15,7 @@ import pytest
 from pgschema import fill
 from stores import postgres_store
 
+from conveyor.backends.base import MAX_STALLS
 from conveyor.backends.postgres import KEEP_ERRORS, PostgresBackend, Q
 
 TABLE_READS = {"Seq Scan", "Index Scan", "Index Only Scan", "Bitmap Heap Scan", "Bitmap Index Scan"}
@@ -37,7 +38,7 @@ def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 def analyzed(url: str, query: str) -> list[dict[str, Any]]:
     """Every node of the executed plan (rolled back: nothing changes)."""
-    params = {"now": time.time() + 7200, "limit": LIMIT, "keep_errors": KEEP_ERRORS, "queue": "q1"}
+    params = {"now": time.time() + 7200, "limit": LIMIT, "keep_errors": KEEP_ERRORS, "queue": "q1", "max_stalls": MAX_STALLS}
     with psycopg.connect(url) as conn:
         doc = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + Q[query], params).fetchone()
         conn.rollback()

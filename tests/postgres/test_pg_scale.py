@@ -40,7 +40,8 @@ def pg_rig(tmp_path: Path) -> Iterator[PgRig]:
 
 def claim_plan(rig: PgRig) -> str:
     """EXPLAIN of the backend's own claim statement, as the worker runs it (without executing it)."""
-    params = {"queue": "default", "limit": CONCURRENCY, "now": None, "worker_id": "explain", "lease_s": 30.0}
+    params = {"queue": "default", "limit": CONCURRENCY, "now": None, "worker_id": "explain", "lease_s": 30.0,
+              "claim_id": "0" * 24, "start": CONCURRENCY}
     return "\n".join(str(r[0]) for r in rig.sql("EXPLAIN " + Q["claim"], params))
 
 

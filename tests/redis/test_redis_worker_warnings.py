@@ -39,3 +39,31 @@ def test_worker_is_quiet_about_redis_with_aof(tmp_path: Path, caplog: pytest.Log
     finally:
         server.stop()
     assert not [m for m in messages if "persistence" in m or "appendfsync" in m], messages
+
+
+def test_start_up_reads_survive_a_broken_connection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection that breaks while the worker reads the server's config at start (a killed
+    client, a failover) is retried as every safe read is, instead of ending the worker."""
+    import redis
+
+    from conveyor.backends.redis import RedisBackend
+
+    server = RedisServer(tmp_path, appendonly=False).start()
+    backend = RedisBackend(server.url)
+    real = backend._r.config_get
+    broken = {"n": 0}
+
+    def config_get(*args: object, **kw: object) -> object:
+        if not broken["n"]:
+            broken["n"] += 1
+            raise redis.ConnectionError("Connection closed by server.")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(backend._r, "config_get", config_get)
+    try:
+        messages = backend.startup_warnings()
+    finally:
+        backend.close()
+        server.stop()
+    assert broken["n"] == 1
+    assert any("no persistence" in m for m in messages), messages

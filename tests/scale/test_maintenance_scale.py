@@ -22,6 +22,7 @@ from scalekit import report, size
 from sqlitefill import fill_sqlite
 from stores import postgres_store
 
+from conveyor.backends.base import MAX_STALLS
 from conveyor.backends.postgres import KEEP_ERRORS, PostgresBackend, Q
 from conveyor.backends.sqlite import KEEP_ERRORS as SQLITE_KEEP_ERRORS
 from conveyor.backends.sqlite import Q as SQLITE_Q
@@ -33,7 +34,7 @@ TABLE_READS = {"Seq Scan", "Index Scan", "Index Only Scan", "Bitmap Heap Scan", 
 
 
 def measure(conn: psycopg.Connection[Any], query: str) -> dict[str, Any]:
-    params = {"now": time.time() + 7200, "limit": LIMIT, "keep_errors": KEEP_ERRORS, "queue": "q1"}
+    params = {"now": time.time() + 7200, "limit": LIMIT, "keep_errors": KEEP_ERRORS, "queue": "q1", "max_stalls": MAX_STALLS}
     doc = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + Q[query], params).fetchone()
     assert doc is not None
     top = doc[0][0]
@@ -76,7 +77,8 @@ def test_pg_reap_and_promote_read_limit_rows_at_scale(tmp_path) -> None:
 def sqlite_run(conn: sqlite3.Connection, query: str) -> tuple[list[str], float, int]:
     """The plan, the best wall time of three runs and the rows changed, each run in a savepoint
     rolled back (inside the caller's transaction): the first run pays for a cold page cache."""
-    params = {"now": time.time() + 7200, "limit": LIMIT, "keep_errors": SQLITE_KEEP_ERRORS, "queue": "q1"}
+    params = {"now": time.time() + 7200, "limit": LIMIT, "keep_errors": SQLITE_KEEP_ERRORS, "queue": "q1",
+              "max_stalls": MAX_STALLS}
     plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + SQLITE_Q[query], params)]
     best, changed = float("inf"), 0
     for _ in range(3):

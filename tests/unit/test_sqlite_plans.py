@@ -30,7 +30,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ("promote_queue", "conveyor_jobs_scheduled"),
 ])
 def test_reap_and_promote_read_their_index_in_order(db: Path, query: str, index: str) -> None:
-    params = {"now": time.time() + 7200, "limit": 100, "keep_errors": KEEP_ERRORS, "queue": "q1"}
+    params = {"now": time.time() + 7200, "limit": 100, "keep_errors": KEEP_ERRORS, "queue": "q1", "max_stalls": 3}
     with sqlite3.connect(db) as conn:
         plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + Q[query], params)]
     reads = [step for step in plan if step.startswith(("SCAN", "SEARCH")) and "PRIMARY KEY" not in step]

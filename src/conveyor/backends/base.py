@@ -45,7 +45,8 @@ from __future__ import annotations
 
 import abc
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import re
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -53,6 +54,24 @@ from ..errors import LeaseLost, PayloadError, QueueFull
 from ..job import Job, JobState
 
 CLAIM_SCAN = 1000  # waiting jobs a claim may look at when limits hold some back
+# Leases that may run out on a job before it started (held in a worker's prefetch, or claimed
+# by a reply that never arrived) without costing it an attempt. Past this, such an expiry
+# counts as an attempt, so a job that keeps getting lost unstarted still ends (as BullMQ's
+# maxStalledCount bounds its stalls).
+MAX_STALLS = 3
+CLAIM_ID_RE = re.compile(r"[0-9a-f]{24}")
+
+
+def check_claim_id(claim_id: str) -> str:
+    """A claim id is 24 lowercase hex digits (96 random bits): the first part of every lease
+    token the claim hands out, so a claimer whose reply was lost can name the claim's leases."""
+    if not isinstance(claim_id, str) or not CLAIM_ID_RE.fullmatch(claim_id):
+        raise ValueError(f"a claim id is 24 lowercase hex digits, got {claim_id!r}")
+    return claim_id
+
+
+def new_claim_id() -> str:
+    return os.urandom(12).hex()
 
 
 @dataclass(frozen=True)
@@ -272,19 +291,22 @@ class LoopClaims(Protocol):
     async def ack_and_claim(
         self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *, worker_id: str, lease_s: float,
         wanted: Callable[[], bool] | None = None, on_reply: Callable[[int], None] | None = None,
+        start: int | None = None,
     ) -> ClaimReply | Callable[[], ClaimReply]:
         """``wanted``: the worker's "not stopping". A returned function that has sent nothing
         yet asks it before it claims; False makes it claim nothing (its acks are still
         written). One that finishes a call already sent settles what the store did.
         ``on_reply``: called with the number of jobs claimed once the store's reply is in, before
-        it is read into jobs; it may send the next claim with ``claim_ahead``."""
+        it is read into jobs; it may send the next claim with ``claim_ahead``. ``start``: as
+        ``Backend.claim``'s."""
         ...
 
     def claim_ahead(
         self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *, worker_id: str, lease_s: float,
     ) -> Any:
         """Send an ``ack_and_claim`` without waiting for it; None if it could not be sent at
-        once, and then nothing was. ``finish`` takes what it returns, before any other call."""
+        once, and then nothing was. ``finish`` takes what it returns, before any other call.
+        Its jobs are claimed held (``start=0``): the worker's slots are busy when it is sent."""
         ...
 
     async def finish(self, ahead: Any, on_reply: Callable[[int], None] | None = None,
@@ -314,17 +336,29 @@ class Backend(abc.ABC):
     # -- worker (fenced) ----------------------------------------------------------------
     @abc.abstractmethod
     def claim(
-        self, queue: str, limit: int, *, worker_id: str, lease_s: float, now: float | None = None
+        self, queue: str, limit: int, *, worker_id: str, lease_s: float, now: float | None = None,
+        start: int | None = None, claim_id: str | None = None,
     ) -> list[Job]:
         """Lease up to ``limit`` due jobs of ``queue`` in (priority, fair_tag, run_at, id) order.
 
         Each claimed job is ``running`` with ``attempts`` + 1, a fresh lease token and
         ``lease_expires_at = now + lease_s``. Scheduled jobs that are due are promoted first.
+
+        ``start``: how many of them (the first, in claim order) start at once; the others are
+        held (a worker's prefetch) until a heartbeat says they started. None: all start. A
+        lease that runs out on a held job gives it back uncounted (see ``reap``).
+        ``claim_id`` (check_claim_id; a random one if None): every lease token of this claim
+        begins with it, so ``release_claim`` can give back a claim whose reply was lost.
         """
 
     @abc.abstractmethod
-    def heartbeat(self, leases: Sequence[Lease], *, lease_s: float, now: float | None = None) -> set[int]:
-        """Extend every lease still held to ``now + lease_s``; return the ids whose lease is lost."""
+    def heartbeat(self, leases: Sequence[Lease], *, lease_s: float, now: float | None = None,
+                  held: Collection[int] = ()) -> set[int]:
+        """Extend every lease still held to ``now + lease_s``; return the ids whose lease is lost.
+
+        Every job whose id is not in ``held`` (claimed held, and still waiting for a slot) is
+        marked started: from now on its lease running out counts as an attempt. This rides on
+        the heartbeat's own write of each lease."""
 
     @abc.abstractmethod
     def ack(self, lease: Lease, result: str | None, *, now: float | None = None) -> None:
@@ -344,7 +378,7 @@ class Backend(abc.ABC):
 
     def ack_and_claim(
         self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *,
-        worker_id: str, lease_s: float, now: float | None = None,
+        worker_id: str, lease_s: float, now: float | None = None, start: int | None = None,
     ) -> tuple[list[bool], list[Job]]:
         """``ack_many(acks)`` then ``claim(queue, limit)``, in one round trip where the store
         allows (a busy worker's finished jobs ride with its next claim, as BullMQ's
@@ -352,7 +386,7 @@ class Backend(abc.ABC):
         the claim. If it raises, write the acks again with ``ack_many``; jobs it may have
         claimed without saying so come back when their leases expire."""
         held = self.ack_many(acks, now=now) if acks else []
-        return held, self.claim(queue, limit, worker_id=worker_id, lease_s=lease_s, now=now)
+        return held, self.claim(queue, limit, worker_id=worker_id, lease_s=lease_s, now=now, start=start)
 
     def loop_claims(self) -> LoopClaims | None:
         """An ``ack_and_claim`` the worker's event loop can await itself, or None (the default):
@@ -377,12 +411,22 @@ class Backend(abc.ABC):
         Returns the ids released; stale leases are skipped, not raised.
         """
 
+    @abc.abstractmethod
+    def release_claim(self, queue: str, claim_id: str, *, now: float | None = None) -> list[int]:
+        """Give back unrun, as ``release`` does, every job of ``queue`` still running under a
+        lease of the claim ``claim_id`` (its tokens begin with it): a claim whose reply was lost,
+        so nobody holds its jobs. The ids released, ascending. A rare path: it may look at every
+        running job of the queue."""
+
     # -- maintenance (idempotent, bounded, safe to run on every worker) -------------------
     @abc.abstractmethod
     def reap(self, *, limit: int = 1000, now: float | None = None) -> ReapResult:
         """Jobs whose lease expired go back to ``available``, or ``dead`` if out of attempts.
 
-        Each expiry is recorded as a ``lease_expired`` error and counted per queue.
+        Each expiry is recorded as a ``lease_expired`` error and counted per queue. A job that
+        never started (claimed held, see ``claim``) is not charged the attempt: it goes back
+        ``available`` with ``attempts`` - 1 and ``stalls`` + 1, unless it has stalled
+        ``MAX_STALLS`` times already; then the expiry counts as an attempt.
         """
 
     @abc.abstractmethod
@@ -448,13 +492,14 @@ class Backend(abc.ABC):
 
     def wait_and_claim(
         self, queues: Sequence[str], timeout: float, claims: Sequence[tuple[str, int]], *,
-        worker_id: str, lease_s: float,
+        worker_id: str, lease_s: float, start: int | None = None,
     ) -> tuple[bool, list[Job] | None]:
         """``wait_for_jobs(verify=False)`` for an idle worker whose next step is a claim: a store
         that can make the claims of ``claims`` (queue, how many) in the same round trip as the
         wake-up does so, and returns the jobs. Returns (woken, jobs): jobs is None when no claim
         was made (the caller claims if woken), else the jobs those claims took, which may be
-        none (a stale wake-up). The default makes no claim."""
+        none (a stale wake-up). ``start``: how many of the jobs start at once, in the order of
+        ``claims`` (see ``claim``). The default makes no claim."""
         return self.wait_for_jobs(queues, timeout, verify=False), None
 
     # -- workers --------------------------------------------------------------------------

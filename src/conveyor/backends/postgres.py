@@ -37,7 +37,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Collection, Generator, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime
@@ -65,6 +65,7 @@ from ..payload import NAME_RE
 from . import forking, redact_url
 from .base import (
     CLAIM_SCAN,
+    MAX_STALLS,
     Backend,
     EnqueueResult,
     ErrorInfo,
@@ -74,8 +75,10 @@ from .base import (
     ReapResult,
     Stats,
     WorkerInfo,
+    check_claim_id,
     check_filters,
     depth_limits,
+    new_claim_id,
     queue_stats_from_rows,
     refuse_overflow,
 )
@@ -95,7 +98,7 @@ JOB_COLUMNS = ("id", "queue", "task", "state", "priority", "run_at", "attempt", 
                "timeout_s", "lease_token", "lease_expires_at", "worker_id", "unique_key", "errors",
                "meta", "created_at", "attempted_at", "finished_at", "fair_key", "fair_tag",
                "unique_for", "concurrency_key", "concurrency_limit", "rate_key", "rate_limit",
-               "rate_period", "args", "result", "uid")
+               "rate_period", "args", "result", "uid", "stalls")
 
 
 def _job_columns(sql: str) -> str:
@@ -125,6 +128,7 @@ CONNECT_DEFAULTS = {
 }
 STATEMENT_TIMEOUT_MS = 30_000
 POOL_TIMEOUT = 5.0  # longest wait for a connection: an outage surfaces as StoreError this soon
+RECOVER_S = 2.0  # how long a claimer whose reply was lost keeps trying to give the claim back
 # The main pool's size beyond the task slots of the workers in this process (each slot may hold
 # a connection in transaction()): room for producers, the app's own calls and the dashboard.
 POOL_ROOM = 10
@@ -666,11 +670,13 @@ class PostgresBackend(Backend):
 
     # -- worker -----------------------------------------------------------------------
     def claim(
-        self, queue: str, limit: int, *, worker_id: str, lease_s: float, now: float | None = None
+        self, queue: str, limit: int, *, worker_id: str, lease_s: float, now: float | None = None,
+        start: int | None = None, claim_id: str | None = None,
     ) -> list[Job]:
+        claim_id = new_claim_id() if claim_id is None else check_claim_id(claim_id)
         if limit <= 0:
             return []
-        return self.ack_and_claim([], queue, limit, worker_id=worker_id, lease_s=lease_s, now=now)[1]
+        return self._ack_and_claim([], queue, limit, worker_id, lease_s, now, start, claim_id)[1]
 
     def _claim_limited_path(self, queue: str, limit: int, params: dict[str, Any]) -> list[Job]:
         with self._tx(control=True) as conn:
@@ -680,14 +686,15 @@ class PostgresBackend(Backend):
             self._limited_queues.discard(queue)  # no limits at the head any more: fast path again
         return _claimed_jobs(rows)
 
-    def heartbeat(self, leases: Sequence[Lease], *, lease_s: float, now: float | None = None) -> set[int]:
+    def heartbeat(self, leases: Sequence[Lease], *, lease_s: float, now: float | None = None,
+                  held: Collection[int] = ()) -> set[int]:
         if not leases:
             return set()
         with self._tx(control=True) as conn:
             rows = conn.execute(
                 Q["heartbeat"],
                 {"ids": [x.job_id for x in leases], "tokens": [x.token for x in leases], "now": now,
-                 "lease_s": lease_s},
+                 "lease_s": lease_s, "held": list(held)},
             ).fetchall()
         held = {r["id"] for r in rows}
         return {x.job_id for x in leases} - held
@@ -729,7 +736,49 @@ class PostgresBackend(Backend):
 
     def ack_and_claim(
         self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *,
-        worker_id: str, lease_s: float, now: float | None = None,
+        worker_id: str, lease_s: float, now: float | None = None, start: int | None = None,
+    ) -> tuple[list[bool], list[Job]]:
+        return self._ack_and_claim(acks, queue, limit, worker_id, lease_s, now, start, new_claim_id())
+
+    def _ack_and_claim(
+        self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, worker_id: str, lease_s: float,
+        now: float | None, start: int | None, claim_id: str,
+    ) -> tuple[list[bool], list[Job]]:
+        """A claim whose reply is lost (the connection broke after it was sent) is given back
+        by its claim id (release_claim) once the store answers again, so its jobs are not
+        charged an attempt for it; if that fails too, they are held and come back as stalls."""
+        try:
+            return self._ack_and_claim_once(acks, queue, limit, worker_id, lease_s, now, start, claim_id)
+        except StoreError:
+            # A broken connection comes as StoreError or StoreUnavailable; either way the claim
+            # may have committed unseen. Giving back a claim that never ran finds nothing.
+            self._give_back_lost_claim(queue, claim_id, now)
+            raise
+
+    def _give_back_lost_claim(self, queue: str, claim_id: str, now: float | None) -> None:
+        """release_claim, tried again for up to RECOVER_S while the store is away (the blip
+        that lost the reply often takes the next connection too); after that the jobs come
+        back when their leases run out, as held jobs, uncounted (see reap)."""
+        deadline = time.monotonic() + RECOVER_S
+        pause = 0.05
+        while True:
+            try:
+                released = self.release_claim(queue, claim_id, now=now)
+            except StoreError:
+                if time.monotonic() + pause > deadline:
+                    log.warning("a claim's reply was lost and its jobs could not be given back; "
+                                "they come back when their leases run out")
+                    return
+                time.sleep(pause)
+                pause = min(pause * 2, 0.5)
+                continue
+            if released:
+                log.warning("a claim's reply was lost: gave its jobs back unrun: %s", released)
+            return
+
+    def _ack_and_claim_once(
+        self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, worker_id: str, lease_s: float,
+        now: float | None, start: int | None, claim_id: str,
     ) -> tuple[list[bool], list[Job]]:
         """The queue's due jobs promoted (a statement of its own, so the claim sees them in
         their place in claim order), then the acks and the claim in one statement, both in
@@ -737,7 +786,8 @@ class PostgresBackend(Backend):
         the queue, it claims nothing and the limited path (a transaction) does."""
         if limit <= 0:
             return (self.ack_many(acks, now=now) if acks else []), []
-        params = {"queue": queue, "now": now, "worker_id": worker_id, "lease_s": lease_s}
+        params = {"queue": queue, "now": now, "worker_id": worker_id, "lease_s": lease_s, "claim_id": claim_id,
+                  "start": limit if start is None else max(start, 0)}
         held: list[bool] = []
         jobs: list[Job] = []
         for _ in range(2):
@@ -794,6 +844,13 @@ class PostgresBackend(Backend):
                 raise LeaseLost(lease.job_id, "kill refused")
             self._notify_freed(conn, [row])
 
+    def release_claim(self, queue: str, claim_id: str, *, now: float | None = None) -> list[int]:
+        check_claim_id(claim_id)
+        with self._tx(control=True) as conn:
+            rows = conn.execute(Q["release_claim"], {"queue": queue, "claim_id": claim_id}).fetchall()
+            self._notify(conn, [r["queue"] for r in rows])
+        return sorted(r["id"] for r in rows)
+
     def release(self, leases: Sequence[Lease], *, now: float | None = None) -> list[int]:
         if not leases:
             return []
@@ -807,7 +864,8 @@ class PostgresBackend(Backend):
     # -- maintenance ------------------------------------------------------------------
     def reap(self, *, limit: int = 1000, now: float | None = None) -> ReapResult:
         with self._tx(control=True) as conn:
-            rows = conn.execute(Q["reap"], {"now": now, "limit": limit, "keep_errors": KEEP_ERRORS}).fetchall()
+            rows = conn.execute(Q["reap"], {"now": now, "limit": limit, "keep_errors": KEEP_ERRORS,
+                                            "max_stalls": MAX_STALLS}).fetchall()
             if rows:
                 conn.execute(Q["count_up"], {"name": "lease_expired", "queues": [r["queue"] for r in rows]})
                 self._notify(conn, [r["queue"] for r in rows
@@ -1093,6 +1151,7 @@ def _row_to_job(row: dict[str, Any]) -> Job:
         lease_expires_at=_ts(row["lease_expires_at"]), meta=row["meta"], fair_key=row["fair_key"],
         steps=row["steps"], concurrency_key=row["concurrency_key"], concurrency_limit=row["concurrency_limit"],
         rate_key=row["rate_key"], rate_limit=row["rate_limit"], rate_period=row["rate_period"],
+        stalls=row["stalls"],
     )
 
 
@@ -1302,7 +1361,9 @@ def _claim_limited(conn: psycopg.Connection[dict[str, Any]],
         return [], saw_limited
     rate_ats = [limits.counted_at[(r["rate_key"], r["rate_period"])] if r["rate_key"] is not None else None
                 for r in chosen]
-    rows = conn.execute(Q["claim_ids"], {**params, "ids": [r["id"] for r in chosen], "rate_ats": rate_ats}).fetchall()
+    held_ids = [r["id"] for r in chosen[params["start"]:]]  # claim order: the first `start` start
+    rows = conn.execute(Q["claim_ids"], {**params, "ids": [r["id"] for r in chosen], "rate_ats": rate_ats,
+                                         "held_ids": held_ids}).fetchall()
     return rows, saw_limited
 
 

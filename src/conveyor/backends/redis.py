@@ -17,15 +17,16 @@ import dataclasses
 import functools
 import inspect
 import json
+import logging
 import math
 import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from importlib import resources
 from types import MappingProxyType
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import redis
@@ -50,6 +51,7 @@ from ..payload import NAME_RE
 from . import forking
 from .base import (
     CLAIM_SCAN,
+    MAX_STALLS,
     Backend,
     EnqueueResult,
     ErrorInfo,
@@ -61,6 +63,8 @@ from .base import (
     ReapResult,
     Stats,
     WorkerInfo,
+    check_claim_id,
+    new_claim_id,
     new_uids,
     queue_full,
 )
@@ -75,6 +79,7 @@ except ImportError:  # hiredis comes with the redis extra; redis-py's own packer
         return list(conn.pack_command(*command))
 
 T = TypeVar("T")
+log = logging.getLogger("conveyor.redis")
 
 _ScriptCall = tuple[str, Sequence[str], Sequence[Any]]  # script name, keys, args
 
@@ -579,15 +584,48 @@ class RedisBackend(Backend):
 
     # -- worker ---------------------------------------------------------------------------
     def claim(
-        self, queue: str, limit: int, *, worker_id: str, lease_s: float, now: float | None = None
+        self, queue: str, limit: int, *, worker_id: str, lease_s: float, now: float | None = None,
+        start: int | None = None, claim_id: str | None = None,
     ) -> list[Job]:
+        claim_id = new_claim_id() if claim_id is None else check_claim_id(claim_id)
         if limit <= 0:
             return []
-        tokens = _tokens(limit)
-        res = self._run("claim", [queue],
-                        [self._now_arg(now), limit, repr(float(lease_s)), worker_id, CLAIM_SCAN, *tokens],
-                        safe=False)
+        tokens = _tokens(limit, claim_id)
+        try:
+            res = self._run("claim", [queue], [self._now_arg(now), limit, repr(float(lease_s)), worker_id, CLAIM_SCAN,
+                                               _start_arg(start, limit), *tokens], safe=False)
+        except StoreUnavailable:
+            self._give_back_lost_claim(queue, claim_id, now)
+            raise
         return self._claimed(res, queue, worker_id, tokens)
+
+    def release_claim(self, queue: str, claim_id: str, *, now: float | None = None) -> list[int]:
+        check_claim_id(claim_id)
+        running_key = self.keys.queue(queue, "running")
+
+        def tokens() -> list[tuple[int, str | None]]:
+            ids = [int(i) for i in cast(list[str], self._r.zrange(running_key, 0, -1))]
+            pipe = self._r.pipeline(transaction=False)
+            for job_id in ids:
+                pipe.hget(self.keys.job(job_id), "lease_token")
+            return list(zip(ids, pipe.execute(), strict=True))
+
+        found = self._call("find a claim's leases", tokens, safe=True)
+        leases = [Lease(job_id, token) for job_id, token in found if token is not None and token[:24] == claim_id]
+        return sorted(self.release(leases, now=now))
+
+    def _give_back_lost_claim(self, queue: str, claim_id: str, now: float | None) -> None:
+        """A claim's reply was lost: give back what it may have claimed (its jobs are nobody's),
+        so they are not charged an attempt; if the store is still away, they come back when
+        their leases run out."""
+        try:
+            released = self.release_claim(queue, claim_id, now=now)
+        except StoreError:
+            log.warning("a claim's reply was lost and its jobs could not be given back yet; "
+                        "they come back when their leases run out")
+            return
+        if released:
+            log.warning("a claim's reply was lost: gave its jobs back unrun: %s", released)
 
     def _claimed(self, res: list[Any], queue: str, worker_id: str, tokens: list[str]) -> list[Job]:
         """The jobs of a claim script's reply, with the fields it leaves out put back."""
@@ -626,12 +664,13 @@ class RedisBackend(Backend):
             self._queue_of.clear()
         return jobs
 
-    def heartbeat(self, leases: Sequence[Lease], *, lease_s: float, now: float | None = None) -> set[int]:
+    def heartbeat(self, leases: Sequence[Lease], *, lease_s: float, now: float | None = None,
+                  held: Collection[int] = ()) -> set[int]:
         if not leases:
             return set()
         args: list[Any] = [self._now_arg(now), repr(float(lease_s))]
         for lease in leases:
-            args += [lease.job_id, lease.token]
+            args += [lease.job_id, lease.token, "1" if lease.job_id in held else "0"]
         res = self._run("heartbeat", self._guess([lease.job_id for lease in leases]), args, safe=True)
         return {int(i) for i in res[1:]}
 
@@ -692,30 +731,35 @@ class RedisBackend(Backend):
 
     def ack_and_claim(
         self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *,
-        worker_id: str, lease_s: float, now: float | None = None,
+        worker_id: str, lease_s: float, now: float | None = None, start: int | None = None,
     ) -> tuple[list[bool], list[Job]]:
         """The acks' script and the claim's in one pipelined round trip (the acks run first:
         Redis runs a connection's commands in order)."""
         if limit <= 0 or not acks:
-            return super().ack_and_claim(acks, queue, limit, worker_id=worker_id, lease_s=lease_s, now=now)
+            return super().ack_and_claim(acks, queue, limit, worker_id=worker_id, lease_s=lease_s, now=now,
+                                         start=start)
         tokens = _tokens(limit)
-        calls = self._claim_calls(acks, queue, limit, worker_id, lease_s, now, tokens)
+        calls = self._claim_calls(acks, queue, limit, worker_id, lease_s, now, tokens, start)
         try:
             replies = self._send_scripts(calls)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            self._claims_lost(acks, exc, now)
-        return self._claims_done(acks, queue, limit, worker_id, lease_s, now, tokens, replies)
+            self._claims_lost(acks, exc, now, queue, tokens)
+        return self._claims_done(acks, queue, limit, worker_id, lease_s, now, tokens, replies, start)
 
     def _claim_calls(self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, worker_id: str,
-                     lease_s: float, now: float | None, tokens: list[str]) -> list[_ScriptCall]:
+                     lease_s: float, now: float | None, tokens: list[str], start: int | None) -> list[_ScriptCall]:
         """The scripts of ack_and_claim: ack_many for the acks (if any), then the claim."""
         claim = ("claim", [*self.keys.header, *self.keys.block(queue)],
-                 [1, queue, self._now_arg(now), limit, repr(float(lease_s)), worker_id, CLAIM_SCAN, *tokens])
+                 [1, queue, self._now_arg(now), limit, repr(float(lease_s)), worker_id, CLAIM_SCAN,
+                  _start_arg(start, limit), *tokens])
         return [self._acks_call(acks, now), claim] if acks else [claim]
 
-    def _claims_lost(self, acks: Sequence[tuple[Lease, str | None]], exc: Exception, now: float | None) -> NoReturn:
-        """The connection broke after _claim_calls were sent: a claim that landed unseen expires
-        and is reaped; the acks are checked one by one."""
+    def _claims_lost(self, acks: Sequence[tuple[Lease, str | None]], exc: Exception, now: float | None,
+                     queue: str, tokens: Sequence[str]) -> NoReturn:
+        """The connection broke after _claim_calls were sent: what the claim may have taken is
+        given back by its claim id (or, if the store is still away, comes back when its leases
+        run out); the acks are checked one by one."""
+        self._give_back_lost_claim(queue, tokens[0][:24], now)
         if not acks:
             raise StoreUnavailable(f"Redis at {self._where} is unreachable: claim failed ({exc}); "
                                    "the reply was lost, so it may or may not have happened") from exc
@@ -743,7 +787,7 @@ class RedisBackend(Backend):
 
     def _claims_done(self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, worker_id: str,
                      lease_s: float, now: float | None, tokens: list[str],
-                     replies: Sequence[Any]) -> tuple[list[bool], list[Job]]:
+                     replies: Sequence[Any], start: int | None) -> tuple[list[bool], list[Job]]:
         """What the replies of _claim_calls say: each ack held or not, and the jobs claimed.
         Anything unusual takes the careful path (blocking): an ack not settled is acked on its
         own, a claim answered 'need', 'stale' or an error is made again with claim()."""
@@ -754,7 +798,7 @@ class RedisBackend(Backend):
         if isinstance(res, Exception) and not isinstance(res, redis.ResponseError):
             raise StoreError(f"Redis at {self._where}: claim failed: {res}")
         # 'need'/'stale' (the queue's blocks changed), or an error reply: the careful path.
-        return held, self.claim(queue, limit, worker_id=worker_id, lease_s=lease_s, now=now)
+        return held, self.claim(queue, limit, worker_id=worker_id, lease_s=lease_s, now=now, start=start)
 
     def loop_claims(self) -> LoopClaims | None:
         from .redis_loop import RedisLoopClaims
@@ -990,7 +1034,7 @@ class RedisBackend(Backend):
             return ReapResult()
         self._sweep_all(now)
         queues = self._due_queues(self.keys.leases, f"({self._due_bound(now)!r}", limit) + self._sweep_slice()
-        res = self._run("reap", queues, [self._now_arg(now), limit], safe=True)
+        res = self._run("reap", queues, [self._now_arg(now), limit, MAX_STALLS], safe=True)
         return ReapResult(requeued=sorted(int(i) for i in res[1]), dead=sorted(int(i) for i in res[2]))
 
     def promote(self, *, limit: int = 1000, now: float | None = None) -> int:
@@ -1173,7 +1217,7 @@ class RedisBackend(Backend):
 
     def wait_and_claim(
         self, queues: Sequence[str], timeout: float, claims: Sequence[tuple[str, int]], *,
-        worker_id: str, lease_s: float,
+        worker_id: str, lease_s: float, start: int | None = None,
     ) -> tuple[bool, list[Job] | None]:
         """The idle wait with the claims sent in the same write as its blocking pop: Redis holds
         them behind the pop and runs them the moment it returns (a wake-up marker, or its
@@ -1183,10 +1227,21 @@ class RedisBackend(Backend):
         claims = [(q, n) for q, n in claims if n > 0]
         if not claims:
             return super().wait_and_claim(queues, timeout, claims, worker_id=worker_id, lease_s=lease_s)
+        starts: list[int] = []
+        left = sum(n for _, n in claims) if start is None else max(start, 0)
+        for _, n in claims:
+            starts.append(min(n, left))
+            left -= starts[-1]
 
         def pop(wake_keys: list[str], pause: float) -> tuple[bool, list[Job] | None] | None:
-            woken, jobs = self._call("wait for jobs", functools.partial(
-                self._pop_then_claim, wake_keys, pause, claims, worker_id, lease_s), safe=False)
+            tokens = [_tokens(n) for _, n in claims]
+            try:
+                woken, jobs = self._call("wait for jobs", functools.partial(
+                    self._pop_then_claim, wake_keys, pause, claims, starts, tokens, worker_id, lease_s), safe=False)
+            except StoreUnavailable:
+                for (q, _), toks in zip(claims, tokens, strict=True):
+                    self._give_back_lost_claim(q, toks[0][:24], None)
+                raise
             if jobs is None:  # no claim ran: the caller claims
                 return woken, None
             if woken or jobs:
@@ -1231,15 +1286,15 @@ class RedisBackend(Backend):
                 self._waiters -= 1
 
     def _pop_then_claim(self, wake_keys: list[str], pause: float, claims: Sequence[tuple[str, int]],
-                        worker_id: str, lease_s: float) -> tuple[bool, list[Job] | None]:
+                        starts: Sequence[int], tokens: Sequence[list[str]], worker_id: str,
+                        lease_s: float) -> tuple[bool, list[Job] | None]:
         """One BLPOP on the wake keys with the claims pipelined behind it: (woken, the jobs, or
         None if no claim ran: an error reply, such as a script not loaded yet, which
-        _send_scripts then loads)."""
-        tokens = [_tokens(n) for _, n in claims]
+        _send_scripts then loads). ``starts``: each claim's ``start``."""
         calls: list[_ScriptCall] = [
             ("claim", [*self.keys.header, *self.keys.block(q)],
-             [1, q, "", n, repr(float(lease_s)), worker_id, CLAIM_SCAN, *toks])
-            for (q, n), toks in zip(claims, tokens, strict=True)
+             [1, q, "", n, repr(float(lease_s)), worker_id, CLAIM_SCAN, first, *toks])
+            for (q, n), first, toks in zip(claims, starts, tokens, strict=True)
         ]
         popped, *replies = self._send_scripts(calls, first=("BLPOP", *wake_keys, repr(pause)))
         jobs: list[Job] | None = None
@@ -1295,12 +1350,16 @@ class RedisBackend(Backend):
         memory: dict[str, Any] = self._call("read server info", lambda: self._r.info("memory"), safe=True)
 
         def config(name: str) -> str | None:
-            try:
-                got = self._r.config_get(name)
-            except redis.ResponseError:
-                return None  # managed services often refuse CONFIG; say what we know from INFO
-            value = got.get(name) if isinstance(got, dict) else None
-            return None if value is None else str(value)
+            def read() -> str | None:
+                try:
+                    got = self._r.config_get(name)
+                except redis.ResponseError:
+                    return None  # managed services often refuse CONFIG; say what we know from INFO
+                value = got.get(name) if isinstance(got, dict) else None
+                return None if value is None else str(value)
+
+            # A safe read: a broken connection is retried (unguarded, it ended the worker's start).
+            return self._call("read the config", read, safe=True)
 
         if not int(info.get("aof_enabled", 0)):
             save = config("save")
@@ -1430,9 +1489,17 @@ def _cut(error: ErrorInfo) -> ErrorInfo:
     return dataclasses.replace(error, message=message, type=error.type[:128], traceback=tb)
 
 
-# Lease tokens: 32 hex digits (128 random bits) each, from one read of the OS's random source
-# per claim, as job uids are made (instead of a uuid4() each: a read and an object per token).
-_tokens = new_uids
+def _tokens(n: int, claim_id: str | None = None) -> list[str]:
+    """``n`` lease tokens for one claim: its claim id (24 hex digits, 96 random bits; a new one
+    if None) and the token's place in the claim (8 hex digits). A claimer whose reply was lost
+    finds the claim's leases by the id (release_claim)."""
+    head = new_claim_id() if claim_id is None else claim_id
+    return [f"{head}{i:08x}" for i in range(n)]
+
+
+def _start_arg(start: int | None, limit: int) -> int:
+    """The claim script's ``start``: how many of the jobs start at once (all, if None)."""
+    return limit if start is None else max(start, 0)
 
 
 def _opt_float(value: str | None) -> float | None:
@@ -1471,7 +1538,7 @@ def _to_job(job_id: int, h: dict[str, str], errors: Sequence[str]) -> Job:
         result=json.loads(h["result"]) if "result" in h else None,
         errors=[json.loads(e) for e in errors], unique_key=h.get("unique_key"), worker_id=h.get("worker_id"),
         lease_token=h.get("lease_token"), lease_expires_at=_opt_float(h.get("lease_expires_at")), meta=meta,
-        fair_key=h.get("fair_key"), **_limits(h),
+        fair_key=h.get("fair_key"), stalls=int(h.get("stalls", 0)), **_limits(h),
         # k[:1] first: most jobs have no step, and a method call per field cost more than the rest.
         steps={k[len(STEP_PREFIX):]: json.loads(v) for k, v in h.items() if k[:1] == "s" and k.startswith(STEP_PREFIX)},
     )

@@ -70,11 +70,12 @@ class RedisLoopClaims:
     async def ack_and_claim(
         self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *, worker_id: str, lease_s: float,
         wanted: Callable[[], bool] | None = None, on_reply: Callable[[int], None] | None = None,
+        start: int | None = None,
     ) -> ClaimReply | Callable[[], ClaimReply]:
         b = self._b
         if limit <= 0 or b.closed or not self._usable():
-            return functools.partial(self._connect_after, acks, queue, limit, worker_id, lease_s, wanted)
-        a = self._claim_call(acks, queue, limit, worker_id, lease_s)
+            return functools.partial(self._connect_after, acks, queue, limit, worker_id, lease_s, wanted, start)
+        a = self._claim_call(acks, queue, limit, worker_id, lease_s, start)
         return await self._finish(a, on_reply, self._pack(a.calls))
 
     def claim_ahead(
@@ -85,7 +86,7 @@ class RedisLoopClaims:
         b = self._b
         if limit <= 0 or b.closed or not self._usable():
             return None
-        a = self._claim_call(acks, queue, limit, worker_id, lease_s)
+        a = self._claim_call(acks, queue, limit, worker_id, lease_s, 0)
         packed = self._pack(a.calls)
         assert self._sock is not None
         try:
@@ -106,10 +107,10 @@ class RedisLoopClaims:
         return await self._finish(ahead, on_reply, None)
 
     def _claim_call(self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, worker_id: str,
-                    lease_s: float) -> _Ahead:
+                    lease_s: float, start: int | None) -> _Ahead:
         tokens = _tokens(limit)
         return _Ahead(acks, queue, limit, worker_id, lease_s, tokens,
-                      self._b._claim_calls(acks, queue, limit, worker_id, lease_s, None, tokens))
+                      self._b._claim_calls(acks, queue, limit, worker_id, lease_s, None, tokens, start), start)
 
     async def _finish(self, a: _Ahead, on_reply: Callable[[int], None] | None,
                       packed: bytes | None) -> ClaimReply | Callable[[], ClaimReply]:
@@ -128,7 +129,7 @@ class RedisLoopClaims:
             raise
         except (OSError, TimeoutError, redis.RedisError) as exc:
             self._drop()
-            return functools.partial(b._claims_lost, a.acks, _as_redis_error(exc), None)
+            return functools.partial(b._claims_lost, a.acks, _as_redis_error(exc), None, a.queue, a.tokens)
         if on_reply is not None:
             # The socket is free again: the caller may send its next claim now, for Redis to run
             # while this reply is read into jobs here. It is told how many jobs the reply holds
@@ -136,11 +137,11 @@ class RedisLoopClaims:
             res = replies[-1]
             on_reply(len(res) - 2 if isinstance(res, list) and res and res[0] not in ("need", "stale", "hold") else 0)
         if b._claims_plain(a.acks, replies):
-            return b._claims_done(a.acks, a.queue, a.limit, a.worker_id, a.lease_s, None, a.tokens, replies)
+            return b._claims_done(a.acks, a.queue, a.limit, a.worker_id, a.lease_s, None, a.tokens, replies, a.start)
 
         def careful() -> ClaimReply:
             b._reload_refused(a.calls, replies)
-            return b._claims_done(a.acks, a.queue, a.limit, a.worker_id, a.lease_s, None, a.tokens, replies)
+            return b._claims_done(a.acks, a.queue, a.limit, a.worker_id, a.lease_s, None, a.tokens, replies, a.start)
 
         return careful
 
@@ -171,7 +172,7 @@ class RedisLoopClaims:
         return False
 
     def _connect_after(self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, worker_id: str,
-                       lease_s: float, wanted: Callable[[], bool] | None) -> ClaimReply:
+                       lease_s: float, wanted: Callable[[], bool] | None, start: int | None) -> ClaimReply:
         """On a store thread: the call the blocking way, then a connection for the next one
         (made after, so a store that is down costs the call no connect timeout of ours).
         ``wanted`` is asked again here, after the hop: a worker that began to stop meanwhile
@@ -180,9 +181,9 @@ class RedisLoopClaims:
         if wanted is not None and not wanted():
             limit = 0
         if acks:
-            out = b.ack_and_claim(acks, queue, limit, worker_id=worker_id, lease_s=lease_s)
+            out = b.ack_and_claim(acks, queue, limit, worker_id=worker_id, lease_s=lease_s, start=start)
         else:
-            out = [], b.claim(queue, limit, worker_id=worker_id, lease_s=lease_s)
+            out = [], b.claim(queue, limit, worker_id=worker_id, lease_s=lease_s, start=start)
         try:
             self._connect()
         except Exception as exc:  # the next call takes this path again
@@ -255,6 +256,7 @@ class _Ahead(NamedTuple):
     lease_s: float
     tokens: list[str]
     calls: list[tuple[str, Sequence[str], Sequence[Any]]]
+    start: int | None  # the claim's start (see Backend.claim)
 
 
 def _as_redis_error(exc: BaseException) -> Exception:

@@ -14,7 +14,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +33,7 @@ from ..payload import NAME_RE
 from . import forking
 from .base import (
     CLAIM_SCAN,
+    MAX_STALLS,
     Backend,
     EnqueueResult,
     ErrorInfo,
@@ -42,8 +43,10 @@ from .base import (
     ReapResult,
     Stats,
     WorkerInfo,
+    check_claim_id,
     check_filters,
     depth_limits,
+    new_claim_id,
     new_uids,
     queue_stats_from_rows,
     refuse_overflow,
@@ -447,31 +450,43 @@ class SqliteBackend(Backend):
 
     # -- worker -----------------------------------------------------------------------
     def claim(
-        self, queue: str, limit: int, *, worker_id: str, lease_s: float, now: float | None = None
+        self, queue: str, limit: int, *, worker_id: str, lease_s: float, now: float | None = None,
+        start: int | None = None, claim_id: str | None = None,
     ) -> list[Job]:
+        claim_id = new_claim_id() if claim_id is None else check_claim_id(claim_id)
         if limit <= 0:
             return []
         with self._write(now) as (conn, t):
-            return _claim_in(conn, t, queue, limit, worker_id, lease_s)
+            return _claim_in(conn, t, queue, limit, worker_id, lease_s, start, claim_id)
 
     def ack_and_claim(
         self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *,
-        worker_id: str, lease_s: float, now: float | None = None,
+        worker_id: str, lease_s: float, now: float | None = None, start: int | None = None,
     ) -> tuple[list[bool], list[Job]]:
         """One transaction: a commit (and its fsync under synchronous=full) for both."""
         with self._write(now) as (conn, t):
             held = _ack_in(conn, t, acks)
-            jobs = _claim_in(conn, t, queue, limit, worker_id, lease_s) if limit > 0 else []
+            jobs = _claim_in(conn, t, queue, limit, worker_id, lease_s, start, new_claim_id()) if limit > 0 else []
         return held, jobs
 
-    def heartbeat(self, leases: Sequence[Lease], *, lease_s: float, now: float | None = None) -> set[int]:
+    def release_claim(self, queue: str, claim_id: str, *, now: float | None = None) -> list[int]:
+        check_claim_id(claim_id)
+        with self._write(now) as (conn, _):
+            rows = conn.execute(Q["release_claim"], {"queue": queue, "claim_id": claim_id}).fetchall()
+        if rows:
+            self._signal.fire()
+        return sorted(r["id"] for r in rows)
+
+    def heartbeat(self, leases: Sequence[Lease], *, lease_s: float, now: float | None = None,
+                  held: Collection[int] = ()) -> set[int]:
         if not leases:
             return set()
         lost: set[int] = set()
         with self._write(now) as (conn, t):
             for lease in leases:
                 cur = conn.execute(
-                    Q["heartbeat"], {"id": lease.job_id, "token": lease.token, "now": t, "lease_s": lease_s}
+                    Q["heartbeat"], {"id": lease.job_id, "token": lease.token, "now": t, "lease_s": lease_s,
+                                     "held": lease.job_id in held}
                 )
                 if cur.rowcount != 1:
                     lost.add(lease.job_id)
@@ -539,7 +554,8 @@ class SqliteBackend(Backend):
     # -- maintenance ------------------------------------------------------------------
     def reap(self, *, limit: int = 1000, now: float | None = None) -> ReapResult:
         with self._write(now) as (conn, t):
-            rows = conn.execute(Q["reap"], {"now": t, "limit": limit, "keep_errors": KEEP_ERRORS}).fetchall()
+            rows = conn.execute(Q["reap"], {"now": t, "limit": limit, "keep_errors": KEEP_ERRORS,
+                                            "max_stalls": MAX_STALLS}).fetchall()
             per_queue: dict[str, int] = {}
             for row in rows:
                 per_queue[row["queue"]] = per_queue.get(row["queue"], 0) + 1
@@ -799,9 +815,10 @@ def _enqueue_in(conn: sqlite3.Connection, jobs: Sequence[NewJob], t: float) -> l
 
 
 def _claim_in(conn: sqlite3.Connection, t: float, queue: str, limit: int, worker_id: str,
-              lease_s: float) -> list[Job]:
+              lease_s: float, start: int | None, claim_id: str) -> list[Job]:
     conn.execute(Q["promote_queue"], {"queue": queue, "now": t, "limit": 1000})
-    params = {"queue": queue, "limit": limit, "now": t, "worker_id": worker_id, "lease_s": lease_s}
+    params = {"queue": queue, "limit": limit, "now": t, "worker_id": worker_id, "lease_s": lease_s,
+              "claim_id": claim_id}
     # Fast path: claim the head of the queue; if limits apply to any of it, undo that and pick
     # job by job.
     conn.execute("SAVEPOINT claim")
@@ -812,6 +829,8 @@ def _claim_in(conn: sqlite3.Connection, t: float, queue: str, limit: int, worker
     conn.execute("RELEASE claim")
     _raise_vtime(conn, queue, rows)
     rows.sort(key=lambda r: (r["priority"], r["fair_tag"], r["run_at"], r["id"]))
+    if start is not None and start < len(rows):
+        conn.execute(Q["hold"], {"ids": json.dumps([r["id"] for r in rows[max(start, 0):]])})
     return [_row_to_job(r) for r in rows]
 
 
@@ -952,6 +971,7 @@ def _row_to_job(row: sqlite3.Row) -> Job:
         fair_key=row["fair_key"], steps=json.loads(row["steps"]),
         concurrency_key=row["concurrency_key"], concurrency_limit=row["concurrency_limit"],
         rate_key=row["rate_key"], rate_limit=row["rate_limit"], rate_period=row["rate_period"],
+        stalls=row["stalls"],
     )
 
 

@@ -20,8 +20,10 @@
 -- names (that queue's keys are not at hand where the slot frees).
 -- KEYS: the common header, then the block of the queue.
 -- ARGV: 1, queue; now ('' = the store's clock), limit, lease_s, worker_id, scan (CLAIM_SCAN:
---   most waiting jobs the walk looks at), then `limit` lease tokens made by the client (Lua's
---   math.random is not a safe source of them).
+--   most waiting jobs the walk looks at), start (the first `start` jobs claimed start at once;
+--   the others are held in the worker's prefetch: their hash gets 'held' = 1 until a heartbeat
+--   says they started, and reap gives them back uncounted), then `limit` lease tokens made by
+--   the client (Lua's math.random is not a safe source of them; they begin with the claim's id).
 -- Returns {} when nothing was claimed, {'hold', until, entries walked} when limits hold every
 -- waiting job back (see above), else {now, lease expiry, then one {id, base, extra,
 -- errors} per claimed job, in claim order; the n-th job returned holds the n-th token}. A job
@@ -29,7 +31,7 @@
 -- and extra is empty; or, for a job with other fields, base is empty and extra is the job's
 -- hash as field, value pairs, without what the claiming worker
 -- knows already (its queue, state, attempted_at = now, worker_id, lease_token = its token in
--- claim order, lease_expires_at) or never reads (fair_tag). Most jobs have no other field, and
+-- claim order, lease_expires_at, held) or never reads (fair_tag). Most jobs have no other field, and
 -- then the hash is not read whole: every string of the reply costs Redis a conversion and the
 -- worker a parse (they were a third of each job's cost), and a value without its field name
 -- is half the strings.
@@ -40,6 +42,7 @@ local expires = now + tonumber(arg(3))
 local worker_id = arg(4)
 local scan = tonumber(arg(5))
 local HOLD_S, HOLD_KEYS = 5, 16
+local start = tonumber(arg(6))
 promote_queue(q, now, 1000)
 local hold = held_until(q, now)
 if hold then return {'hold', num(hold), 0} end
@@ -185,10 +188,10 @@ local NBASE, ATTEMPT = #BASE, 5  -- BASE[ATTEMPT] == 'attempt'
 -- OMIT: what the reply never sends. PLAIN: how many fields a claimed job has when it has
 -- nothing beyond BASE and OMIT (fair_tag is in both).
 local OMIT = {queue = true, state = true, attempted_at = true, worker_id = true, lease_token = true,
-  lease_expires_at = true, fair_tag = true}
+  lease_expires_at = true, fair_tag = true, held = true}
 local PLAIN = NBASE
 for name in pairs(OMIT) do
-  if name ~= 'fair_tag' then PLAIN = PLAIN + 1 end
+  if name ~= 'fair_tag' and name ~= 'held' then PLAIN = PLAIN + 1 end
 end
 local out, ids, running, states, leases = {}, {}, {}, {}, {}
 local rated, n_gated = {}, 0
@@ -201,11 +204,12 @@ for i, m in ipairs(picked) do
   local id = id_of(m)
   local key = P_JOB .. id
   local base = redis.call('HMGET', key, unpack(BASE))
+  local held = false
   if not base[1] then
     forget_missing(q, id)  -- its hash is gone (see there): the rest of the batch goes on
   else
     n_out = n_out + 1
-    local token = arg(5 + n_out)  -- the tokens go to the jobs returned, in order
+    local token = arg(6 + n_out)  -- the tokens go to the jobs returned, in order
     local tag, score = tag_of(m), scores[i]
     if score == p1 then
       if tag > top1 then top1 = tag end
@@ -221,9 +225,16 @@ for i, m in ipairs(picked) do
     local attempt = tonumber(base[ATTEMPT] or 0) + 1
     local attempt_s = string.format('%d', attempt)
     base[ATTEMPT] = attempt_s
-    redis.call('HSET', key, 'state', 'running', 'attempted_at', n_at, 'worker_id', worker_id,
-      'lease_token', token, 'lease_expires_at', e_at, 'attempt', attempt_s)
-    redis.call('HDEL', key, 'm')
+    held = n_out > start  -- the first `start` jobs returned start at once
+    if held then
+      redis.call('HSET', key, 'state', 'running', 'attempted_at', n_at, 'worker_id', worker_id,
+        'lease_token', token, 'lease_expires_at', e_at, 'attempt', attempt_s, 'held', '1')
+      redis.call('HDEL', key, 'm')
+    else
+      redis.call('HSET', key, 'state', 'running', 'attempted_at', n_at, 'worker_id', worker_id,
+        'lease_token', token, 'lease_expires_at', e_at, 'attempt', attempt_s)
+      redis.call('HDEL', key, 'm', 'held')
+    end
     local lim = limits[i]
     if lim then
       n_gated = n_gated + 1
@@ -247,7 +258,7 @@ for i, m in ipairs(picked) do
     -- With every field of BASE there (claim just wrote OMIT's others), the count tells whether
     -- the hash holds more. If it does (a unique or fair key, limits, step records, a redrive...),
     -- or lacks one (a hash of an older layout), the reply sends it whole, base empty.
-    if not complete or redis.call('HLEN', key) ~= PLAIN then
+    if not complete or redis.call('HLEN', key) ~= PLAIN + (held and 1 or 0) then
       base = {}
       local h = redis.call('HGETALL', key)
       for f = 1, #h, 2 do

@@ -1,6 +1,8 @@
 -- reap: jobs whose lease expired before now go back to available, or dead when their
 -- attempts are used up. Each expiry is recorded as a lease_expired error and counted per
--- queue. Bounded by limit, earliest expiry first; idempotent. A running id whose job hash is
+-- queue. A job claimed held that never started ('held' in its hash) goes back uncounted, as a
+-- stall ('stalls' + 1), while it has stalled fewer than max_stalls times; past that its expiry
+-- counts. Bounded by limit, earliest expiry first; idempotent. A running id whose job hash is
 -- gone is dropped from the indexes and not reported (forget_missing).
 -- The expired leases are the head of P:leases (all queues), so a call costs O(expired + log n)
 -- whatever the number of queues: only the queues of those jobs are needed.
@@ -8,11 +10,12 @@
 -- few more: the expired leases in the given queues' own running ZSETs are copied into P:leases
 -- first (sweep_queue), so a lease written by a worker of the previous version is found.
 -- KEYS: the common header, then the blocks of the queues of the expired leases (see 'need').
--- ARGV: n, queue names; now ('' = the store's clock), limit
+-- ARGV: n, queue names; now ('' = the store's clock), limit, max_stalls
 -- Returns {'ok', {requeued ids}, {dead ids}, entries looked at}, or {'need', queue...} (nothing
 -- changed) when a block is missing.
 local now = clock(arg(1))
 local limit = tonumber(arg(2))
+local max_stalls = tonumber(arg(3))
 for _, qn in ipairs(QNAMES) do sweep_queue(Q[qn], 'running', '(' .. num(now), limit) end
 local r = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', '(' .. num(now), 'LIMIT', 0, limit)
 local found, need, asked = {}, {}, {}
@@ -31,7 +34,7 @@ for k = 1, #found do
   local id, q = found[k][1], found[k][2]
   local key = P_JOB .. id
   local f = redis.call('HMGET', key, 'attempt', 'max_attempts', 'worker_id', 'run_at', 'priority', 'fair_tag',
-    'concurrency_key', 'rate_key', 'state', 'lease_expires_at')
+    'concurrency_key', 'rate_key', 'state', 'lease_expires_at', 'held', 'stalls')
   if not f[2] then
     forget_missing(q, id)  -- its hash is gone: see there
   elseif f[9] ~= 'running' then
@@ -40,12 +43,26 @@ for k = 1, #found do
     redis.call('ZADD', K_LEASES, f[10], found[k][3])  -- renewed: the index had an old expiry
   else
     local who = f[3] or '?'
-    add_error(id, f[1], now, f[3], '"kind":"lease_expired","type":"LeaseExpired","message":'
-      .. cjson.encode('lease expired: worker ' .. who .. ' stopped heartbeating (crashed, killed or stalled)')
-      .. ',"traceback":""')
+    local held, stalls = f[11], tonumber(f[12] or 0)
+    local free = held ~= false and stalls < max_stalls
+    local attempt, why = tonumber(f[1]), nil
+    local recorded = f[1]  -- the error names the attempt number the lease had
+    if held == false then
+      why = 'lease expired mid-job: worker ' .. who .. ' stopped heartbeating (crashed, killed or stalled)'
+    elseif free then
+      attempt = attempt - 1
+      redis.call('HSET', key, 'attempt', string.format('%d', attempt), 'stalls', string.format('%d', stalls + 1))
+      why = 'lease expired before the job started (as far as the store knows): worker ' .. who .. ' held it '
+        .. '(prefetched, or the reply to its claim was lost) and stopped heartbeating; attempt not counted'
+    else
+      why = 'lease expired before the job started, ' .. string.format('%d', stalls + 1)
+        .. ' times: counted as an attempt; worker ' .. who .. ' stopped heartbeating'
+    end
+    add_error(id, recorded, now, f[3], '"kind":"lease_expired","type":"LeaseExpired","message":'
+      .. cjson.encode(why) .. ',"traceback":""')
     leave(q, id, 'running', nil, f[7])
-    redis.call('HDEL', key, 'lease_token', 'lease_expires_at')
-    if tonumber(f[1]) >= tonumber(f[2]) then
+    redis.call('HDEL', key, 'lease_token', 'lease_expires_at', 'held')
+    if not free and attempt >= tonumber(f[2]) then
       redis.call('HSET', key, 'finished_at', num(now))
       enter(q, id, key, 'dead', now)
       free_unique(key, id)

@@ -21,7 +21,7 @@ for _, r in ipairs(mine) do
   local f = redis.call('HMGET', key, 'run_at', 'priority', 'fair_tag', 'concurrency_key', 'rate_key')
   leave(q, id, 'running', nil, f[4])
   redis.call('HINCRBY', key, 'attempt', -1)
-  redis.call('HDEL', key, 'lease_token', 'lease_expires_at', 'worker_id')
+  redis.call('HDEL', key, 'lease_token', 'lease_expires_at', 'worker_id', 'held')
   enter_available(q, id, key, tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or 0), f[4], f[5])
   woken[q.name] = (woken[q.name] or 0) + 1
   out[#out + 1] = id

@@ -142,24 +142,31 @@ RETURNING j.queue;
 -- one row of NULLs with head_limited true, and the caller takes the limited path
 -- (claim_candidates ... claim_ids). Otherwise rows come back unordered, head_limited false (a
 -- queue with nothing to claim gives one row of NULLs): the caller sorts them into claim order.
+-- Lease tokens are the caller's claim id and the job's id (see Backend.claim); the jobs after
+-- the first %(start)s in claim order are held (a worker's prefetch), not started. (A window
+-- function cannot share a SELECT with FOR UPDATE: the rank is a CTE of its own.)
 WITH picked AS MATERIALIZED (
-    SELECT id, concurrency_key IS NOT NULL OR rate_key IS NOT NULL AS limited FROM conveyor_jobs
+    SELECT id, priority, fair_tag, run_at, concurrency_key IS NOT NULL OR rate_key IS NOT NULL AS limited
+    FROM conveyor_jobs
     WHERE state = 'available' AND queue = %(queue)s
     ORDER BY priority, fair_tag, run_at, id
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
 ), head AS MATERIALIZED (
     SELECT coalesce(bool_or(limited), false) AS limited FROM picked
+), ranked AS MATERIALIZED (
+    SELECT id, row_number() OVER (ORDER BY priority, fair_tag, run_at, id) AS n FROM picked
 ), claimed AS (
     UPDATE conveyor_jobs AS j
     SET state = 'running',
         attempt = j.attempt + 1,
         attempted_at = :NOW,
         worker_id = %(worker_id)s,
-        lease_token = replace(gen_random_uuid()::text, '-', ''),
-        lease_expires_at = :NOW + make_interval(secs => %(lease_s)s::float8)
-    FROM picked
-    WHERE j.id = picked.id AND NOT (SELECT h.limited FROM head AS h)
+        lease_token = %(claim_id)s || j.id::text,
+        lease_expires_at = :NOW + make_interval(secs => %(lease_s)s::float8),
+        held = ranked.n > %(start)s
+    FROM ranked
+    WHERE j.id = ranked.id AND NOT (SELECT h.limited FROM head AS h)
     RETURNING :JOB(j)
 ), tops AS MATERIALIZED (
     SELECT priority, max(fair_tag) AS tag FROM claimed GROUP BY priority
@@ -243,8 +250,9 @@ WITH picked AS MATERIALIZED (
         attempt = j.attempt + 1,
         attempted_at = :STMT_NOW,
         worker_id = %(worker_id)s,
-        lease_token = replace(gen_random_uuid()::text, '-', ''),
-        lease_expires_at = :STMT_NOW + make_interval(secs => %(lease_s)s::float8)
+        lease_token = %(claim_id)s || j.id::text,
+        lease_expires_at = :STMT_NOW + make_interval(secs => %(lease_s)s::float8),
+        held = j.id = ANY(%(held_ids)s::bigint[])
     FROM picked
     WHERE j.id = picked.id
     RETURNING :JOB(j)
@@ -288,7 +296,8 @@ WITH mine AS MATERIALIZED (
     FOR NO KEY UPDATE SKIP LOCKED
 ), renewed AS (
     UPDATE conveyor_jobs AS j
-    SET lease_expires_at = :NOW + make_interval(secs => %(lease_s)s::float8)
+    SET lease_expires_at = :NOW + make_interval(secs => %(lease_s)s::float8),
+        held = j.held AND j.id = ANY(%(held)s::bigint[])
     FROM locked, mine
     WHERE j.id = locked.id AND j.id = mine.id AND j.lease_token = mine.token AND j.state = 'running'
       AND j.lease_expires_at >= :NOW
@@ -363,25 +372,51 @@ FROM locked, unnest(%(ids)s::bigint[], %(tokens)s::text[]) AS l(id, token)
 WHERE j.id = locked.id AND j.id = l.id AND j.lease_token = l.token AND j.state = 'running'
 RETURNING j.id, j.queue;
 
--- name: reap
-WITH expired AS MATERIALIZED (
+-- name: release_claim
+-- A claim whose reply was lost: its jobs back unrun, found by the claim id their tokens begin
+-- with (a rare path: it reads the queue's running jobs). Rows locked in id order, as in release.
+WITH locked AS MATERIALIZED (
     SELECT id FROM conveyor_jobs
+    WHERE state = 'running' AND queue = %(queue)s AND left(lease_token, 24) = %(claim_id)s
+    ORDER BY id
+    FOR NO KEY UPDATE
+)
+UPDATE conveyor_jobs AS j
+SET state = 'available', attempt = j.attempt - 1,
+    lease_token = NULL, lease_expires_at = NULL, worker_id = NULL
+FROM locked
+WHERE j.id = locked.id AND j.state = 'running' AND left(j.lease_token, 24) = %(claim_id)s
+RETURNING j.id, j.queue;
+
+-- name: reap
+-- A job claimed held that never started (see backends/base.py) goes back uncounted, as a
+-- stall, while it has stalled fewer than max_stalls times; past that its expiry counts.
+WITH expired AS MATERIALIZED (
+    SELECT id, held AND stalls < %(max_stalls)s AS free FROM conveyor_jobs
     WHERE state = 'running' AND lease_expires_at < :NOW
     ORDER BY lease_expires_at LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
 )
 UPDATE conveyor_jobs AS j
-SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
-    finished_at = CASE WHEN j.attempt >= j.max_attempts THEN :NOW END,
+SET state = CASE WHEN e.free THEN 'available' WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
+    finished_at = CASE WHEN NOT e.free AND j.attempt >= j.max_attempts THEN :NOW END,
+    attempt = CASE WHEN e.free THEN j.attempt - 1 ELSE j.attempt END,
+    stalls = CASE WHEN e.free THEN j.stalls + 1 ELSE j.stalls END,
     errors = (CASE WHEN jsonb_array_length(j.errors) >= %(keep_errors)s THEN j.errors - 0 ELSE j.errors END)
              || jsonb_build_array(jsonb_build_object(
-                    'attempt', j.attempt, 'at', extract(epoch FROM :NOW)::float8, 'kind', 'lease_expired',
-                    'type', 'LeaseExpired',
-                    'message', 'lease expired: worker ' || coalesce(j.worker_id, '?')
-                               || ' stopped heartbeating (crashed, killed or stalled)',
+                    'attempt', j.attempt, 'at', extract(epoch FROM :NOW)::float8, 'kind', 'lease_expired', 'type', 'LeaseExpired',
+                    'message', CASE
+                        WHEN NOT j.held THEN 'lease expired mid-job: worker ' || coalesce(j.worker_id, '?')
+                             || ' stopped heartbeating (crashed, killed or stalled)'
+                        WHEN e.free THEN 'lease expired before the job started (as far as the store'
+                             || ' knows): worker ' || coalesce(j.worker_id, '?') || ' held it (prefetched, or the'
+                             || ' reply to its claim was lost) and stopped heartbeating; attempt not counted'
+                        ELSE 'lease expired before the job started, ' || (j.stalls + 1)
+                             || ' times: counted as an attempt; worker ' || coalesce(j.worker_id, '?')
+                             || ' stopped heartbeating' END,
                     'traceback', '', 'worker_id', j.worker_id)),
-    lease_token = NULL, lease_expires_at = NULL
-FROM expired WHERE j.id = expired.id
+    lease_token = NULL, lease_expires_at = NULL, held = false
+FROM expired AS e WHERE j.id = e.id
 RETURNING j.id, j.queue, j.state, j.concurrency_key;
 
 -- name: count_up

@@ -94,8 +94,9 @@ SET state = 'running',
     attempt = attempt + 1,
     attempted_at = :now,
     worker_id = :worker_id,
-    lease_token = lower(hex(randomblob(16))),
-    lease_expires_at = :now + :lease_s
+    lease_token = :claim_id || id,
+    lease_expires_at = :now + :lease_s,
+    held = 0
 WHERE id IN (SELECT id FROM conveyor_jobs
              WHERE state = 'available' AND queue = :queue
              ORDER BY priority, fair_tag, run_at, id
@@ -116,10 +117,23 @@ SET state = 'running',
     attempt = attempt + 1,
     attempted_at = :now,
     worker_id = :worker_id,
-    lease_token = lower(hex(randomblob(16))),
-    lease_expires_at = :now + :lease_s
+    lease_token = :claim_id || id,
+    lease_expires_at = :now + :lease_s,
+    held = 0
 WHERE id IN (SELECT value FROM json_each(:ids)) AND state = 'available'
 RETURNING *;
+
+-- name: hold
+-- The jobs of a claim beyond its ``start``: they wait in the worker's prefetch, not started.
+UPDATE conveyor_jobs SET held = 1 WHERE id IN (SELECT value FROM json_each(:ids));
+
+-- name: release_claim
+-- A claim whose reply was lost: its jobs back unrun, found by the claim id their tokens begin with.
+UPDATE conveyor_jobs
+SET state = 'available', attempt = attempt - 1,
+    lease_token = NULL, lease_expires_at = NULL, worker_id = NULL
+WHERE state = 'running' AND queue = :queue AND substr(lease_token, 1, 24) = :claim_id
+RETURNING id;
 
 -- name: running_with_key
 SELECT count(*) FROM conveyor_jobs WHERE state = 'running' AND concurrency_key = :key;
@@ -135,7 +149,8 @@ DELETE FROM conveyor_rate_claims
 WHERE rowid IN (SELECT rowid FROM conveyor_rate_claims WHERE expires_at < :now LIMIT :limit);
 
 -- name: heartbeat
-UPDATE conveyor_jobs SET lease_expires_at = :now + :lease_s
+-- A job the worker no longer holds (:held false) has started: its expiry counts from now on.
+UPDATE conveyor_jobs SET lease_expires_at = :now + :lease_s, held = held AND :held
 WHERE id = :id AND lease_token = :token AND state = 'running' AND lease_expires_at >= :now;
 
 -- name: ack
@@ -173,18 +188,30 @@ SET state = 'available', attempt = attempt - 1,
 WHERE id = :id AND lease_token = :token AND state = 'running';
 
 -- name: reap
+-- A job claimed held that never started (see backends/base.py) goes back uncounted, as a
+-- stall, while it has stalled fewer than :max_stalls times; past that its expiry counts.
 UPDATE conveyor_jobs
-SET state = CASE WHEN attempt >= max_attempts THEN 'dead' ELSE 'available' END,
-    finished_at = CASE WHEN attempt >= max_attempts THEN :now END,
+SET state = CASE WHEN held AND stalls < :max_stalls THEN 'available'
+                 WHEN attempt >= max_attempts THEN 'dead' ELSE 'available' END,
+    finished_at = CASE WHEN NOT (held AND stalls < :max_stalls) AND attempt >= max_attempts THEN :now END,
+    attempt = CASE WHEN held AND stalls < :max_stalls THEN attempt - 1 ELSE attempt END,
+    stalls = CASE WHEN held AND stalls < :max_stalls THEN stalls + 1 ELSE stalls END,
     errors = json_insert(CASE WHEN json_array_length(errors) >= :keep_errors
                               THEN json_remove(errors, '$[0]') ELSE errors END,
                          '$[#]', json_object(
-                             'attempt', attempt, 'at', :now, 'kind', 'lease_expired',
-                             'type', 'LeaseExpired',
-                             'message', 'lease expired: worker ' || coalesce(worker_id, '?')
-                                        || ' stopped heartbeating (crashed, killed or stalled)',
+                             'attempt', attempt, 'at', :now, 'kind', 'lease_expired', 'type', 'LeaseExpired',
+                             'message', CASE
+                                 WHEN NOT held THEN 'lease expired mid-job: worker ' || coalesce(worker_id, '?')
+                                      || ' stopped heartbeating (crashed, killed or stalled)'
+                                 WHEN stalls < :max_stalls THEN 'lease expired before the job started (as far as'
+                                      || ' the store knows): worker ' || coalesce(worker_id, '?') || ' held it'
+                                      || ' (prefetched, or the reply to its claim was lost) and stopped heartbeating;'
+                                      || ' attempt not counted'
+                                 ELSE 'lease expired before the job started, ' || (stalls + 1)
+                                      || ' times: counted as an attempt; worker ' || coalesce(worker_id, '?')
+                                      || ' stopped heartbeating' END,
                              'traceback', '', 'worker_id', worker_id)),
-    lease_token = NULL, lease_expires_at = NULL
+    lease_token = NULL, lease_expires_at = NULL, held = 0
 WHERE id IN (SELECT id FROM conveyor_jobs
              WHERE state = 'running' AND lease_expires_at < :now
              ORDER BY lease_expires_at LIMIT :limit)
