@@ -35,6 +35,7 @@ from .job import Job, JobState
 from .metrics import Metrics
 from .payload import check_queue_name
 from .redact import mask_text
+from .retention import Pruner, retention_rules
 from .threads import TaskThreads
 
 log = logging.getLogger("conveyor.worker")
@@ -1048,7 +1049,8 @@ class Worker:
                 await self._call(self._maint, self.backend.promote, limit=1000)
                 if time.monotonic() >= next_prune:
                     next_prune = time.monotonic() + self.prune_interval
-                    await self._prune()
+                    if await self._prune():
+                        next_prune = 0.0  # a backlog: go on at the next round
             except Exception:
                 log.exception("maintenance failed")
 
@@ -1065,16 +1067,14 @@ class Worker:
             # A check every ~0.5 s keeps minute ticks on time and per-second (6-field) ones close.
             await asyncio.sleep(self._rng.uniform(0.25, 0.75))
 
-    async def _prune(self) -> None:
-        """Retention: succeeded and cancelled jobs after ``result_ttl``, dead ones after
-        ``dead_ttl`` (kept until purged when None), in bounded batches."""
-        app = self.app
-        if app.result_ttl > 0:
-            await self._call(self._maint, self.backend.prune, older_than=app.result_ttl,
-                             states=(JobState.SUCCEEDED, JobState.CANCELLED), limit=1000)
-        if app.dead_ttl is not None:
-            await self._call(self._maint, self.backend.prune, older_than=app.dead_ttl,
-                             states=(JobState.DEAD,), limit=1000)
+    async def _prune(self) -> bool:
+        """Retention (see retention.py): one pass, if no other worker's is running. True when
+        it stopped with more to delete."""
+        pruner = Pruner(self.backend, retention_rules(self.app))
+        outcome = await pruner.run(call=functools.partial(self._call, self._maint))
+        if outcome.deleted:
+            log.debug("pruned %d finished job(s)", outcome.deleted)
+        return outcome.more
 
     async def _drain(self) -> None:
         """After stop: wait for running jobs up to the grace period, then release the rest."""

@@ -71,8 +71,10 @@ from .base import (
     Page,
     ReapResult,
     Stats,
+    StoreLock,
     WorkerInfo,
     check_filters,
+    check_lock_name,
     depth_limits,
     queue_stats_from_rows,
     refuse_overflow,
@@ -93,6 +95,7 @@ DEPTH_LOCK = "SELECT pg_advisory_xact_lock(hashtext('conveyor_depth:' || current
 # A plain job's enqueue (see _plain): the insert, and its wake-up delivered at the same commit.
 ENQUEUE_ONE = ("WITH ins AS (" + Q["insert"].strip().rstrip(";") + ")\n"
                "SELECT ins.id, ins.at, pg_notify(%(channel)s, %(queue)s) FROM ins").encode()
+TRY_LOCK = "SELECT pg_try_advisory_lock(hashtextextended(%s || current_schema(), 0)) AS held"
 UNIQUE_RACE_TRIES = 3  # a unique key that changes hands between insert and lookup is tried again
 
 # Every network call has a bound: connecting, each statement, a dead peer (tcp_user_timeout).
@@ -372,6 +375,8 @@ class PostgresBackend(Backend):
             raise StoreError(f"PostgreSQL: cannot connect: {exc}") from None
         self._listener: psycopg.Connection[dict[str, Any]] | None = None
         self._listen_lock = threading.Lock()
+        self._locks: set[_SessionLock] = set()  # store-wide locks this backend holds (try_lock)
+        self._locks_mutex = threading.Lock()
         # Pool name -> until when a dead connection it took back may still be being replaced.
         self._replacing: dict[str, float] = {}
         # Queues whose last claim met limited jobs at its head: their claims go straight to the
@@ -483,6 +488,10 @@ class PostgresBackend(Backend):
             if self._listener is not None:
                 self._listener.close()
                 self._listener = None
+        with self._locks_mutex:
+            locks, self._locks = self._locks, set()
+        for held in locks:
+            held.release()
         self._pool.close()
         self._control.close()
 
@@ -929,6 +938,30 @@ class PostgresBackend(Backend):
 
     def wake(self) -> None:
         self._wake_generation += 1
+
+    def try_lock(self, name: str, *, ttl: float) -> StoreLock | None:
+        """A session advisory lock (``pg_try_advisory_lock``, keyed by the name and the schema)
+        on a connection of its own, held until released: the server drops it when that
+        connection ends, so a holder that dies frees it at once and ``ttl`` is not needed."""
+        key = f"conveyor_lock:{check_lock_name(name)}:"
+        try:
+            conn = psycopg.connect(self._conninfo, autocommit=True, row_factory=dict_row)  # connect_timeout
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+        try:
+            with _Guard(conn, time.monotonic() + _call_budget(), close=True):
+                _configure(conn)
+                row = conn.execute(TRY_LOCK, [key]).fetchone()
+        except psycopg.Error as exc:
+            conn.close()
+            raise _translate(exc) from exc
+        if row is None or not row["held"]:
+            conn.close()
+            return None
+        held = _SessionLock(conn, self)
+        with self._locks_mutex:
+            self._locks.add(held)
+        return held
 
     # -- workers ----------------------------------------------------------------------
     def record_worker(self, info: WorkerInfo, *, now: float | None = None) -> None:
@@ -1400,3 +1433,38 @@ def _translate(exc: psycopg.Error) -> StoreError:
     if isinstance(exc, pgerrors.DiskFull):
         return StorageFull(f"PostgreSQL: out of disk space; nothing was written: {exc}")
     return StoreError(f"PostgreSQL: {type(exc).__name__}: {str(exc).strip()}")
+
+
+class _SessionLock(StoreLock):
+    """A session advisory lock and the connection that holds it: closing it lets go."""
+
+    def __init__(self, conn: psycopg.Connection[dict[str, Any]], owner: PostgresBackend) -> None:
+        self._conn: psycopg.Connection[dict[str, Any]] | None = conn
+        self._owner = owner
+        self._mutex = threading.Lock()
+
+    def renew(self) -> bool:
+        """Held while its session lives: one round trip says so."""
+        with self._mutex:
+            conn = self._conn
+            if conn is None:
+                return False
+            try:
+                with _bounded(conn, close=True):
+                    conn.execute("SELECT 1")
+                return True
+            except (psycopg.Error, StoreError):
+                self._conn = None
+        self.release()
+        with suppress(psycopg.Error):
+            conn.close()
+        return False
+
+    def release(self) -> None:
+        with self._mutex:
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            with suppress(psycopg.Error):
+                conn.close()  # the session ends, and its advisory lock with it
+        with self._owner._locks_mutex:
+            self._owner._locks.discard(self)

@@ -7,6 +7,7 @@ signal; workers in other processes notice commits through ``PRAGMA data_version`
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import sqlite3
@@ -38,8 +39,10 @@ from .base import (
     Page,
     ReapResult,
     Stats,
+    StoreLock,
     WorkerInfo,
     check_filters,
+    check_lock_name,
     depth_limits,
     queue_stats_from_rows,
     refuse_overflow,
@@ -120,6 +123,7 @@ class SqliteBackend(Backend):
         self._lock = threading.Lock()
         self._closed = False
         self._signal = _signal_for(self.path)
+        self._locks: set[_FileLock] = set()  # store-wide locks this backend holds (try_lock)
         self._migrate()
 
     # -- connections ------------------------------------------------------------------
@@ -236,10 +240,33 @@ class SqliteBackend(Backend):
             self._closed = True
             conns, self._all = self._all, []
             idle = [c for c in conns if c not in self._in_use]
+            locks, self._locks = self._locks, set()
+        for held in locks:
+            held.release()
         for conn in idle:
             with suppress(sqlite3.Error):
                 conn.close()
         self._local = threading.local()
+
+    def try_lock(self, name: str, *, ttl: float) -> StoreLock | None:
+        """An exclusive ``flock`` on a file next to the database, ``<file>-<name>.lock``: every
+        process on the file's machine sees it (as it sees the database's own locks), and the
+        operating system drops it when its holder exits. Not a lock inside the database, whose
+        one writer a lock held across many write transactions would keep from others."""
+        path = f"{self.path}-{check_lock_name(name)}.lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StoreError(f"cannot open the lock file {path}: {exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return None
+        held = _FileLock(fd, self)
+        with self._lock:
+            self._locks.add(held)
+        return held
 
     # -- producer ---------------------------------------------------------------------
     def enqueue_many(self, jobs: Sequence[NewJob], *, now: float | None = None) -> list[EnqueueResult]:
@@ -784,3 +811,23 @@ def _translate(exc: sqlite3.Error, what: str) -> StoreError:
     if "full" in text.lower():
         return StorageFull(f"SQLite: {what}: {text} (free disk space; nothing was written)")
     return StoreError(f"SQLite: {what}: {text}")
+
+
+class _FileLock(StoreLock):
+    """An open file with an exclusive ``flock``: closing the file lets go of it."""
+
+    def __init__(self, fd: int, owner: SqliteBackend) -> None:
+        self._fd: int | None = fd
+        self._owner = owner
+        self._mutex = threading.Lock()
+
+    def renew(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        with self._mutex:
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+        with self._owner._lock:
+            self._owner._locks.discard(self)

@@ -1,0 +1,116 @@
+"""Retention: deleting finished jobs once their time to be kept has passed.
+
+A worker runs a prune pass from its maintenance loop. A pass deletes bounded batches
+(``Backend.prune(limit=batch)``) until a batch comes back short, pausing between batches for
+about as long as the last one took, so a pass uses at most about half of the store's time
+and producers and workers get their turn (on SQLite, the file's one writer). A pass holds the
+store-wide lock ``PRUNE_LOCK`` (``Backend.try_lock``): one pruner at a time across the fleet,
+the others skip their turn. A pass stops after ``max_batches`` and says there is more, so the
+worker runs the next one at its next maintenance round instead of after ``prune_interval``:
+a backlog is worked off at once, without holding up reaping and promoting in the meantime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .job import JobState
+
+if TYPE_CHECKING:
+    from .app import Conveyor
+    from .backends.base import Backend, StoreLock
+
+log = logging.getLogger("conveyor.retention")
+
+T = TypeVar("T")
+# Runs a blocking store call off the event loop (the worker's maintenance thread).
+Call = Callable[[Callable[[], Any]], Awaitable[Any]]
+
+PRUNE_LOCK = "prune"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Jobs in ``states`` are deleted ``older_than`` seconds after they finished."""
+
+    states: tuple[JobState, ...]
+    older_than: float
+
+
+def retention_rules(app: Conveyor) -> list[Rule]:
+    """The app's settings: succeeded and cancelled jobs after ``result_ttl`` (0: kept), dead
+    ones after ``dead_ttl`` (None: kept until purged)."""
+    rules = []
+    if app.result_ttl > 0:
+        rules.append(Rule((JobState.SUCCEEDED, JobState.CANCELLED), app.result_ttl))
+    if app.dead_ttl is not None:
+        rules.append(Rule((JobState.DEAD,), app.dead_ttl))
+    return rules
+
+
+@dataclass(frozen=True)
+class PruneOutcome:
+    deleted: int = 0
+    more: bool = False  # stopped with a full last batch: run again soon
+    skipped: bool = False  # another pruner holds the lock
+
+
+async def _in_thread(fn: Callable[[], T]) -> T:
+    return await asyncio.to_thread(fn)
+
+
+class Pruner:
+    def __init__(
+        self, backend: Backend, rules: Sequence[Rule], *, batch: int = 1000, max_batches: int = 20,
+        pause: float = 0.01, max_pause: float = 1.0, lock_ttl: float = 60.0,
+    ) -> None:
+        self.backend = backend
+        self.rules = list(rules)
+        self.batch = batch
+        self.max_batches = max_batches
+        self.pause = pause  # the least pause between batches; the last batch's duration if longer
+        self.max_pause = max_pause
+        self.lock_ttl = lock_ttl  # a holder that died without releasing holds it this long at most
+
+    async def run(self, *, now: float | None = None, call: Call = _in_thread) -> PruneOutcome:
+        """One pass: ``now`` is for tests (None: the store's clock); ``call`` runs each store
+        call off the event loop."""
+        if not self.rules:
+            return PruneOutcome()
+        lock: StoreLock | None = await call(functools.partial(self.backend.try_lock, PRUNE_LOCK, ttl=self.lock_ttl))
+        if lock is None:
+            return PruneOutcome(skipped=True)
+        try:
+            return await self._batches(lock, now, call)
+        finally:
+            try:
+                await call(lock.release)
+            except Exception:
+                # It frees itself (connection, process or ttl); the next pass may skip till then.
+                log.warning("could not release the prune lock", exc_info=True)
+
+    async def _batches(self, lock: StoreLock, now: float | None, call: Call) -> PruneOutcome:
+        deleted = batches = 0
+        for rule in self.rules:
+            while True:
+                if batches == self.max_batches:
+                    return PruneOutcome(deleted, more=True)
+                started = time.monotonic()
+                n: int = await call(functools.partial(
+                    self.backend.prune, older_than=rule.older_than, states=rule.states, limit=self.batch, now=now))
+                deleted += n
+                batches += 1
+                if n < self.batch:
+                    break
+                took = time.monotonic() - started
+                await asyncio.sleep(min(max(self.pause, took), self.max_pause))
+                if not await call(lock.renew):
+                    # Another pruner may have it now: leave the rest to it.
+                    return PruneOutcome(deleted, more=False)
+        return PruneOutcome(deleted)
