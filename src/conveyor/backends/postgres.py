@@ -95,6 +95,7 @@ DEPTH_LOCK = "SELECT pg_advisory_xact_lock(hashtext('conveyor_depth:' || current
 # A plain job's enqueue (see _plain): the insert, and its wake-up delivered at the same commit.
 ENQUEUE_ONE = ("WITH ins AS (" + Q["insert"].strip().rstrip(";") + ")\n"
                "SELECT ins.id, ins.at, pg_notify(%(channel)s, %(queue)s) FROM ins").encode()
+DRAIN_AT_ONCE = 10_000  # notifications an idle wait reads before it looks (a bound under a flood)
 TRY_LOCK = "SELECT pg_try_advisory_lock(hashtextextended(%s || current_schema(), 0)) AS held"
 UNIQUE_RACE_TRIES = 3  # a unique key that changes hands between insert and lookup is tried again
 
@@ -889,28 +890,17 @@ class PostgresBackend(Backend):
             try:
                 conn = self._listen_connection(until)
                 with _Guard(conn, until, close=True):
-                    look = True
-                    while self._wake_generation == generation:
-                        if look:
-                            row = conn.execute(Q["ready"], {"queues": list(queues)}).fetchone()
-                            assert row is not None
-                            if row["ready"]:
-                                return True
-                            if row["next_due_in"] is not None:
-                                deadline = min(deadline, time.monotonic() + max(0.0, row["next_due_in"]))
-                        remaining = deadline - time.monotonic()
-                        if remaining <= 0:
-                            return False
-                        # Short slices so wake() (shutdown) is noticed without a round trip. A
-                        # notification only means "look again": it can be stale (its job claimed
-                        # already, or seen by the last look), and reporting work that is not
-                        # there would make the worker read its empty claim as limits holding
-                        # jobs back, and back off.
-                        look = any(note.payload in wanted
-                                   for note in conn.notifies(timeout=min(remaining, 0.1), stop_after=1))
-                        if look and not verify:
-                            return True
-                    return True
+                    # Listening only while waiting: the server keeps each notification until
+                    # every listening session has read it, and a busy worker reads nothing, so
+                    # one that stayed listening would hold them all (the queue has a fixed
+                    # size, and when it is full every notifying transaction fails). LISTEN
+                    # comes before the first look, so a job enqueued in between is seen by one
+                    # or the other.
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    try:
+                        return self._wait_listening(conn, queues, wanted, deadline, generation, verify)
+                    finally:
+                        self._unlisten(conn)
             except StoreUnavailable:
                 self._drop_listener()
                 raise
@@ -918,13 +908,51 @@ class PostgresBackend(Backend):
                 self._drop_listener()
                 raise _translate(exc) from exc
 
+    def _unlisten(self, conn: psycopg.Connection[dict[str, Any]]) -> None:
+        if conn.closed or conn.broken:
+            self._drop_listener()
+            return
+        try:
+            conn.execute(f"UNLISTEN {CHANNEL}")
+            # What came before the UNLISTEN: read it now, or it would wait in the connection's
+            # backlog for the next wait.
+            for _ in conn.notifies(timeout=0):
+                pass
+        except psycopg.Error:
+            self._drop_listener()  # a closed session listens to nothing either
+
+    def _wait_listening(self, conn: psycopg.Connection[dict[str, Any]], queues: Sequence[str],
+                        wanted: set[str], deadline: float, generation: int, verify: bool) -> bool:
+        look = True
+        while self._wake_generation == generation:
+            if look:
+                row = conn.execute(Q["ready"], {"queues": list(queues)}).fetchone()
+                assert row is not None
+                if row["ready"]:
+                    return True
+                if row["next_due_in"] is not None:
+                    deadline = min(deadline, time.monotonic() + max(0.0, row["next_due_in"]))
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            # Short slices so wake() (shutdown) is noticed without a round trip. A notification
+            # only means "look again": it can be stale (its job claimed already, or seen by the
+            # last look), and reporting work that is not there would make the worker read its
+            # empty claim as limits holding jobs back, and back off. Everything that has come
+            # in is read at once, so a burst of enqueues costs one look, not one each.
+            notes = [*conn.notifies(timeout=min(remaining, 0.1), stop_after=1),
+                     *conn.notifies(timeout=0, stop_after=DRAIN_AT_ONCE)]
+            look = any(note.payload in wanted for note in notes)
+            if look and not verify:
+                return True
+        return True
+
     def _listen_connection(self, until: float) -> psycopg.Connection[dict[str, Any]]:
         if self._listener is None or self._listener.closed:
             conn = psycopg.connect(self._conninfo, autocommit=True, row_factory=dict_row)  # connect_timeout
             self._listener = conn
             with _Guard(conn, until, close=True):
                 _configure(conn)
-                conn.execute(f"LISTEN {CHANNEL}")
         return self._listener
 
     def _drop_listener(self) -> None:
