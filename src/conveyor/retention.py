@@ -5,9 +5,11 @@ A worker runs a prune pass from its maintenance loop. A pass deletes bounded bat
 about as long as the last one took, so a pass uses at most about half of the store's time
 and producers and workers get their turn (on SQLite, the file's one writer). A pass holds the
 store-wide lock ``PRUNE_LOCK`` (``Backend.try_lock``): one pruner at a time across the fleet,
-the others skip their turn. A pass stops after ``max_batches`` and says there is more, so the
-worker runs the next one at its next maintenance round instead of after ``prune_interval``:
-a backlog is worked off at once, without holding up reaping and promoting in the meantime.
+the others skip their turn. A pass stops after ``max_batches``. A pass that found a full
+batch says so (``more``): jobs finish faster than one batch per ``prune_interval``, so the
+worker runs the next pass at its next maintenance round instead of after ``prune_interval``.
+Under sustained load the finished rows then stay near what ``result_ttl`` keeps plus a
+round's worth, and a backlog is worked off at once without holding up reaping and promoting.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def retention_rules(app: Conveyor) -> list[Rule]:
 @dataclass(frozen=True)
 class PruneOutcome:
     deleted: int = 0
-    more: bool = False  # stopped with a full last batch: run again soon
+    more: bool = False  # a batch came back full: run again soon
     skipped: bool = False  # another pruner holds the lock
 
 
@@ -97,10 +99,9 @@ class Pruner:
 
     async def _batches(self, lock: StoreLock, now: float | None, call: Call) -> PruneOutcome:
         deleted = batches = 0
+        found_full = False
         for rule in self.rules:
-            while True:
-                if batches == self.max_batches:
-                    return PruneOutcome(deleted, more=True)
+            while batches < self.max_batches:
                 started = time.monotonic()
                 n: int = await call(functools.partial(
                     self.backend.prune, older_than=rule.older_than, states=rule.states, limit=self.batch, now=now))
@@ -108,9 +109,10 @@ class Pruner:
                 batches += 1
                 if n < self.batch:
                     break
+                found_full = True
                 took = time.monotonic() - started
                 await asyncio.sleep(min(max(self.pause, took), self.max_pause))
                 if not await call(lock.renew):
                     # Another pruner may have it now: leave the rest to it.
-                    return PruneOutcome(deleted, more=False)
-        return PruneOutcome(deleted)
+                    return PruneOutcome(deleted)
+        return PruneOutcome(deleted, more=found_full)

@@ -1050,7 +1050,7 @@ class Worker:
                 if time.monotonic() >= next_prune:
                     next_prune = time.monotonic() + self.prune_interval
                     if await self._prune():
-                        next_prune = 0.0  # a backlog: go on at the next round
+                        next_prune = 0.0  # jobs finish faster than a batch per interval
             except Exception:
                 log.exception("maintenance failed")
 
