@@ -1069,7 +1069,7 @@ class Worker:
 
     async def _prune(self) -> bool:
         """Retention (see retention.py): one pass, if no other worker's is running. True when
-        it stopped with more to delete."""
+        it found a full batch: run the next one soon."""
         pruner = Pruner(self.backend, retention_rules(self.app))
         outcome = await pruner.run(call=functools.partial(self._call, self._maint))
         if outcome.deleted:
