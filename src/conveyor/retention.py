@@ -5,11 +5,12 @@ A worker runs a prune pass from its maintenance loop. A pass deletes bounded bat
 about as long as the last one took, so a pass uses at most about half of the store's time
 and producers and workers get their turn (on SQLite, the file's one writer). A pass holds the
 store-wide lock ``PRUNE_LOCK`` (``Backend.try_lock``): one pruner at a time across the fleet,
-the others skip their turn. A pass stops after ``max_batches``. A pass that found a full
-batch says so (``more``): jobs finish faster than one batch per ``prune_interval``, so the
-worker runs the next pass at its next maintenance round instead of after ``prune_interval``.
-Under sustained load the finished rows then stay near what ``result_ttl`` keeps plus a
-round's worth, and a backlog is worked off at once without holding up reaping and promoting.
+the others skip their turn. A pass stops after ``max_batches`` (it lets go of the lock, and
+says there is more). The worker runs passes beside its reaping and promoting, so a long one
+holds neither up, and times the next pass by what this one found (:func:`next_pass_in`): about
+when another batch will have come due at the rate jobs finished since the last pass, between
+its maintenance interval and ``prune_interval``. Under sustained load the finished rows then
+stay near what ``result_ttl`` keeps plus about a batch.
 """
 
 from __future__ import annotations
@@ -59,8 +60,28 @@ def retention_rules(app: Conveyor) -> list[Rule]:
 @dataclass(frozen=True)
 class PruneOutcome:
     deleted: int = 0
-    more: bool = False  # a batch came back full: run again soon
+    more: bool = False  # stopped after max_batches, the last one full: run again at once
     skipped: bool = False  # another pruner holds the lock
+
+
+def next_pass_in(outcome: PruneOutcome, since_last: float, *, batch: int, shortest: float, longest: float) -> float:
+    """Seconds until the next pass: at once if this one stopped with more; else about when a
+    batch will have come due again at the rate this pass found (``since_last`` is the time
+    since the previous pass started), within [shortest, longest]."""
+    if outcome.more:
+        return 0.0
+    if outcome.skipped or outcome.deleted <= 0:
+        return longest
+    return min(longest, max(shortest, since_last * batch / outcome.deleted))
+
+
+def _release_taken(taking: asyncio.Future[Any]) -> None:
+    if taking.cancelled() or taking.exception() is not None or taking.result() is None:
+        return
+    try:
+        taking.result().release()
+    except Exception:
+        log.warning("could not release the prune lock", exc_info=True)
 
 
 async def _in_thread(fn: Callable[[], T]) -> T:
@@ -69,7 +90,7 @@ async def _in_thread(fn: Callable[[], T]) -> T:
 
 class Pruner:
     def __init__(
-        self, backend: Backend, rules: Sequence[Rule], *, batch: int = 1000, max_batches: int = 20,
+        self, backend: Backend, rules: Sequence[Rule], *, batch: int = 1000, max_batches: int = 100,
         pause: float = 0.01, max_pause: float = 1.0, lock_ttl: float = 60.0,
     ) -> None:
         self.backend = backend
@@ -85,7 +106,13 @@ class Pruner:
         call off the event loop."""
         if not self.rules:
             return PruneOutcome()
-        lock: StoreLock | None = await call(functools.partial(self.backend.try_lock, PRUNE_LOCK, ttl=self.lock_ttl))
+        taking = asyncio.ensure_future(call(functools.partial(self.backend.try_lock, PRUNE_LOCK, ttl=self.lock_ttl)))
+        try:
+            lock: StoreLock | None = await asyncio.shield(taking)
+        except asyncio.CancelledError:
+            # Stopped while the store was answering: a lock taken after all must not outlive us.
+            taking.add_done_callback(_release_taken)
+            raise
         if lock is None:
             return PruneOutcome(skipped=True)
         try:
@@ -98,21 +125,20 @@ class Pruner:
                 log.warning("could not release the prune lock", exc_info=True)
 
     async def _batches(self, lock: StoreLock, now: float | None, call: Call) -> PruneOutcome:
-        deleted = batches = 0
-        found_full = False
+        deleted = 0
         for rule in self.rules:
-            while batches < self.max_batches:
+            while True:
                 started = time.monotonic()
                 n: int = await call(functools.partial(
                     self.backend.prune, older_than=rule.older_than, states=rule.states, limit=self.batch, now=now))
                 deleted += n
-                batches += 1
                 if n < self.batch:
                     break
-                found_full = True
                 took = time.monotonic() - started
                 await asyncio.sleep(min(max(self.pause, took), self.max_pause))
+                if deleted >= self.batch * self.max_batches:
+                    return PruneOutcome(deleted, more=True)
                 if not await call(lock.renew):
                     # Another pruner may have it now: leave the rest to it.
                     return PruneOutcome(deleted)
-        return PruneOutcome(deleted, more=found_full)
+        return PruneOutcome(deleted)

@@ -35,7 +35,7 @@ from .job import Job, JobState
 from .metrics import Metrics
 from .payload import check_queue_name
 from .redact import mask_text
-from .retention import Pruner, retention_rules
+from .retention import PruneOutcome, Pruner, next_pass_in, retention_rules
 from .threads import TaskThreads
 
 log = logging.getLogger("conveyor.worker")
@@ -291,6 +291,7 @@ class Worker:
             loop.create_task(self._ack_loop(), name="conveyor-acks"),
             loop.create_task(self._heartbeat_loop(), name="conveyor-heartbeat"),
             loop.create_task(self._maintenance_loop(), name="conveyor-maintenance"),
+            loop.create_task(self._prune_loop(), name="conveyor-prune"),
         ]
         if self.scheduler and self.app.schedules:
             helpers.append(loop.create_task(self._scheduler_loop(), name="conveyor-scheduler"))
@@ -1034,7 +1035,6 @@ class Worker:
         return "cancelled" if current is not None and current.state is JobState.CANCELLED else "lease_lost"
 
     async def _maintenance_loop(self) -> None:
-        next_prune = time.monotonic() + self._rng.uniform(0, self.prune_interval)
         while True:
             await asyncio.sleep(self.maintenance_interval * self._rng.uniform(0.5, 1.5))
             try:
@@ -1047,12 +1047,31 @@ class Worker:
                     log.warning("reaped %d expired lease(s): %d back to available, %d dead",
                                 reaped.count, len(reaped.requeued), len(reaped.dead))
                 await self._call(self._maint, self.backend.promote, limit=1000)
-                if time.monotonic() >= next_prune:
-                    next_prune = time.monotonic() + self.prune_interval
-                    if await self._prune():
-                        next_prune = 0.0  # jobs finish faster than a batch per interval
             except Exception:
                 log.exception("maintenance failed")
+
+    async def _prune_loop(self) -> None:
+        """Retention (see retention.py), beside reaping and promoting so that a long pass
+        never holds them up. Passes come every ``prune_interval`` at most, sooner when jobs
+        finish faster than a batch per interval."""
+        pruner = Pruner(self.backend, retention_rules(self.app))
+        call = functools.partial(self._call, self._maint)
+        # At a random point of the first interval: workers started together spread out.
+        await asyncio.sleep(self.prune_interval * self._rng.uniform(0, 1))
+        last = time.monotonic()
+        while True:
+            started = time.monotonic()
+            try:
+                outcome = await pruner.run(call=call)
+            except Exception:
+                log.exception("pruning failed")
+                outcome = PruneOutcome()
+            if outcome.deleted:
+                log.debug("pruned %d finished job(s)", outcome.deleted)
+            delay = next_pass_in(outcome, started - last, batch=pruner.batch,
+                                 shortest=self.maintenance_interval, longest=self.prune_interval)
+            last = started
+            await asyncio.sleep(delay)
 
     async def _scheduler_loop(self) -> None:
         from .cron import Scheduler
@@ -1066,15 +1085,6 @@ class Worker:
                 log.exception("cron scheduler failed; trying again")
             # A check every ~0.5 s keeps minute ticks on time and per-second (6-field) ones close.
             await asyncio.sleep(self._rng.uniform(0.25, 0.75))
-
-    async def _prune(self) -> bool:
-        """Retention (see retention.py): one pass, if no other worker's is running. True when
-        it found a full batch: run the next one soon."""
-        pruner = Pruner(self.backend, retention_rules(self.app))
-        outcome = await pruner.run(call=functools.partial(self._call, self._maint))
-        if outcome.deleted:
-            log.debug("pruned %d finished job(s)", outcome.deleted)
-        return outcome.more
 
     async def _drain(self) -> None:
         """After stop: wait for running jobs up to the grace period, then release the rest."""
