@@ -1,19 +1,35 @@
-# Two entry points for a fresh machine: `make demo` and `make test`.
-# Both create .venv on first use and install Conveyor into it (editable, with dev tools).
+# Two entry points for a fresh machine: `make demo` and `make test`. Both create .venv on first
+# use and install Conveyor into it (editable): the demo needs nothing more, the tests and every
+# other target add the dev tools ('.[dev]': pytest, mypy, ruff, playwright, hypothesis, the
+# PostgreSQL and Redis clients).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
+# `make demo DEMO_ARGS='--duration 30'`: options of `conveyor demo`.
+DEMO_ARGS ?=
 
 .PHONY: demo test faults lint typecheck check bench docs docs-serve clean
 
-$(BIN)/conveyor: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
+# The stamps are separate files: pip writes $(BIN)/conveyor on any install, so its date cannot
+# tell a demo-only .venv from one with the dev tools.
+VENV_READY = test -x $(BIN)/python || { $(PYTHON) -m venv $(VENV) && $(BIN)/pip install --quiet --upgrade pip; }
+
+$(VENV)/.installed-demo: pyproject.toml
+	$(VENV_READY)
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml
+	$(VENV_READY)
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 
-demo: $(BIN)/conveyor
-	$(BIN)/conveyor demo
+# What the targets below depend on: Conveyor with the dev tools.
+$(BIN)/conveyor: $(VENV)/.installed-dev
+	touch $@
+
+demo: $(VENV)/.installed-demo
+	$(BIN)/conveyor demo $(DEMO_ARGS)
 
 test: $(BIN)/conveyor
 	$(BIN)/pytest $(PYTEST_ARGS)

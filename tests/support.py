@@ -1,12 +1,16 @@
 """Helpers shared by the tests: polling with a deadline, a worker on a background thread,
-and building backend-level jobs. Importable as ``support`` (tests/ is on sys.path via conftest)."""
+building backend-level jobs, and forked children that report back. Importable as ``support`` (tests/ is on sys.path via conftest)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import select
+import signal
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -124,3 +128,54 @@ def running_worker(app: Conveyor, **kwargs: Any) -> Iterator[WorkerThread]:
     finally:
         wt.stop()
         wt.join()
+
+
+def forked(body: Callable[[], Any]) -> tuple[int, int]:
+    """Fork a child that runs ``body``, writes its JSON result (or its error's traceback) to a
+    pipe and leaves with ``os._exit``: it never returns into pytest. Returns (pid, read end)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(r)
+            try:
+                report: dict[str, Any] = {"result": body()}
+            except BaseException:
+                report = {"error": traceback.format_exc()}
+            os.write(w, json.dumps(report).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    return pid, r
+
+
+def collect(children: list[tuple[int, int]], within: float) -> list[Any]:
+    """Every ``forked`` child's result, in order; a child's error fails the test with its
+    traceback, and children that have not reported within ``within`` seconds are killed."""
+    deadline = time.monotonic() + within
+    chunks: dict[int, list[bytes]] = {r: [] for _, r in children}
+    open_ends = set(chunks)
+    try:
+        while open_ends:
+            ready, _, _ = select.select(list(open_ends), [], [], max(deadline - time.monotonic(), 0.0))
+            if not ready:
+                raise AssertionError(f"{len(open_ends)} child(ren) did not report within {within}s")
+            for r in ready:
+                data = os.read(r, 65536)
+                if data:
+                    chunks[r].append(data)
+                else:
+                    open_ends.discard(r)
+    finally:
+        for pid, r in children:
+            if r in open_ends:
+                os.kill(pid, signal.SIGKILL)
+            os.close(r)
+        codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid, _ in children]
+    reports = [json.loads(b"".join(chunks[r]) or b"{}") for _, r in children]
+    errors = [rep["error"] for rep in reports if "error" in rep]
+    assert not errors, "a child failed:\n" + "\n".join(errors)
+    assert codes == [0] * len(children)
+    return [rep["result"] for rep in reports]

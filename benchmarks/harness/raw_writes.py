@@ -42,7 +42,7 @@ def sqlite(tmp: Path, a: argparse.Namespace) -> Row:
     app.close()
     with contextlib.closing(sqlite3.connect(db, isolation_level=None)) as conn:
         conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = NORMAL")  # Conveyor's default
+        conn.execute("PRAGMA synchronous = FULL")  # Conveyor's default
         conn.row_factory = sqlite3.Row
         row = dict(conn.execute("SELECT * FROM conveyor_jobs WHERE id = ?", [template]).fetchone())
         conn.row_factory = None

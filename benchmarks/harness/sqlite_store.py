@@ -1,4 +1,4 @@
-"""SQLite: Conveyor (default ``synchronous=NORMAL``, and ``synchronous=full``) against Huey's SqliteHuey.
+"""SQLite: Conveyor (default ``synchronous=FULL``, and ``synchronous=normal``) against Huey's SqliteHuey.
 
 Phase A is ``sqlite_bench.conveyor_scenarios`` / ``sqlite_bench.huey_scenarios`` as they are
 (enqueue, enqueue_many, drain with one process, idle latency); phases B (drain with two
@@ -26,8 +26,8 @@ from sqlite_bench import BATCH, Proc, drain_timeout, sqlite_url, wait_until
 from harness import raw_writes
 from harness.common import Row, from_result, latency_row, load_note, paced, rotate, running_all, say
 
-SYSTEMS = ["conveyor", "conveyor-syncfull", "huey"]
-QUERY = {"conveyor": "", "conveyor-syncfull": "synchronous=full"}
+SYSTEMS = ["conveyor", "conveyor-syncnormal", "huey"]
+QUERY = {"conveyor": "", "conveyor-syncnormal": "synchronous=normal"}
 
 
 def worker(name: str, url: str, tmp: Path, concurrency: int) -> Proc:
@@ -205,7 +205,7 @@ def run(
         rounds.append(rows)
     env = {
         "sqlite": sqlite3.sqlite_version,
-        "durability": "conveyor: synchronous=NORMAL in WAL (Conveyor's default; no fsync per commit); "
-        "conveyor-syncfull: synchronous=FULL; huey: SqliteHuey's default, synchronous=FULL (fsync per commit)",
+        "durability": "conveyor: synchronous=FULL in WAL (Conveyor's default; an fsync per commit, shared by "
+        "concurrent enqueues); conveyor-syncnormal: synchronous=NORMAL; huey: SqliteHuey's default, synchronous=FULL (fsync per commit)",
     }
     return rounds, env

@@ -52,9 +52,14 @@ DESCRIPTIONS: dict[str, str] = {
     "`RetryPolicy(base=2.0, factor=2.0, cap=3600.0)`, full jitter.",
     "Conveyor.__init__.max_payload_bytes": "Largest JSON encoding of a job's arguments; past it, "
     "enqueue raises `PayloadTooLarge` and writes nothing.",
+    "Conveyor.__init__.max_result_bytes": "Largest JSON encoding of a task's result (or a `ctx.once()` "
+    "step's); past it, nothing is written and the job goes dead (`result_too_large`, `ResultTooLarge`), "
+    "without retries.",
     "Conveyor.__init__.result_ttl": "Seconds succeeded and cancelled jobs are kept (then pruned by the "
     "workers); 0 keeps them forever.",
     "Conveyor.__init__.dead_ttl": "Seconds dead jobs are kept; `None` keeps them until purged.",
+    "Conveyor.__init__.pool_size": "PostgreSQL only: fixes the connection pool's size (as "
+    "`?pool_max_size=` in the URL). Default: 10 plus the concurrency of the workers in the process.",
     # @app.task(...)
     "Conveyor.task.name": "Name stored in each job. Default `module.function`; set it to keep jobs "
     "runnable when the function moves.",

@@ -8,12 +8,12 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from . import payload
-from .backends import open_backend, redact_url
+from .backends import absolute_url, open_backend, redact_url
 from .backends.base import Backend
 from .cron import Schedule
 from .errors import ConfigurationError, InvalidName, JobNotFound, UnknownTask
 from .job import Job
-from .payload import DEFAULT_MAX_PAYLOAD_BYTES, check_queue_name
+from .payload import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_RESULT_BYTES, check_queue_name
 from .retry import RetryPolicy
 from .signing import Signer
 from .task import Task
@@ -31,10 +31,16 @@ class Conveyor:
     """One app: where jobs are stored and which tasks exist.
 
     ``url`` is ``sqlite:///file.db``, ``postgresql://...`` or ``redis://...``; without it,
-    ``$CONVEYOR_URL``, then ``sqlite:///conveyor.db``. ``visibility_timeout`` is the lease length in seconds:
+    ``$CONVEYOR_URL``, then ``sqlite:///conveyor.db``; a relative SQLite path is made absolute
+    against the current directory when the app is created. ``visibility_timeout`` is the lease length in seconds:
     a worker that stops heartbeating for that long loses its jobs to other workers.
+    ``max_payload_bytes`` caps a job's arguments as JSON (enqueue raises PayloadTooLarge);
+    ``max_result_bytes`` caps a result or a step's (the job goes dead, ``result_too_large``).
     ``signing_key`` (16+ bytes) signs every job it enqueues; a worker of an app with a key
     runs only jobs signed with it or one of ``verify_keys`` (see :mod:`conveyor.signing`).
+    ``pool_size`` fixes PostgreSQL's connection pool (default: 10 plus the concurrency of the
+    workers running in the process; ``?pool_max_size=`` in the URL does the same); only
+    PostgreSQL has one to size.
     """
 
     def __init__(
@@ -47,22 +53,31 @@ class Conveyor:
         default_max_attempts: int = 10,
         retry: RetryPolicy | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         result_ttl: float = 86400.0,
         dead_ttl: float | None = None,
         signing_key: str | bytes | None = None,
         verify_keys: Sequence[str | bytes] = (),
+        pool_size: int | None = None,
     ) -> None:
         self.url = url or os.environ.get("CONVEYOR_URL") or DEFAULT_URL
+        if pool_size is not None and (isinstance(pool_size, bool) or not isinstance(pool_size, int)
+                                      or pool_size < 1):
+            raise ConfigurationError(f"pool_size must be an int >= 1 or None, got {pool_size!r}")
+        self.pool_size = pool_size
         if not visibility_timeout > 0:
             raise ConfigurationError(f"visibility_timeout must be > 0 seconds, got {visibility_timeout!r}")
         if max_payload_bytes <= 0:
             raise ConfigurationError(f"max_payload_bytes must be > 0, got {max_payload_bytes!r}")
+        if max_result_bytes <= 0:
+            raise ConfigurationError(f"max_result_bytes must be > 0, got {max_result_bytes!r}")
         self.visibility_timeout = float(visibility_timeout)
         self.default_queue = default_queue
         self.default_timeout = float(default_timeout)
         self.default_max_attempts = default_max_attempts
         self.retry_policy = retry or RetryPolicy(base=2.0, factor=2.0, cap=3600.0)
         self.max_payload_bytes = max_payload_bytes
+        self.max_result_bytes = max_result_bytes  # of a result or a step's, as JSON
         self.result_ttl = result_ttl  # seconds succeeded/cancelled jobs are kept (0: forever)
         if dead_ttl is not None and not dead_ttl > 0:
             raise ConfigurationError(f"dead_ttl must be > 0 seconds or None (keep), got {dead_ttl!r}")
@@ -79,12 +94,21 @@ class Conveyor:
         self._lock = threading.Lock()
 
     @property
+    def url(self) -> str:
+        """The store URL; a relative SQLite path was made absolute when it was set."""
+        return self._url
+
+    @url.setter
+    def url(self, url: str) -> None:
+        self._url = absolute_url(url)
+
+    @property
     def backend(self) -> Backend:
         """The store, opened (and migrated) on first use."""
         if self._backend is None:
             with self._lock:
                 if self._backend is None:
-                    self._backend = open_backend(self.url)
+                    self._backend = open_backend(self.url, pool_size=self.pool_size)
         return self._backend
 
     @overload

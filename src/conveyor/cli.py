@@ -9,7 +9,9 @@ import json
 import logging
 import os
 import sys
+import sysconfig
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
@@ -19,26 +21,73 @@ from rich.console import Console, Group
 from rich.table import Table
 
 from .app import Conveyor
-from .backends import redact_url
+from .backends import redact_url, sqlite_path
 from .backends.base import Stats
 from .errors import ConveyorError, InvalidName
 from .job import Job, JobState
 from .payload import check_queue_name, check_task_name
-from .redact import redact
+from .redact import redact, shown_json, shown_text
 
-console = Console(highlight=False)
+console = Console(highlight=False, emoji=False)  # job data is printed as written: a:smile: stays text
+# Piped or redirected, a line is as long as its content: grep and less get whole names and errors.
+PIPED_WIDTH = 100_000
 
 
-def load_app(spec: str) -> Conveyor:
-    """``package.module:attribute`` to the Conveyor instance it names."""
+def _fit_console_to_output() -> None:
+    """Wrap at the terminal's width on a terminal, not at all when piped ($COLUMNS still wins)."""
+    console.width = PIPED_WIDTH if not console.is_terminal and "COLUMNS" not in os.environ else None  # type: ignore[assignment]
+
+
+class CliError(click.ClickException):
+    """A one-line ``error: ...`` on stderr, exit 1."""
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True, file=file)
+
+
+def _where(exc: BaseException) -> str | None:
+    """``file:line`` in the user's code where ``exc`` was raised: the innermost frame outside
+    the standard library, installed packages and Conveyor itself (a KeyError from
+    ``os.environ[...]`` is reported at the line that read it, not inside ``os``); for a
+    project installed as a package, the innermost outside the standard library and Conveyor."""
+    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
+        return f"{_shown_path(exc.filename)}:{exc.lineno}"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
+    ours = [os.path.dirname(__file__), *(sysconfig.get_path(k) for k in ("stdlib", "platstdlib"))]
+    installed = [sysconfig.get_path(k) for k in ("purelib", "platlib")]
+    for skip in ([*ours, *installed], ours):
+        mine = [f for f in frames if not any(f.filename.startswith(d + os.sep) for d in skip if d)]
+        if mine:
+            return f"{_shown_path(mine[-1].filename)}:{mine[-1].lineno}"
+    return None
+
+
+def _shown_path(path: str) -> str:
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
+
+
+def load_app(spec: str, *, verbose: bool = False) -> Conveyor:
+    """``package.module:attribute`` to the Conveyor instance it names.
+
+    Whatever importing the module raises (a SyntaxError, a KeyError reading a setting, ...)
+    becomes one line naming the module, the exception and where it was raised; ``verbose``
+    prints the traceback first.
+    """
     module_name, _, attr = spec.partition(":")
     if not module_name:
         raise click.UsageError(f"--app {spec!r}: expected module:attribute, e.g. myproject.jobs:app")
     sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise click.UsageError(f"--app {spec!r}: cannot import {module_name}: {exc}") from None
+    except Exception as exc:
+        if verbose:
+            click.echo("".join(traceback.format_exception(exc)).rstrip(), err=True)
+        what = exc.msg if isinstance(exc, SyntaxError) else str(exc).strip().splitlines()[0] if str(exc) else ""
+        where = _where(exc)
+        raise CliError(f"cannot import {module_name}: {type(exc).__name__}: {what}"
+                       + (f" ({where})" if where else "")
+                       + ("" if verbose else "; --verbose for the traceback")) from None
     app = getattr(module, attr or "app", None)
     if not isinstance(app, Conveyor):
         raise click.UsageError(f"--app {spec!r}: {module_name}.{attr or 'app'} is not a Conveyor app")
@@ -49,19 +98,43 @@ class Ctx:
     def __init__(self, app_spec: str | None, url: str | None) -> None:
         self.app_spec = app_spec
         self.url = url
+        self.log_level = "INFO"
         self.log_format = "text"
+        self.verbose = False
         self._app: Conveyor | None = None
 
     @property
     def app(self) -> Conveyor:
         if self._app is None:
             if self.app_spec:
-                self._app = load_app(self.app_spec)
+                app = load_app(self.app_spec, verbose=self.verbose)
                 if self.url:
-                    self._app.url = self.url
+                    app.url = self.url
             else:
-                self._app = Conveyor(self.url)
+                app = Conveyor(self.url)
+            self._check_store(app)
+            self._app = app
         return self._app
+
+    def _check_store(self, app: Conveyor) -> None:
+        """A SQLite file that does not exist yet: commands that only read refuse to create an
+        empty one (a wrong directory or URL would otherwise show an empty store, as if the jobs
+        were gone); the others create it and say where."""
+        path = sqlite_path(app.url)
+        if path is None or os.path.exists(path):
+            return
+        current = click.get_current_context(silent=True)
+        command = current.command if current is not None else None
+        if command in STORE_OPTIONAL:
+            return
+        if command in STORE_CREATORS:
+            click.echo(f"conveyor: created a new empty store at {path}", err=True)
+            return
+        source = ("--url or $CONVEYOR_URL" if self.url else f"the URL of {self.app_spec}" if self.app_spec
+                  else "the default: no --app or --url given")
+        raise CliError(f"no store at {path} ({source}); give --app or --url for your store "
+                       "(a relative sqlite:/// path is relative to the current directory), "
+                       "or create this one with `conveyor migrate`")
 
     def require_tasks(self, what: str) -> Conveyor:
         if not self.app_spec:
@@ -81,15 +154,61 @@ pass_ctx = click.make_pass_decorator(Ctx)
               help="DEBUG also logs every job start and success.")
 @click.option("--log-format", default="text", show_default=True, type=click.Choice(["text", "json"]),
               envvar="CONVEYOR_LOG_FORMAT", help="json: one object per line, with job fields.")
+@click.option("--verbose", is_flag=True, help="Show the traceback of a task module that fails to import.")
 @click.version_option(package_name="conveyor")
 @click.pass_context
-def cli(ctx: click.Context, app_spec: str | None, url: str | None, log_level: str, log_format: str) -> None:
-    """Conveyor: background jobs with leases, retries and a dead-letter queue."""
+def cli(ctx: click.Context, app_spec: str | None, url: str | None, log_level: str, log_format: str,
+        verbose: bool) -> None:
+    """Conveyor: background jobs with leases, retries and a dead-letter queue.
+
+    --app, --url, --log-level, --log-format and --verbose may also follow the command:
+    `conveyor worker --app myproject.jobs:app`.
+    """
     from .logs import configure_logging
 
     configure_logging(log_level, log_format)
+    _fit_console_to_output()
     ctx.obj = Ctx(app_spec, url)
+    ctx.obj.log_level = log_level
     ctx.obj.log_format = log_format
+    ctx.obj.verbose = verbose
+
+
+def _set_global_option(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """A global option given after the command: stored where the group put its own value."""
+    obj = ctx.find_object(Ctx)
+    if obj is None or value is None or value is False:
+        return value
+    if param.name in ("log_level", "log_format"):
+        from .logs import configure_logging
+
+        setattr(obj, param.name, value)
+        configure_logging(obj.log_level, obj.log_format)
+    else:
+        setattr(obj, str(param.name), value)
+    return value
+
+
+def _global_options(*, store: bool) -> list[click.Parameter]:
+    """The group's options again, for after a command (``conveyor worker --app x:app``). Without
+    defaults or $CONVEYOR_* variables: those the group has already applied. Hidden from each
+    command's help, which would repeat them all; `conveyor --help` describes them once."""
+
+    def again(*decls: str, **kwargs: Any) -> click.Option:
+        return click.Option(list(decls), expose_value=False, callback=_set_global_option, hidden=True, **kwargs)
+
+    levels = click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False)
+    options = [again("--app", "app_spec", metavar="MODULE:ATTR"), again("--url")] if store else []
+    return [*options, again("--log-level", type=levels), again("--log-format", type=click.Choice(["text", "json"])),
+            again("--verbose", is_flag=True, default=None)]
+
+
+def _add_global_options(group: click.Group) -> None:
+    for command in group.commands.values():
+        # The demo always runs on its own SQLite file: --app and --url mean nothing to it.
+        command.params.extend(_global_options(store=command is not demo))
+        if isinstance(command, click.Group):
+            _add_global_options(command)
 
 
 def main() -> None:
@@ -227,9 +346,11 @@ def cron() -> None:
 def cron_list(obj: Ctx, as_json: bool) -> None:
     """Every schedule with its last tick taken and its next run."""
     app = obj.require_tasks("cron list")
-    backend = app.backend
-    now = backend.now()
-    taken = backend.cron_ticks()
+    path = sqlite_path(app.url)
+    if path is not None and not os.path.exists(path):
+        now, taken = time.time(), {}  # no store yet: nothing taken, and no empty file made to say so
+    else:
+        now, taken = app.backend.now(), app.backend.cron_ticks()
     rows = []
     for name, s in sorted(app.schedules.items()):
         last = taken.get(name)
@@ -244,16 +365,13 @@ def cron_list(obj: Ctx, as_json: bool) -> None:
     if not rows:
         click.echo("no cron schedules: add them with @app.cron(\"*/5 * * * *\") or app.schedule(task, ...)")
         return
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table()
     for col in ("schedule", "cron", "timezone", "task", "queue", "last tick", "next run"):
         table.add_column(col, overflow="fold")  # wrap, never cut: these are names and times to copy
     for r in rows:
         table.add_row(r["name"], r["expression"], r["timezone"], r["task"], r["queue"],
                       r["last_tick"] or "-", r["next_run"])
-    Console().print(table)
+    console.print(table)
 
 
 # -- stats -------------------------------------------------------------------------------
@@ -380,19 +498,24 @@ def job_dict(job: Job) -> dict[str, Any]:
     return d
 
 
+# What `jobs show` / `dlq show` print of one value or traceback; --json prints everything.
+SHOWN_CHARS = 4_000
+
+
 def show_job(job: Job) -> None:
-    job = shown(job)
+    # Clipped before masking: a result of millions of characters shows at once.
     table = Table(show_header=False, box=None)
     table.add_column(style="bold")
     table.add_column()
     rows = [
         ("id", str(job.id)), ("task", job.task), ("queue", job.queue), ("state", str(job.state)),
         ("attempts", f"{job.attempts}/{job.max_attempts}"), ("priority", str(job.priority)),
-        ("args", json.dumps(job.args, ensure_ascii=False)), ("created", when(job.created_at)),
+        ("args", shown_json(job.args, SHOWN_CHARS)), ("created", when(job.created_at)),
         ("run at", when(job.run_at)), ("last started", when(job.attempted_at)),
         ("finished", when(job.finished_at)), ("worker", job.worker_id or "-"),
-        ("result", json.dumps(job.result, ensure_ascii=False) if job.result is not None else "-"),
-        ("unique key", job.unique_key or "-"), ("timeout", f"{job.timeout:g}s"),
+        ("result", shown_json(job.result, SHOWN_CHARS) if job.result is not None else "-"),
+        ("unique key", shown_text(job.unique_key, SHOWN_CHARS) if job.unique_key else "-"),
+        ("timeout", f"{job.timeout:g}s"),
     ]
     for k, v in rows:
         table.add_row(k, _escape(v))
@@ -400,9 +523,9 @@ def show_job(job: Job) -> None:
     for err in job.errors:
         console.print(f"[bold]attempt {err.get('attempt')}[/bold] {when(err.get('at'))} "
                       f"[red]{_escape(str(err.get('kind')))}[/red] {_escape(str(err.get('type') or ''))}: "
-                      f"{_escape(str(err.get('message')))}")
+                      f"{_escape(shown_text(str(err.get('message')), SHOWN_CHARS))}")
         if err.get("traceback"):
-            console.print(_escape(err["traceback"].rstrip()), style="dim")
+            console.print(_escape(shown_text(str(err["traceback"]), SHOWN_CHARS).rstrip()), style="dim")
 
 
 def _escape(text: str) -> str:
@@ -415,11 +538,11 @@ def jobs_table(jobs: list[Job], title: str) -> Table:
     table = Table(title=title, title_justify="left")
     for col in ("id", "task", "queue", "state", "attempts", "args", "last error", "finished"):
         table.add_column(col)
-    for j in map(shown, jobs):
+    for j in jobs:
         err = j.last_error
         table.add_row(str(j.id), _escape(j.task), j.queue, str(j.state), f"{j.attempts}/{j.max_attempts}",
-                      _escape(json.dumps(j.args, ensure_ascii=False)[:60]),
-                      _escape(f"{err.get('kind')}: {err.get('message')}"[:80]) if err else "-",
+                      _escape(shown_json(j.args, 60, say_cut=False)),
+                      _escape(shown_text(f"{err.get('kind')}: {err.get('message')}", 80, say_cut=False)) if err else "-",
                       when(j.finished_at))
     return table
 
@@ -491,10 +614,18 @@ def dlq_list(obj: Ctx, queue: str | None, limit: int, as_json: bool) -> None:
 
 @dlq.command("show")
 @click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print the job as JSON (as `jobs show --json`).")
 @pass_ctx
-def dlq_show(obj: Ctx, job_id: int) -> None:
+def dlq_show(obj: Ctx, job_id: int, as_json: bool) -> None:
     """One dead job with every error and traceback."""
-    show_job(obj.app.get_job(job_id))
+    job = obj.app.get_job(job_id)
+    if job.state is not JobState.DEAD:
+        raise CliError(f"job {job_id} is not in the dead-letter queue: it is {job.state} "
+                       f"(`conveyor jobs show {job_id}` shows any job)")
+    if as_json:
+        click.echo(json.dumps(job_dict(job), indent=2))
+    else:
+        show_job(job)
 
 
 @dlq.command("redrive")
@@ -524,14 +655,24 @@ def dlq_purge(obj: Ctx, job_ids: tuple[int, ...], queue: str | None, yes: bool) 
     if not yes and not job_ids:
         click.confirm(f"Delete every dead job{' on ' + queue if queue else ''}?", abort=True)
     n = obj.app.backend.purge(state=JobState.DEAD, queue=queue, job_ids=list(job_ids) or None)
+    if n == 0 and not job_ids:
+        click.echo(f"no dead jobs{' on queue ' + queue if queue else ''}: nothing purged")
+        return
     click.echo(f"purged {n} dead job(s)")
+    if job_ids and n < len(job_ids):
+        click.echo(f"{len(job_ids) - n} id(s) were not dead jobs and were left alone", err=True)
 
 
 # -- store -------------------------------------------------------------------------------
 @cli.command()
 @pass_ctx
 def migrate(obj: Ctx) -> None:
-    """Create or upgrade the store's schema (also done on first use)."""
+    """Create or upgrade the store's schema (also done on first use).
+
+    On PostgreSQL, a step that changes a big table reports its progress (rows done / total)
+    as it goes; stopped, it resumes where it was at the next run."""
+    # Progress is logged: shown whatever --log-level says, since it is what this command is for.
+    logging.getLogger("conveyor.postgres.migrate").setLevel(logging.INFO)
     backend = obj.app.backend
     version = getattr(backend, "schema_version", lambda: "?")()
     click.echo(f"{redact_url(obj.app.url)}: schema version {version}")
@@ -560,7 +701,8 @@ def demo(db_path: str, fresh: bool, duration: float | None, live: bool | None, d
     """
     from .demo import run_demo
 
-    code = run_demo(db_path, duration=duration, live=live, fresh=fresh, console=console,
+    # Its own console: the live view fills the terminal, and piped lines are short anyway.
+    code = run_demo(db_path, duration=duration, live=live, fresh=fresh, console=Console(highlight=False),
                     dashboard_port=dashboard_port if dashboard else None)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -575,27 +717,47 @@ def demo(db_path: str, fresh: bool, duration: float | None, live: bool | None, d
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(min=0, max=65535),
               envvar="CONVEYOR_DASHBOARD_PORT")
 @click.option("--token", envvar="CONVEYOR_DASHBOARD_TOKEN", default=None, metavar="TOKEN",
-              help="Require this token (16+ characters): a login form, or 'Authorization: Bearer'. "
+              help="Require this token (128+ bits of randomness: python -c \"import secrets; "
+                   "print(secrets.token_urlsafe(32))\"): a login form, or 'Authorization: Bearer'. "
                    "Prefer $CONVEYOR_DASHBOARD_TOKEN: other users can read command lines.")
 @click.option("--basic-auth", envvar="CONVEYOR_DASHBOARD_BASIC_AUTH", default=None, metavar="USER:PASSWORD",
               help="Require HTTP basic auth (password 12+ characters; $CONVEYOR_DASHBOARD_BASIC_AUTH).")
 @click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
-              help="Also answer to this Host name (repeatable), e.g. behind a reverse proxy.")
+              help="Also answer to this Host name (repeatable), e.g. behind a reverse proxy. A name "
+                   "other than loopback needs --token or --basic-auth.")
+@click.option("--forwarded-allow-ips", envvar="CONVEYOR_DASHBOARD_FORWARDED_ALLOW_IPS", default=None,
+              metavar="ADDRESSES",
+              help="Trust X-Forwarded-Proto and X-Forwarded-For from these proxies (comma-separated "
+                   "addresses or networks, or '*'): the scheme and client they report are used. "
+                   "Default: no proxy header is trusted.")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), default=None, metavar="PEM",
+              envvar="CONVEYOR_DASHBOARD_TLS_CERT", help="Serve https with this certificate (chain); needs --tls-key.")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), default=None, metavar="PEM",
+              envvar="CONVEYOR_DASHBOARD_TLS_KEY", help="The private key of --tls-cert.")
+@click.option("--secret", envvar="CONVEYOR_DASHBOARD_SECRET", default=None, metavar="SECRET",
+              help="Key for the session cookies, shared by replicas behind one address so each accepts "
+                   "the others' sessions (default: random per process). Use $CONVEYOR_DASHBOARD_SECRET.")
 @click.option("--sample-interval", default=5.0, show_default=True, type=click.FloatRange(min=0.5),
               help="Seconds between the store samples behind the charts and alerts.")
 @pass_ctx
 def dashboard_cmd(obj: Ctx, host: str, port: int, token: str | None, basic_auth: str | None,
-                  allowed_hosts: tuple[str, ...], sample_interval: float) -> None:
+                  allowed_hosts: tuple[str, ...], forwarded_allow_ips: str | None, tls_cert: str | None,
+                  tls_key: str | None, secret: str | None, sample_interval: float) -> None:
     """Serve the web dashboard: queues, jobs, dead letters, workers, cron (docs/dashboard.md)."""
     from .dashboard import serve
 
     def ready(url: str) -> None:
+        # Settings that would serve others without credentials are refused before this point,
+        # so "loopback only" is true when it is printed.
         auth = "token" if token else "basic auth" if basic_auth else "no auth: loopback only"
-        click.echo(f"conveyor dashboard on {url} ({auth}) for {redact_url(obj.app.url)}; Ctrl-C stops", err=True)
+        proxy = f", trusting proxy headers from {forwarded_allow_ips}" if forwarded_allow_ips else ""
+        click.echo(f"conveyor dashboard on {url} ({auth}{proxy}) for {redact_url(obj.app.url)}; Ctrl-C stops",
+                   err=True)
 
     try:
         serve(obj.app, host=host, port=port, token=token or None, basic_auth=basic_auth or None,
-              allowed_hosts=allowed_hosts, sample_interval=sample_interval, on_ready=ready)
+              allowed_hosts=allowed_hosts, forwarded_allow_ips=forwarded_allow_ips or None, tls_cert=tls_cert,
+              tls_key=tls_key, secret=secret or None, sample_interval=sample_interval, on_ready=ready)
     except ConveyorError as exc:
         raise click.UsageError(str(exc)) from None
 
@@ -660,3 +822,10 @@ def alerts(obj: Ctx, dead: bool, depth: int | None, age: float | None, no_worker
     click.echo(f"evaluating {len(rules)} rule(s) every {interval:g}s; Ctrl-C stops", err=True)
     with contextlib.suppress(KeyboardInterrupt):
         alerting.run()
+
+
+_add_global_options(cli)
+# Commands that may create a new SQLite file (a first worker, a first job); the rest only read
+# or change what is there. `cron list` shows the schedules without a store.
+STORE_CREATORS: tuple[click.Command, ...] = (worker, enqueue, migrate, dashboard_cmd)
+STORE_OPTIONAL: tuple[click.Command, ...] = (cron_list,)

@@ -15,6 +15,12 @@ class PayloadTooLarge(PayloadError):
     """The encoded arguments are larger than the configured limit."""
 
 
+class ResultTooLarge(PayloadTooLarge):
+    """A task's result, or a step's, is larger than ``Conveyor(max_result_bytes=...)``.
+    Its job goes dead at once (kind ``result_too_large``): running it again would return the
+    same."""
+
+
 class ArgumentsError(PayloadError, TypeError):
     """The arguments do not bind to the task's signature."""
 

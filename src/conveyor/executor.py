@@ -9,13 +9,13 @@ import functools
 import traceback
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import payload, tracing
 from .backends.base import Backend, ErrorInfo, Lease
 from .cron import tick_of
-from .errors import ArgumentsError, ConfigurationError, PayloadError, Reject, Retry
+from .errors import ArgumentsError, ConfigurationError, PayloadError, Reject, ResultTooLarge, Retry
 from .job import Job
 from .threads import CallTimedOut, TaskThreads, ThreadCall
 
@@ -25,8 +25,10 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+# What one failed attempt may store: every list of jobs reads these back, on every backend.
 MAX_MESSAGE_CHARS = 2_000
 MAX_TRACEBACK_CHARS = 16_000
+MAX_TYPE_CHARS = 300
 
 
 @dataclass(frozen=True)
@@ -43,10 +45,14 @@ class Outcome:
 class JobContext:
     """What a running task may know about its own job, and its transactional completion."""
 
-    def __init__(self, job: Job, backend: Backend | None = None) -> None:
+    def __init__(self, job: Job, backend: Backend | None = None, max_result_bytes: int | None = None) -> None:
         self.job = job
         self._backend = backend
+        self._max_result_bytes = max_result_bytes  # of a step's result
         self.completed = False  # set once transaction() committed the job's success
+        # Set before transaction() writes the job's success, cleared only if that fails: from
+        # then on the job is (about to be) finished, and its lease no longer the worker's concern.
+        self.completing = False
         self._stop = False  # a plain flag: set once, read by the task's thread (no Event per job)
         self._connection: Any = None  # the open transaction() connection, if any
         self._steps: dict[str, Any] = dict(job.steps)
@@ -113,7 +119,8 @@ class JobContext:
             raise ConfigurationError("once() needs the job's store: it runs inside a worker")
 
     def _record(self, step: str, result: Any) -> Any:
-        encoded = payload.encode(result, what=f"result of step {step!r} of {self.job.task}")
+        encoded = payload.encode_result(result, what=f"result of step {step!r} of {self.job.task}",
+                                        limit=self._max_result_bytes)
         backend = self._backend
         assert backend is not None
         if self._connection is not None:
@@ -146,16 +153,18 @@ class JobContext:
             raise ConfigurationError("this job was already completed by an earlier transaction() block")
         token = self.job.lease_token
         assert token is not None
-        encoded = payload.encode(result, what=f"result of {self.job.task}")
+        encoded = payload.encode_result(result, what=f"result of {self.job.task}", limit=self._max_result_bytes)
         with opener() as conn:
             self._connection = conn
             before = dict(self._steps)
             try:
                 yield conn
+                self.completing = True
                 backend.ack(Lease(self.job.id, token), encoded, connection=conn)  # type: ignore[call-arg]
                 conn.commit()
                 self.completed = True
             except BaseException:
+                self.completing = False
                 self._steps = before  # steps recorded in the rolled-back transaction did not happen
                 raise
             finally:
@@ -170,15 +179,33 @@ def current_job() -> JobContext | None:
     return _current.get()
 
 
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 40] + f"... [{len(text) - limit + 40} chars cut]"
+def _clip(text: str, limit: int, *, keep_end: bool = False) -> str:
+    """At most ``limit`` characters of ``text``, saying how many were cut. ``keep_end``: cut
+    from the middle, keeping the last three quarters (a traceback's exception is at its end)."""
+    if len(text) <= limit:
+        return text
+    room = limit - 40  # for the note
+    cut = len(text) - room
+    if not keep_end:
+        return f"{text[:room]}… [{cut:,} characters cut]"
+    head = room // 4
+    return f"{text[:head]}\n… [{cut:,} characters cut] …\n{text[len(text) - (room - head):]}"
+
+
+def bounded(error: ErrorInfo) -> ErrorInfo:
+    """The error as stored: message, type and traceback clipped to their limits."""
+    if (len(error.message) <= MAX_MESSAGE_CHARS and len(error.traceback) <= MAX_TRACEBACK_CHARS
+            and len(error.type) <= MAX_TYPE_CHARS):
+        return error
+    return replace(error, message=_clip(error.message, MAX_MESSAGE_CHARS), type=_clip(error.type, MAX_TYPE_CHARS),
+                   traceback=_clip(error.traceback, MAX_TRACEBACK_CHARS, keep_end=True))
 
 
 def error_from(exc: BaseException, kind: str = "exception") -> ErrorInfo:
     cls = type(exc)
     name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
     tb = "".join(traceback.format_exception(exc))
-    return ErrorInfo(kind=kind, type=name, message=_clip(str(exc), MAX_MESSAGE_CHARS), traceback=_clip(tb, MAX_TRACEBACK_CHARS))
+    return bounded(ErrorInfo(kind=kind, type=name, message=str(exc), traceback=tb))
 
 
 class TaskExit(Exception):
@@ -206,9 +233,10 @@ class Execution:
     def __init__(
         self, job: Job, tasks: Mapping[str, Task[Any, Any]], pool: TaskThreads,
         backend: Backend | None = None, signer: Signer | None = None,
-        context: contextvars.Context | None = None,
+        context: contextvars.Context | None = None, max_result_bytes: int | None = None,
     ) -> None:
         self.job = job
+        self.max_result_bytes = max_result_bytes
         self.signer = signer
         self.backend = backend
         self.tasks = tasks
@@ -245,6 +273,8 @@ class Execution:
         if not self._prepared:
             self.prepare()
         outcome = self._early or await self._run()
+        if outcome.error is not None:
+            outcome = replace(outcome, error=bounded(outcome.error))
         if self.context is not None and self.context.completed:
             # Whatever happened after the transaction committed, the job is done.
             outcome = Outcome("completed")
@@ -278,7 +308,7 @@ class Execution:
         except ArgumentsError as exc:
             return Outcome("dead", error=error_from(exc, "bad_arguments"))
         ctx = self._base.copy() if self._base is not None else contextvars.copy_context()
-        self.context = JobContext(job, self.backend)
+        self.context = JobContext(job, self.backend, self.max_result_bytes)
         ctx.run(_current.set, self.context)
         ctx.run(tracing.activate, self.span)
         self._task, self._call = task, (args, kwargs, ctx)
@@ -314,10 +344,17 @@ class Execution:
             return Outcome("retry", error=error_from(exc), delay=task.retry_policy.delay(job.attempts))
         except asyncio.CancelledError:
             raise
+        except ResultTooLarge as exc:  # from ctx.once(): the step would return the same again
+            return Outcome("dead", error=error_from(exc, "result_too_large"))
         except Exception as exc:
             return Outcome("retry", error=error_from(exc), delay=task.retry_policy.delay(job.attempts))
         try:
-            encoded = "null" if result is None else payload.encode(result, what=f"result of {job.task}")
+            encoded = "null" if result is None else payload.encode_result(
+                result, what=f"result of {job.task}", limit=self.max_result_bytes)
+        except ResultTooLarge as exc:
+            # Dead, not retried: it would return as much again. No traceback: it is ours.
+            return Outcome("dead", error=ErrorInfo(
+                kind="result_too_large", type="conveyor.errors.ResultTooLarge", message=str(exc)))
         except PayloadError as exc:
             # Running it again would produce the same unstorable result.
             return Outcome("dead", error=error_from(exc, "bad_result"))

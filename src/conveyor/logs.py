@@ -10,8 +10,30 @@ import datetime as dt
 import json
 import logging
 import sys
+from types import TracebackType
 
+from .textsafe import escape_controls
+
+ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
 JOB_FIELDS = ("job_id", "task", "queue", "attempt", "max_attempts", "outcome", "worker_id")
+
+
+class TextFormatter(logging.Formatter):
+    """Readable lines in which a message is always one line: a CR or LF (or an ESC sequence)
+    inside an error message is written as an escape, so job data cannot forge a log line.
+    Tracebacks keep their lines; control characters inside them are escaped too."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        """The message line, CR, LF and ESC written as escapes."""
+        return escape_controls(super().formatMessage(record))
+
+    def formatException(self, ei: ExcInfo) -> str:
+        """The traceback, its own line breaks kept, other control characters escaped."""
+        return escape_controls(super().formatException(ei), keep="\n")
+
+    def formatStack(self, stack_info: str) -> str:
+        """The stack, its own line breaks kept, other control characters escaped."""
+        return escape_controls(super().formatStack(stack_info), keep="\n")
 
 
 class JsonFormatter(logging.Formatter):
@@ -45,7 +67,7 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

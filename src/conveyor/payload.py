@@ -14,9 +14,12 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .errors import ArgumentsError, InvalidName, PayloadError, PayloadTooLarge
+from .errors import ArgumentsError, InvalidName, PayloadError, PayloadTooLarge, ResultTooLarge
 
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
+# A result is written with its job and read back by every list of jobs: big enough for any
+# summary or id list, small enough that one cannot bloat a Redis or a page of `jobs list`.
+DEFAULT_MAX_RESULT_BYTES = 1024 * 1024
 MAX_DEPTH = 64
 MAX_INT_BITS = 4096
 
@@ -119,14 +122,31 @@ def encode(value: object, *, what: str = "args", limit: int | None = None) -> st
         text = _dumps(value)
     except (ValueError, TypeError) as exc:  # e.g. an int too long to print
         raise PayloadError(f"{what} cannot be encoded as JSON: {exc}") from None
-    if limit is not None and len(text) * 4 > limit:  # (UTF-8 takes at most 4 bytes a character)
-        size = len(text.encode("utf-8"))
-        if size > limit:
-            raise PayloadTooLarge(
-                f"{what} is {size} bytes as JSON, over the limit of {limit} bytes; "
-                "store the data elsewhere and pass its id"
-            )
+    if limit is not None and (size := _size_over(text, limit)):
+        raise PayloadTooLarge(
+            f"{what} is {size} bytes as JSON, over the limit of {limit} bytes; "
+            "store the data elsewhere and pass its id"
+        )
     return text
+
+
+def encode_result(value: object, *, what: str, limit: int | None) -> str:
+    """Encode a task's (or a step's) result; raise ResultTooLarge over ``limit`` bytes."""
+    text = encode(value, what=what)
+    if limit is not None and (size := _size_over(text, limit)):
+        raise ResultTooLarge(
+            f"{what} is {size} bytes as JSON, over the limit of {limit} bytes "
+            "(Conveyor(max_result_bytes=...)); store the data elsewhere and return its id"
+        )
+    return text
+
+
+def _size_over(text: str, limit: int) -> int:
+    """The UTF-8 size of ``text`` if it is over ``limit`` bytes, else 0."""
+    if len(text) * 4 <= limit:  # UTF-8 takes at most 4 bytes a character: no need to count
+        return 0
+    size = len(text.encode("utf-8"))
+    return size if size > limit else 0
 
 
 def decode(text: str | bytes | None) -> Any:

@@ -13,11 +13,11 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, ParamSpec, TypeVar
 
 from . import payload, signing, tracing
 from .backends.base import EnqueueResult, NewJob
-from .errors import ConfigurationError, JobNotFound, PayloadError, QueueFull
+from .errors import ArgumentsError, ConfigurationError, JobNotFound, PayloadError, QueueFull
 from .job import Job, JobState, fast_constructor
 from .retry import RetryPolicy
 
@@ -156,6 +156,23 @@ def _to_timestamp(value: float | dt.datetime) -> float:
     return value
 
 
+# Celery's per-call options (apply_async) and Conveyor's options() for them; None: none.
+_CELERY_OPTIONS = {"countdown": "delay", "eta": "run_at", "queue": "queue", "priority": "priority",
+                   "expires": None, "retry": None, "retry_policy": None, "link": None, "link_error": None,
+                   "serializer": None, "task_id": None}
+
+
+def _celery_call(name: str, args: Sequence[Any], kwargs: Mapping[str, Any], options: Mapping[str, Any]) -> str:
+    """What ``name.apply_async(args, kwargs, **options)`` is written as here."""
+    given = [f"{_CELERY_OPTIONS[k]}={'...' if k == 'eta' else repr(v)}" for k, v in options.items()
+             if _CELERY_OPTIONS.get(k)]
+    unsupported = [k for k in options if not _CELERY_OPTIONS.get(k)]
+    call = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
+    opts = f".options({', '.join(given)})" if given else ""
+    text = f"{name}{opts}.enqueue({call})"
+    return text + (f"; no equivalent for {', '.join(unsupported)}" if unsupported else "")
+
+
 class _Enqueuer(Generic[P, R]):
     """What ``Task`` and ``task.options(...)`` share: turning calls into stored jobs."""
 
@@ -197,7 +214,15 @@ class _Enqueuer(Generic[P, R]):
         what, limit, signer = f"arguments of {name}", app.max_payload_bytes, app.signer
         new = []
         for args, kwargs in calls:
-            bound = payload.bind_arguments(fn, args, kwargs, task_name=name, sig=sig, names=names)
+            try:
+                bound = payload.bind_arguments(fn, args, kwargs, task_name=name, sig=sig, names=names)
+            except ArgumentsError as exc:
+                celery = [k for k in kwargs if _CELERY_OPTIONS.get(k) and k not in sig.parameters]
+                if celery:
+                    hint = ", ".join(f"{_CELERY_OPTIONS[k]}=..." for k in celery)
+                    raise ArgumentsError(f"{exc}; {', '.join(celery)} is an option, not an argument: "
+                                         f"{task.__name__}.options({hint}).enqueue(...)") from None
+                raise
             text = payload.encode(bound, what=what, limit=limit)
             if signer is None:
                 new.append(make(args=text))
@@ -325,6 +350,18 @@ class _Enqueuer(Generic[P, R]):
     async def aenqueue_many(self, calls: Iterable[Sequence[Any] | Mapping[str, Any]]) -> list[Job]:
         """``enqueue_many`` for async code: the store write runs off the event loop."""
         return await asyncio.to_thread(self.enqueue_many, list(calls))
+
+    # Celery's names, so a ported call fails saying what to write instead of a bare AttributeError.
+    def delay(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Celery's name: here it is ``enqueue(*args, **kwargs)``."""
+        raise TypeError(f"Conveyor tasks have no .delay(): write {self.task.__name__}.enqueue(*args, **kwargs) "
+                        f"(here {_celery_call(self.task.__name__, args, kwargs, {})})")
+
+    def apply_async(self, args: Sequence[Any] | None = None, kwargs: Mapping[str, Any] | None = None,
+                    **options: Any) -> NoReturn:
+        """Celery's name: here it is ``options(delay=..., queue=..., priority=...).enqueue(...)``."""
+        raise TypeError(f"Conveyor tasks have no .apply_async(): write "
+                        f"{_celery_call(self.task.__name__, args or (), kwargs or {}, options)}")
 
 
 class Task(_Enqueuer[P, R]):

@@ -111,6 +111,11 @@ class _Running:
     held_at: float = 0.0  # when it was held for a slot (prefetch), time.monotonic()
 
 
+def _completing(r: _Running) -> bool:
+    """The task is committing, or has committed, its job's success in its own transaction()."""
+    return r.execution is not None and r.execution.context is not None and r.execution.context.completing
+
+
 @dataclass
 class WorkerCounters:
     claimed: int = 0
@@ -295,6 +300,9 @@ class Worker:
         ]
         if self.scheduler and self.app.schedules:
             helpers.append(loop.create_task(self._scheduler_loop(), name="conveyor-scheduler"))
+        # Each slot's task may hold a pooled connection (transaction()): the pool makes room.
+        for text in self.backend.reserve_connections(self.concurrency):
+            log.warning("%s", text)
         self._started.set()
         for cb in self._on_started:
             cb()
@@ -321,6 +329,7 @@ class Worker:
                 log.exception("could not remove worker row")
             for ex in (self._store, self._beat, self._maint):
                 ex.shutdown(wait=False, cancel_futures=True)
+            self.backend.reserve_connections(-self.concurrency)
             self._pool.shutdown()
             if self._loop_claims is not None:
                 self._loop_claims.close()
@@ -709,7 +718,8 @@ class Worker:
         for job in jobs[:startable]:
             if self._stopping:
                 return  # the loop gives the rest back unrun
-            execution = Execution(job, self.app.tasks, self._pool, self.backend, self.app.signer, self._context)
+            execution = Execution(job, self.app.tasks, self._pool, self.backend, self.app.signer, self._context,
+                                  max_result_bytes=self.app.max_result_bytes)
             try:
                 # On a task thread (the idle wait's), the first sync task runs on it next.
                 execution.prepare(here=True)
@@ -803,7 +813,8 @@ class Worker:
         job = running.job
         execution = running.execution
         if execution is None:
-            execution = Execution(job, self.app.tasks, self._pool, self.backend, self.app.signer, self._context)
+            execution = Execution(job, self.app.tasks, self._pool, self.backend, self.app.signer, self._context,
+                                  max_result_bytes=self.app.max_result_bytes)
             running.execution = execution
         self._job_log(logging.DEBUG, job, "started", "job %d %s attempt %d/%d started",
                       job.id, job.task, job.attempts, job.max_attempts)
@@ -994,7 +1005,8 @@ class Worker:
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_interval)
-            held = [r for r in list(self._running.values()) if not r.settled and not r.lost]
+            held = [r for r in list(self._running.values())
+                    if not r.settled and not r.lost and not _completing(r)]
             try:
                 lost = await self._call(self._beat, self.backend.heartbeat, [r.lease for r in held],
                                         lease_s=self.lease_s)
@@ -1003,7 +1015,10 @@ class Worker:
                 log.exception("heartbeat failed; leases run out in %gs unless it recovers", self.lease_s)
                 continue
             for r in held:
-                if r.job.id in lost and not r.settled:
+                # Refused because the job is done, not because the lease was lost: its task
+                # completed it in its own transaction, or its ack landed meanwhile (while an ack
+                # is on its way, the ack's answer says whether the lease held: _acked).
+                if r.job.id in lost and not r.settled and not r.acking and not _completing(r):
                     r.lost = True
                     self._stop_attempt(r)
                     if r.task is None and r in self._held:  # held, never started: nothing to stop

@@ -30,7 +30,7 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
          "--disable-component-update"]
 SHOTS = Path(__file__).resolve().parents[2] / "test-output" / "dashboard"
 XSS = "<img src=x onerror=alert(1)>"
-TOKEN = "browser-test-token-0123456789"
+TOKEN = "Vb3kQ9xLr7TmN2pWz5YcH8dJ4sFgA6eU0iOwR1qZtKy"  # secrets.token_urlsafe(32)
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +53,8 @@ class Page:
     """A browser tab that fails the test on a JavaScript dialog (an XSS that ran) and records
     console errors (a Content-Security-Policy violation shows up there)."""
 
-    def __init__(self, browser: Any, base: str) -> None:
-        self.context = browser.new_context(viewport={"width": 1440, "height": 900})
+    def __init__(self, browser: Any, base: str, **context: Any) -> None:
+        self.context = browser.new_context(viewport={"width": 1440, "height": 900}, **context)
         self.page = self.context.new_page()
         self.base = base.rstrip("/")
         self.dialogs: list[str] = []
@@ -297,6 +297,84 @@ def test_non_loopback_bind_needs_auth_and_refuses_strangers(tmp_path: Path, brow
         finally:
             dash.stop()
     finally:
+        app.close()
+
+
+def test_over_https_login_act_and_log_out(tmp_path: Path, browser: Any, self_signed: tuple[str, str]) -> None:
+    """Served over TLS: the URL is https, the browser logs in, its session cookie is Secure, an
+    action (a POST with an https Origin) goes through; after logging out, a copy of the old
+    cookie is refused."""
+    app = build_app(tmp_path)
+    charge = task(app, "shop.charge_card").enqueue(1)
+    with running_worker(app, queues="default", concurrency=1):
+        wait_until(lambda: app.get_job(charge.id).state is JobState.DEAD, timeout=20)
+    cert, key = self_signed
+    dash = start_in_thread(app, port=0, token=TOKEN, tls_cert=cert, tls_key=key, sample_interval=3600)
+    tab = Page(browser, dash.url, ignore_https_errors=True)
+    try:
+        assert dash.url.startswith("https://127.0.0.1:")
+        tab.go(f"/jobs/{charge.id}")
+        assert "/login?next=" in tab.page.url
+        tab.page.fill("input[name=token]", TOKEN)
+        tab.page.click("main button[type=submit]")
+        tab.page.wait_for_load_state("networkidle")
+        session = next(c for c in tab.context.cookies() if c["name"] == "conveyor_session")
+        assert session["secure"] and session["httpOnly"]
+        assert all(c["secure"] for c in tab.context.cookies())
+        tab.page.click("#retry")
+        tab.page.click("#confirm")
+        tab.page.wait_for_load_state("networkidle")
+        assert "is back on queue default" in tab.page.inner_text(".flash")
+        assert app.get_job(charge.id).state is JobState.AVAILABLE
+        tab.shot("12-https-after-retry")
+        tab.page.click("header button.link")  # Log out
+        tab.page.wait_for_load_state("networkidle")
+        assert "/login" in tab.page.url
+        tab.context.add_cookies([session])  # the cookie, kept from before the logout
+        tab.go("/dead")
+        assert "/login?next=" in tab.page.url
+    finally:
+        tab.close()
+        dash.stop()
+        app.close()
+
+
+def test_behind_a_proxy_that_terminates_https(tmp_path: Path) -> None:
+    """A proxy on this machine (127.0.0.1, trusted) speaks https to the browser and http to the
+    dashboard, saying so in X-Forwarded-Proto: the browser's https Origin is accepted and every
+    cookie is Secure. The test plays the proxy, passing the browser's cookies along."""
+    import httpx
+
+    app = build_app(tmp_path)
+    job = task(app, "shop.build_report").enqueue(1)
+    dash = start_in_thread(app, port=0, token=TOKEN, forwarded_allow_ips="127.0.0.1", sample_interval=3600)
+    proxied = {"Host": "jobs.example", "X-Forwarded-Proto": "https", "X-Forwarded-For": "198.51.100.9",
+               "Origin": "https://jobs.example"}
+    jar: dict[str, str] = {}  # the browser's cookies (Secure: it talks https to the proxy)
+
+    def send(method: str, path: str, **kwargs: Any) -> httpx.Response:
+        headers = {**proxied, **kwargs.pop("headers", {}), "Cookie": "; ".join(f"{k}={v}" for k, v in jar.items())}
+        r = httpx.request(method, dash.url.rstrip("/") + path, headers=headers, follow_redirects=False, **kwargs)
+        for k, v in r.headers.multi_items():
+            if k == "set-cookie":
+                assert "Secure" in v, v
+                name, _, value = v.split(";")[0].partition("=")
+                jar[name] = value
+        return r
+
+    try:
+        csrf = re.search(r'name="csrf_token" value="(\w+)"', send("GET", "/login").text)
+        assert csrf
+        r = send("POST", "/login", data={"csrf_token": csrf.group(1), "token": TOKEN})
+        assert r.status_code == 303, r.text
+        assert "conveyor_session" in jar
+        r = send("POST", f"/jobs/{job.id}/cancel", data={"csrf_token": csrf.group(1), "confirmed": "yes"})
+        assert r.status_code == 303, r.text
+        assert app.get_job(job.id).state is JobState.CANCELLED
+        r = send("POST", "/logout", data={"csrf_token": csrf.group(1)}, headers={"X-Forwarded-Proto": "http"})
+        assert r.status_code == 403  # the proxy said http: an https Origin is another site
+    finally:
+        dash.stop()
         app.close()
 
 

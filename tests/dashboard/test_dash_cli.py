@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -13,9 +14,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from conveyor.dashboard.security import make_auth
+
 pytestmark = pytest.mark.process
 
-TOKEN = "cli-test-token-0123456789abcdef"
+TOKEN = "Hc4nT8wQz1LrK6vXp3YbM9dS5gJfA2eU7iOtR0qZkWy"  # secrets.token_urlsafe(32)
+SECRET = "replicas-share-this-key-7Jq2Vx9Lk4Tz"
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -49,23 +53,62 @@ def test_refuses_a_public_bind_without_auth(tmp_path: Path) -> None:
     assert r.returncode == 2, r.stdout + r.stderr
     assert "refusing to serve the dashboard on '0.0.0.0' without authentication" in r.stderr
     r = conveyor("--url", url, "dashboard", "--token", "short", env=env())
-    assert r.returncode == 2 and "at least 16 characters" in r.stderr
+    assert r.returncode == 2 and "too weak" in r.stderr and "secrets.token_urlsafe(32)" in r.stderr, r.stderr
+    # A Host name other than loopback is what a proxy forwards: it needs credentials too.
+    r = conveyor("--url", url, "dashboard", "--allowed-host", "jobs.example", "--port", "0", env=env())
+    assert r.returncode == 2 and "refusing to answer to jobs.example without authentication" in r.stderr, r.stderr
 
 
 def test_public_bind_with_a_token_refuses_strangers(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "conveyor", "--url", f"sqlite:///{tmp_path}/c.db", "dashboard", "--host", "0.0.0.0",
          "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=env(CONVEYOR_DASHBOARD_TOKEN=TOKEN))
+        env=env(CONVEYOR_DASHBOARD_TOKEN=TOKEN, CONVEYOR_DASHBOARD_SECRET=SECRET))
     try:
         base = read_url(proc.stderr, r"dashboard on (http://\S+?)/? \(token\)", time.monotonic() + 30)
         assert httpx.get(base + "/", follow_redirects=False).status_code == 303
         assert httpx.get(base + "/jobs", headers={"Authorization": "Bearer not-the-token-at-all"},
                          follow_redirects=False).status_code == 303
         assert httpx.post(base + "/dead/purge", data={"all": "yes", "confirmed": "yes"}).status_code == 401
+        # A session made by a replica sharing the secret is accepted; one made under another key is not.
+        replica = make_auth(token=TOKEN, secret=SECRET).new_session()
+        assert httpx.get(base + "/", cookies={"conveyor_session": replica}).status_code == 200
+        stranger = make_auth(token=TOKEN).new_session()
+        assert httpx.get(base + "/", cookies={"conveyor_session": stranger}, follow_redirects=False).status_code == 303
         ok = httpx.get(base + "/", headers={"Authorization": f"Bearer {TOKEN}"})
         assert ok.status_code == 200 and "Overview" in ok.text
         assert TOKEN not in ok.text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def test_https_behind_a_proxy_from_the_command_line(tmp_path: Path, self_signed: tuple[str, str]) -> None:
+    """--tls-cert/--tls-key serve https, and the start line says so and names the trusted proxy;
+    a key that is not the certificate's stops it at start."""
+    cert, key = self_signed
+    url = f"sqlite:///{tmp_path}/c.db"
+    other = tmp_path / "other.pem"
+    subprocess.run(["openssl", "genrsa", "-out", str(other), "2048"], check=True, capture_output=True, timeout=60)
+    r = conveyor("--url", url, "dashboard", "--port", "0", "--tls-cert", cert, "--tls-key", str(other),
+                 env=env(CONVEYOR_DASHBOARD_TOKEN=TOKEN))
+    assert r.returncode == 2 and "cannot use the TLS certificate" in r.stderr, r.stderr
+    r = conveyor("--url", url, "dashboard", "--port", "0", "--forwarded-allow-ips", "127.0.0.1", env=env())
+    assert r.returncode == 2 and "refusing to trust proxy headers without authentication" in r.stderr, r.stderr
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "conveyor", "--url", url, "dashboard", "--port", "0", "--tls-cert", cert,
+         "--tls-key", key, "--forwarded-allow-ips", "127.0.0.1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=env(CONVEYOR_DASHBOARD_TOKEN=TOKEN))
+    try:
+        base = read_url(proc.stderr, r"dashboard on (https://\S+?)/? \(token, trusting proxy headers from 127\.0\.0\.1\)",
+                        time.monotonic() + 30)
+        with httpx.Client(verify=ssl.create_default_context(cafile=cert)) as tls:
+            assert tls.get(base + "/healthz").status_code == 200
+            r = tls.get(base + "/", headers={"Authorization": f"Bearer {TOKEN}"})
+            assert r.status_code == 200 and "Overview" in r.text
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
     finally:

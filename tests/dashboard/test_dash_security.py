@@ -20,7 +20,7 @@ from conveyor.dashboard import DashboardApp, create_app
 from conveyor.dashboard.security import check_bind, make_auth
 from conveyor.errors import ConfigurationError
 
-TOKEN = "s3cret-token-for-tests-0123456789"
+TOKEN = "q7XzR2vK9pLmW4tN8bYc6HdJ3sFgA5eU1iOwQxZr0Vk"  # secrets.token_urlsafe(32)
 PUBLIC = {"/healthz", "/login"}
 SAMPLE_PARAMS = {"queue": "default", "job_id": "1", "action": "retry"}
 
@@ -100,7 +100,7 @@ def test_without_auth_a_foreign_host_name_is_refused(dash: DashboardApp) -> None
 
 
 def test_allowed_hosts_extend_the_loopback_names(app: Conveyor) -> None:
-    d = create_app(app, allowed_hosts=["jobs.internal"], sample_interval=3600)
+    d = create_app(app, token=TOKEN, allowed_hosts=["jobs.internal"], sample_interval=3600)
     try:
         with make_client(d, base_url="http://jobs.internal") as c:
             assert c.get("/healthz").status_code == 200
@@ -177,7 +177,7 @@ def test_a_non_loopback_bind_needs_auth() -> None:
         check_bind(host, make_auth())
 
 
-@pytest.mark.parametrize("kwargs", [{"token": "short"}, {"basic_auth": "ops:short"}, {"basic_auth": "no-colon"},
+@pytest.mark.parametrize("kwargs", [{"token": "short"}, {"token": "a" * 64}, {"basic_auth": "ops:short"}, {"basic_auth": "no-colon"},
                                     {"basic_auth": ":passwordpassword"}])
 def test_weak_credentials_are_refused(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ConfigurationError):
@@ -260,3 +260,277 @@ def test_mounted_under_a_prefix(app: Conveyor) -> None:
     finally:
         dash.close()
     assert str(app.get_job(dead).state) == "available"
+
+
+# -- beyond loopback: a proxy in front, HTTPS ---------------------------------------------------------
+def test_a_host_beyond_loopback_needs_a_token(app: Conveyor) -> None:
+    """An --allowed-host is what a proxy on this machine forwards: without credentials the proxy
+    would serve anyone. Loopback names stay allowed without credentials."""
+    for host in ("jobs.internal", "10.0.0.5", "0.0.0.0"):
+        with pytest.raises(ConfigurationError, match="without authentication"):
+            create_app(app, allowed_hosts=[host])
+        create_app(app, token=TOKEN, allowed_hosts=[host]).close()
+    create_app(app, allowed_hosts=["localhost", "127.0.0.1", "[::1]"]).close()
+
+
+def test_behind_a_trusted_proxy_the_scheme_is_the_clients(app: Conveyor) -> None:
+    """X-Forwarded-Proto from a trusted proxy: an https Origin is this site and the cookies are
+    Secure. The same headers from anyone else are ignored."""
+    dead = kill_job(app.backend)
+    d = create_app(app, token=TOKEN, forwarded_allow_ips="10.0.0.1", sample_interval=3600)
+    https = {"X-Forwarded-Proto": "https", "X-Forwarded-For": "198.51.100.9", "Origin": "https://jobs.example"}
+    try:
+        with make_client(d, base_url="http://jobs.example", client=("10.0.0.1", 40000)) as proxy:
+            token = csrf_of(proxy, "/login")
+            login = proxy.post("/login", data={"csrf_token": token, "token": TOKEN, "next": "/dead"}, headers=https)
+            assert login.status_code == 303, login.text
+            cookies = [v for k, v in login.headers.multi_items() if k == "set-cookie"]
+            assert cookies and all("Secure" in c for c in cookies), cookies
+            # The proxy talks https to the browser, so the browser sends its Secure cookies back.
+            jar = "; ".join(c.split(";")[0] for c in cookies)
+            csrf = proxy.cookies["conveyor_csrf"]
+            r = proxy.post(f"/jobs/{dead}/retry", data={"csrf_token": token, "confirmed": "yes"},
+                           headers={**https, "Cookie": f"{jar}; conveyor_csrf={csrf}"})
+            assert r.status_code == 303, r.text
+        assert str(app.get_job(dead).state) == "available"
+        with make_client(d, base_url="http://jobs.example", client=("203.0.113.7", 40000)) as stranger:
+            token = csrf_of(stranger, "/login")
+            r = stranger.post("/login", data={"csrf_token": token, "token": TOKEN}, headers=https)
+            assert r.status_code == 403 and "Cross-site" in r.text
+    finally:
+        d.close()
+
+
+def test_proxy_headers_are_ignored_unless_trusted(app: Conveyor) -> None:
+    d = create_app(app, token=TOKEN, sample_interval=3600)
+    try:
+        with make_client(d, base_url="http://jobs.example") as c:
+            token = csrf_of(c, "/login")
+            r = c.post("/login", data={"csrf_token": token, "token": TOKEN},
+                       headers={"X-Forwarded-Proto": "https", "Origin": "https://jobs.example"})
+            assert r.status_code == 403
+            ok = c.post("/login", data={"csrf_token": token, "token": TOKEN}, headers={"Origin": "http://jobs.example"})
+            assert ok.status_code == 303 and "Secure" not in ok.headers["set-cookie"]
+    finally:
+        d.close()
+
+
+def test_trusting_a_proxy_needs_credentials(app: Conveyor) -> None:
+    """A proxy in front serves clients beyond this machine: no proxy trust without a token."""
+    with pytest.raises(ConfigurationError, match="without authentication"):
+        create_app(app, forwarded_allow_ips="127.0.0.1")
+    create_app(app, token=TOKEN, forwarded_allow_ips="127.0.0.1").close()
+
+
+def test_behind_a_trusted_proxy_each_client_is_slowed_on_its_own(app: Conveyor) -> None:
+    """The proxy's X-Forwarded-For names the client: one guesser does not lock everyone out."""
+    from conveyor.dashboard.guard import FREE_FAILURES
+
+    d = create_app(app, token=TOKEN, forwarded_allow_ips="127.0.0.1", sample_interval=3600)
+    freeze_clock(d)
+    guesser = {"X-Forwarded-For": "203.0.113.7", "Authorization": "Bearer guess-guess-guess"}
+    try:
+        with make_client(d) as proxy:
+            for _ in range(FREE_FAILURES):
+                assert proxy.get("/", headers=guesser).status_code == 303
+            assert proxy.get("/", headers=guesser).status_code == 429
+            ok = proxy.get("/", headers={"X-Forwarded-For": "198.51.100.9", "Authorization": f"Bearer {TOKEN}"})
+            assert ok.status_code == 200
+            assert set(d.dashboard.auth.guard.throttle.failures) == {"203.0.113.7"}
+    finally:
+        d.close()
+
+
+def test_over_https_cookies_are_secure_and_posts_work(app: Conveyor, token_dash: DashboardApp) -> None:
+    dead = kill_job(app.backend)
+    with make_client(token_dash, base_url="https://127.0.0.1:8443") as c:
+        token = csrf_of(c, "/login")
+        origin = {"Origin": "https://127.0.0.1:8443"}
+        login = c.post("/login", data={"csrf_token": token, "token": TOKEN}, headers=origin)
+        assert login.status_code == 303 and "Secure" in login.headers["set-cookie"]
+        r = c.post(f"/jobs/{dead}/retry", data={"csrf_token": token, "confirmed": "yes"}, headers=origin)
+        assert r.status_code == 303 and all("Secure" in v for k, v in r.headers.multi_items() if k == "set-cookie")
+        assert c.post(f"/jobs/{dead}/retry", data={"csrf_token": token, "confirmed": "yes"},
+                      headers={"Origin": "http://127.0.0.1:8443"}).status_code == 403
+
+
+# -- sessions ----------------------------------------------------------------------------------------
+def login(c: TestClient) -> str:
+    token = csrf_of(c, "/login")
+    r = c.post("/login", data={"csrf_token": token, "token": TOKEN}, headers=ORIGIN)
+    assert r.status_code == 303, r.text
+    return str(c.cookies["conveyor_session"])
+
+
+def test_logout_revokes_the_session(token_dash: DashboardApp) -> None:
+    with make_client(token_dash) as c, make_client(token_dash) as other:
+        old = login(c)
+        kept = login(other)
+        assert c.get("/dead").status_code == 200
+        r = post(c, "/logout", {})
+        assert r.status_code == 303
+        c.cookies.set("conveyor_session", old)  # a copy of the cookie kept from before
+        assert c.get("/dead").status_code == 303
+        assert c.get("/dead", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+        assert other.cookies["conveyor_session"] == kept and other.get("/dead").status_code == 200
+
+
+def test_the_cookie_key_is_salted_per_server(app: Conveyor) -> None:
+    """Not a hash of the token: two servers with the same token sign differently unless they
+    share a secret, and the key is not the plain sha256 of the credentials."""
+    import hashlib
+    import json
+
+    one, two = make_auth(token=TOKEN), make_auth(token=TOKEN)
+    assert one.secret != two.secret
+    unsalted = hashlib.sha256(b"conveyor-dashboard-v1\x00" + json.dumps([TOKEN, None]).encode()).digest()
+    assert unsalted not in (one.secret, two.secret)
+    shared = "replica-secret-kept-in-the-vault-0123456789"
+    assert make_auth(token=TOKEN, secret=shared).secret == make_auth(token=TOKEN, secret=shared).secret
+    assert make_auth(token=TOKEN, secret=shared).secret != make_auth(token=TOKEN + "x", secret=shared).secret
+    a, b = (create_app(app, token=TOKEN, secret=shared, sample_interval=3600) for _ in range(2))
+    c3 = create_app(app, token=TOKEN, sample_interval=3600)
+    try:
+        with make_client(a) as ca, make_client(b) as cb, make_client(c3) as cc:
+            session = login(ca)
+            cb.cookies.set("conveyor_session", session)
+            assert cb.get("/dead").status_code == 200  # a replica with the same secret
+            cc.cookies.set("conveyor_session", session)
+            assert cc.get("/dead").status_code == 303  # another server
+    finally:
+        for d in (a, b, c3):
+            d.close()
+
+
+# -- brute force -----------------------------------------------------------------------------------
+def freeze_clock(dash: DashboardApp, at: float = 1000.0) -> list[float]:
+    now = [at]
+    dash.dashboard.auth.guard.throttle.clock = lambda: now[0]
+    return now
+
+
+def test_repeated_failed_logins_are_slowed(token_dash: DashboardApp) -> None:
+    from conveyor.dashboard.guard import FREE_FAILURES
+
+    now = freeze_clock(token_dash)
+    with make_client(token_dash, client=("203.0.113.7", 40000)) as c, \
+            make_client(token_dash, client=("198.51.100.9", 40000)) as other:
+        token = csrf_of(c, "/login")
+        for _ in range(FREE_FAILURES):
+            r = c.post("/login", data={"csrf_token": token, "token": "not-it"}, headers=ORIGIN)
+            assert r.status_code == 401
+        r = c.post("/login", data={"csrf_token": token, "token": TOKEN}, headers=ORIGIN)
+        assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1, r.text  # even the right token
+        assert c.get("/", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 429
+        assert login(other)  # another client is not slowed
+        now[0] += int(r.headers["retry-after"])
+        r = c.post("/login", data={"csrf_token": token, "token": TOKEN}, headers=ORIGIN)
+        assert r.status_code == 303  # after the delay: in, and the count starts again
+        for _ in range(FREE_FAILURES - 1):
+            assert c.post("/login", data={"csrf_token": token, "token": "x"}, headers=ORIGIN).status_code == 401
+
+
+def test_failed_bearer_tokens_are_slowed_and_the_delay_grows(token_dash: DashboardApp) -> None:
+    from conveyor.dashboard.guard import FREE_FAILURES
+
+    now = freeze_clock(token_dash)
+    throttle = token_dash.dashboard.auth.guard.throttle
+    with make_client(token_dash, client=("203.0.113.7", 40000)) as c:
+        for _ in range(FREE_FAILURES):
+            assert c.get("/", headers={"Authorization": "Bearer guess-guess-guess"}).status_code == 303
+        delays = []
+        for _ in range(4):
+            r = c.get("/", headers={"Authorization": "Bearer guess-guess-guess"})
+            assert r.status_code == 429
+            delays.append(int(r.headers["retry-after"]))
+            now[0] += delays[-1]
+            assert c.get("/", headers={"Authorization": "Bearer guess-guess-guess"}).status_code == 303
+        assert delays == sorted(delays) and delays[-1] > delays[0]
+    assert len(throttle.failures) == 1
+
+
+@pytest.mark.parametrize("weak", [
+    "a" * 64, "0123456789" * 5, "password" * 6, "correct-horse-battery-staple-orange-purple", "Tr0ub4dor&3" * 3,
+    "q7XzR2vK9pLmW4tN",  # random but 16 characters: about 95 bits
+])
+def test_weak_tokens_are_refused_with_a_way_to_make_one(weak: str) -> None:
+    with pytest.raises(ConfigurationError, match=r"secrets\.token_urlsafe\(32\)"):
+        make_auth(token=weak)
+
+
+def test_random_tokens_are_accepted() -> None:
+    import secrets
+
+    for _ in range(50):
+        make_auth(token=secrets.token_urlsafe(32))
+        make_auth(token=secrets.token_hex(24))
+    make_auth(token=TOKEN)
+
+
+# -- what strangers and job data may show ----------------------------------------------------------
+def test_strangers_never_see_the_store(tmp_path: Any) -> None:
+    """The store is down and the sampler says why (its URL, host, database): only to those
+    logged in."""
+    from support import wait_until
+
+    down = Conveyor("postgresql://alice:pw@127.0.0.1:1/ledgerdb")
+    d = create_app(down, token=TOKEN, sample_interval=3600)
+    try:
+        d.dashboard.sampler.ensure_started()
+        wait_until(lambda: d.dashboard.sampler.last_error is not None, timeout=30)
+        with make_client(d, client=("203.0.113.7", 40000)) as c:
+            page = c.get("/login").text
+            assert "ledgerdb" not in page and "alice" not in page and "Sampling the store failed" not in page
+            login(c)
+            assert "ledgerdb" in c.get("/login").text  # the same page, logged in: the warning is there
+    finally:
+        d.close()
+
+
+def test_control_characters_render_visibly(app: Conveyor, client: TestClient) -> None:
+    job = kill_job(app.backend, message="bad\x01byte\x1b[31mred\u202eevil\x7f", args={"note": "ok\ttab"},
+                   traceback="Traceback (most recent call last):\n  line\x08\nValueError: bad")
+    page = client.get(f"/jobs/{job}").text
+    for raw in ("\x01", "\x1b", "\u202e", "\x7f", "\x08"):
+        assert raw not in page, repr(raw)
+    assert "bad\\x01byte\\x1b[31mred\\u202eevil\\x7f" in page
+    assert "Traceback (most recent call last):\n  line\\x08\nValueError: bad" in page  # newlines kept
+    assert "ok\\ttab" in page  # JSON's own escape, unchanged
+
+
+def test_a_nul_renders_visibly(tmp_path: Any) -> None:
+    """PostgreSQL refuses NUL in text; SQLite and Redis keep it, so it reaches the page."""
+    app = Conveyor(f"sqlite:///{tmp_path}/nul.db")
+    d = create_app(app, sample_interval=3600)
+    try:
+        job = kill_job(app.backend, message="before\x00after")
+        with make_client(d) as c:
+            page = c.get(f"/jobs/{job}").text
+        assert "\x00" not in page and "before\\x00after" in page
+    finally:
+        d.close()
+        app.close()
+
+
+def test_a_huge_job_id_is_not_found(app: Conveyor, client: TestClient) -> None:
+    for job_id in ("99999999999999999999999999", str(2**63), str(2**63 - 1)):
+        assert client.get(f"/jobs/{job_id}").status_code == 404, job_id
+        r = post(client, f"/jobs/{job_id}/retry", {"confirmed": "yes"})
+        assert r.status_code in (303, 404) and r.status_code != 503, job_id
+    job = kill_job(app.backend)
+    assert client.get(f"/jobs/{job}").status_code == 200
+
+
+def test_a_crlf_in_a_message_cannot_forge_a_text_log_line() -> None:
+    import logging
+
+    from conveyor.logs import TextFormatter
+
+    record = logging.LogRecord("conveyor.worker", logging.ERROR, __file__, 1,
+                               "job %s failed: %s", (7, "boom\r\n2026-01-01 00:00:00 INFO conveyor: all good\x1b[2J"),
+                               None)
+    line = TextFormatter("%(levelname)s %(name)s: %(message)s").format(record)
+    assert "\n" not in line and "\r" not in line and "\x1b" not in line
+    assert line == "ERROR conveyor.worker: job 7 failed: boom\\r\\n2026-01-01 00:00:00 INFO conveyor: all good\\x1b[2J"
+    plain = logging.LogRecord("conveyor", logging.INFO, __file__, 1, "plain message", None, None)
+    assert TextFormatter("%(message)s").format(plain) == "plain message"

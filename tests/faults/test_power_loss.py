@@ -33,12 +33,13 @@ is after the acknowledged call's fsync).
 
 After each rebuild, Conveyor opens the database (SQLite recovers its WAL) and the test checks:
 
-* R5c ``synchronous=full``: ``integrity_check`` and ``quick_check`` ok, still WAL; every
+* R5c ``synchronous=full`` (the default, so its run uses a URL without the option):
+  ``integrity_check`` and ``quick_check`` ok, still WAL; every
   acknowledged enqueue present with its id (lost = 0); every acknowledged completion still
   ``succeeded``; no half-written row; no row the producer never enqueued; then a worker drains
   what is left (the product's Worker once per run, a claim/ack loop for the extra cuts) and
   every job ends ``succeeded``.
-* R5c ``synchronous=normal`` (the default): the same, except that acknowledged commits may be
+* R5c ``synchronous=normal`` (``?synchronous=normal``, the opt-out): the same, except that acknowledged commits may be
   missing, but only as a suffix: if enqueue k is there, every enqueue acknowledged before k is
   (the same for completions), and none acknowledged before the WAL's last completed fsync (a
   checkpoint) is missing. The losses, and how far back they reach, are reported: this is what
@@ -378,7 +379,7 @@ def check_sqlite_cut(run: TracedRun, cut: int, model: str, key: str, sync: str, 
         v.problems.append(f"journal_mode {state['journal_mode']}")
     if state["broken"]:
         v.problems.append(f"half-written rows: {state['broken'][:10]}")
-    url = f"sqlite:///{db}?synchronous={sync}"
+    url = sqlite_url(db, sync)
     app = make_app(url)
     try:
         jobs = all_jobs(app.backend)
@@ -425,6 +426,11 @@ def check_sqlite_cut(run: TracedRun, cut: int, model: str, key: str, sync: str, 
     return v
 
 
+def sqlite_url(db: Path, sync: str) -> str:
+    """The store's URL as a user writes it: FULL is the default, so its runs name no option."""
+    return f"sqlite:///{db}" if sync == "full" else f"sqlite:///{db}?synchronous={sync}"
+
+
 def sqlite_mode(shim: Path, tmp_path: Path, sync: str) -> tuple[int, list[Verdict], list[TracedRun]]:
     seed, rng = make_rng(f"R5c power loss, synchronous={sync}")
     verdicts: list[Verdict] = []
@@ -435,7 +441,7 @@ def sqlite_mode(shim: Path, tmp_path: Path, sync: str) -> tuple[int, list[Verdic
         run_dir = tmp_path / f"run{trial}"
         root = run_dir / "db"
         root.mkdir(parents=True)
-        url = f"sqlite:///{root / 'jobs.db'}?synchronous={sync}"
+        url = sqlite_url(root / "jobs.db", sync)
         SqliteBackend(url).close()  # the schema: on disk before the power fails
         argvs = [[sys.executable, str(CHILD), role, url, str(root / MARKER), str(rng.randrange(2**32))]
                  for role in ("producer", "worker")]

@@ -141,6 +141,30 @@ def test_transactional_completion_commits_writes_with_the_ack(app: Conveyor, pg_
         assert conn.execute("SELECT count(*) FROM payments").fetchone() == (1,)
 
 
+def test_transactional_completion_refuses_a_result_over_the_limit(pg_url: str) -> None:
+    app = Conveyor(pg_url, visibility_timeout=5, max_result_bytes=100)
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute("CREATE TABLE payments (order_id int primary key, amount int)")
+
+    @app.task(max_attempts=3)
+    def charge(order_id: int) -> None:
+        ctx = current_job()
+        assert ctx is not None
+        with ctx.transaction(result="x" * 200) as conn:
+            conn.execute("INSERT INTO payments VALUES (%s, %s)", (order_id, 100))
+
+    try:
+        job = charge.enqueue(1)
+        with running_worker(app, concurrency=1):
+            done = wait_for_job(app, job.id)
+        assert done.state is JobState.DEAD and done.attempts == 1 and done.result is None
+        assert [e["kind"] for e in done.errors] == ["result_too_large"]
+        with psycopg.connect(pg_url) as conn:  # refused before the block ran: nothing written
+            assert conn.execute("SELECT count(*) FROM payments").fetchone() == (0,)
+    finally:
+        app.close()
+
+
 def test_transactional_completion_rolls_back_on_error(app: Conveyor, pg_url: str) -> None:
     with psycopg.connect(pg_url, autocommit=True) as admin:
         admin.execute("CREATE TABLE payments (order_id int primary key, amount int)")

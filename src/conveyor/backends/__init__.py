@@ -8,7 +8,9 @@ from ..errors import ConfigurationError
 from .base import Backend
 
 
-def open_backend(url: str) -> Backend:
+def open_backend(url: str, *, pool_size: int | None = None) -> Backend:
+    """``pool_size``: PostgreSQL's connection pool, fixed (see PostgresBackend); other stores
+    have none to size."""
     scheme = urlsplit(url).scheme
     if scheme == "sqlite":
         from .sqlite import SqliteBackend
@@ -18,7 +20,7 @@ def open_backend(url: str) -> Backend:
         _require("psycopg", "postgres")
         from .postgres import PostgresBackend
 
-        return PostgresBackend(url)
+        return PostgresBackend(url, max_size=pool_size)
     if scheme in ("redis", "rediss"):
         _require("redis", "redis")
         from .redis import RedisBackend
@@ -28,6 +30,38 @@ def open_backend(url: str) -> Backend:
         f"unsupported store URL {redact_url(url)!r}: expected sqlite:///file.db, "
         "postgresql://user@host/db or redis://host:6379/0"
     )
+
+
+def absolute_url(url: str) -> str:
+    """``url`` with a relative SQLite path made absolute against the current directory.
+
+    A relative path names a different file in every directory a process starts in: a
+    producer and a worker started in two places would silently use two stores.
+    Other URLs, absolute paths and URLs that are not valid SQLite URLs are returned as
+    given (opening the store reports what is wrong with them).
+    """
+    parts = urlsplit(url)
+    if parts.scheme != "sqlite" or (parts.netloc + parts.path).startswith("//"):
+        return url
+    from .sqlite import parse_sqlite_url
+
+    try:
+        path, _ = parse_sqlite_url(url)
+    except ConfigurationError:
+        return url
+    return f"sqlite:///{path}" + (f"?{parts.query}" if parts.query else "")
+
+
+def sqlite_path(url: str) -> str | None:
+    """The absolute file path of a SQLite store URL; None for other stores or invalid URLs."""
+    if urlsplit(url).scheme != "sqlite":
+        return None
+    from .sqlite import parse_sqlite_url
+
+    try:
+        return parse_sqlite_url(url)[0]
+    except ConfigurationError:
+        return None
 
 
 def _require(module: str, extra: str) -> None:

@@ -517,6 +517,13 @@ class Backend(abc.ABC):
         its lease, tells the truth by recording it. Raises JobNotFound for an unknown job."""
         raise NotImplementedError(f"{type(self).__name__} has no step records")
 
+    def reserve_connections(self, slots: int) -> list[str]:
+        """A worker on this backend runs up to ``slots`` more tasks at once (fewer, if negative:
+        it stopped). A store whose tasks may each hold a pooled connection (PostgreSQL's
+        ``transaction()``) sizes its pool to match; the answer is warnings to log (a size the
+        user fixed too small). Default: nothing to do."""
+        return []
+
     def startup_warnings(self) -> list[str]:
         """Settings of the store that put acknowledged jobs at risk; a worker logs them at start."""
         return []

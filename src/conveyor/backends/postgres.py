@@ -1,6 +1,6 @@
 """PostgreSQL backend: many machines against one database.
 
-Claims are one ``FOR UPDATE SKIP LOCKED`` statement, batched to the worker's free slots;
+Claims are one ``FOR NO KEY UPDATE SKIP LOCKED`` statement, batched to the worker's free slots;
 idle workers sleep on ``LISTEN`` and are woken by ``pg_notify`` from the transaction that
 made a job available, with polling as the fallback. Jobs can be enqueued inside the
 caller's own transaction, and a task can complete its job (and record its exactly-once
@@ -41,6 +41,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar, cast
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import errors as pgerrors
@@ -60,7 +61,7 @@ from ..errors import (
 )
 from ..job import Job, JobState, make_job
 from ..payload import NAME_RE
-from . import redact_url
+from . import forking, redact_url
 from .base import (
     CLAIM_SCAN,
     Backend,
@@ -79,7 +80,9 @@ from .base import (
     queue_stats_from_rows,
     refuse_overflow,
 )
-from .sql import load_migrations, load_queries
+from .pg_migrate import LATEST as SCHEMA_VERSION
+from .pg_migrate import migrate as migrate_schema
+from .sql import load_queries
 
 log = logging.getLogger("conveyor.postgres")
 
@@ -88,7 +91,6 @@ NOW = "coalesce(to_timestamp(%(now)s::float8), now())"
 STMT_NOW = "coalesce(to_timestamp(%(now)s::float8), statement_timestamp())"
 Q = {name: sql.replace(":NOW", NOW).replace(":STMT_NOW", STMT_NOW)
      for name, sql in load_queries("postgres").items()}
-MIGRATIONS = load_migrations("postgres")
 KEEP_ERRORS = 20
 CHANNEL = "conveyor_wake"
 DEPTH_LOCK = "SELECT pg_advisory_xact_lock(hashtext('conveyor_depth:' || current_schema() || ':' || %s))"
@@ -111,6 +113,12 @@ CONNECT_DEFAULTS = {
 }
 STATEMENT_TIMEOUT_MS = 30_000
 POOL_TIMEOUT = 5.0  # longest wait for a connection: an outage surfaces as StoreError this soon
+# The main pool's size beyond the task slots of the workers in this process (each slot may hold
+# a connection in transaction()): room for producers, the app's own calls and the dashboard.
+POOL_ROOM = 10
+POOL_PARAMS = ("pool_min_size", "pool_max_size")  # read from the store URL, not given to libpq
+# The control pool's size per worker: its claim, heartbeat and maintenance threads at once.
+CONTROL_SIZE = 4
 REPLACE_WAIT = 1.0  # longest wait for the pool to replace a dead connection before it may grow
 ASK_EVERY = 0.5  # a wait for a connection asks the pool again this often (see _pooled)
 # Connections above min_size idle this long are closed (one per period; psycopg's default is
@@ -334,11 +342,32 @@ def _await_idle(pool: ConnectionPool[Any], until: float) -> None:
         pause = min(pause * 2, 0.05)
 
 
+def _fresh_pool(old: ConnectionPool[Any], max_size: int) -> ConnectionPool[Any]:
+    """A pool like ``old``, not opened yet, for a forked child."""
+    return ConnectionPool(
+        conninfo=old.conninfo, kwargs=old.kwargs, min_size=old.min_size, max_size=max(max_size, old.min_size),
+        open=False, timeout=old.timeout, reconnect_timeout=old.reconnect_timeout, configure=_configure,
+        name=old.name, max_idle=old.max_idle,
+    )
+
+
 class PostgresBackend(Backend):
     supports_transactions = True  # enqueue/ack can join a caller's transaction
+    _pools_pending = False  # a forked child's pools are opened on first use
 
-    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10) -> None:
+    def __init__(self, url: str, *, min_size: int | None = None, max_size: int | None = None) -> None:
+        """``max_size`` (or ``?pool_max_size=`` in the URL) fixes the main pool's size; unset, it is
+        POOL_ROOM plus the task slots of the workers running in this process (reserve_connections)."""
         self.url = url
+        url, sizes = _pool_sizes(url)
+        min_size = min_size if min_size is not None else sizes.get("pool_min_size", 1)
+        self._fixed_size = max_size if max_size is not None else sizes.get("pool_max_size")
+        if min_size < 0 or (self._fixed_size is not None and self._fixed_size < max(min_size, 1)):
+            raise ConfigurationError(f"PostgreSQL pool sizes: need 0 <= pool_min_size <= pool_max_size, "
+                                     f"pool_max_size >= 1; got {min_size} and {self._fixed_size}")
+        self._reserved = 0  # task slots of the workers running on this backend
+        self._workers = 0  # and how many workers they are
+        self._size_lock = threading.Lock()
         try:
             params = conninfo_to_dict(url)
         except psycopg.ProgrammingError as exc:
@@ -355,7 +384,7 @@ class PostgresBackend(Backend):
             raise StoreError(f"PostgreSQL: cannot connect to {redact_url(url)}: {str(exc).strip()}") from None
         self._pool: ConnectionPool[psycopg.Connection[dict[str, Any]]] = ConnectionPool(
             conninfo=self._conninfo, kwargs={"autocommit": True, "row_factory": dict_row},
-            min_size=min_size, max_size=max_size, open=False, timeout=POOL_TIMEOUT,
+            min_size=min_size, max_size=max(self._fixed_size or POOL_ROOM, min_size), open=False, timeout=POOL_TIMEOUT,
             # Give up reconnecting quickly: the next request then connects at once, instead of
             # waiting out the pool's exponential backoff long after the server is back.
             reconnect_timeout=5.0, configure=_configure, name="conveyor", max_idle=MAX_IDLE,
@@ -364,7 +393,7 @@ class PostgresBackend(Backend):
         # tasks holding connections (transaction(), enqueues) can never starve a heartbeat.
         self._control: ConnectionPool[psycopg.Connection[dict[str, Any]]] = ConnectionPool(
             conninfo=self._conninfo, kwargs={"autocommit": True, "row_factory": dict_row},
-            min_size=1, max_size=4, open=False, timeout=POOL_TIMEOUT, reconnect_timeout=5.0,
+            min_size=1, max_size=CONTROL_SIZE, open=False, timeout=POOL_TIMEOUT, reconnect_timeout=5.0,
             configure=_configure, name="conveyor-control", max_idle=MAX_IDLE,
         )
         try:
@@ -384,9 +413,35 @@ class PostgresBackend(Backend):
         # limited path instead of trying the fast statement first (a hint, never a rule).
         self._limited_queues: set[str] = set()
         self._wake_generation = 0
+        forking.register(self)
         self._migrate()
 
     # -- plumbing ---------------------------------------------------------------------
+    def _after_fork_in_child(self) -> None:
+        # The parent's pools and LISTEN connection are its sessions: closing them here would
+        # send Terminate on them, and their pool threads are not in this process. They are
+        # kept untouched (psycopg finishes a connection only in the process that opened it)
+        # and this process opens its own on first use.
+        forking.keep_inherited(self._pool, self._control, self._listener)
+        # The parent's workers are not in this process: the pools are sized for none yet.
+        self._reserved = self._workers = 0
+        self._size_lock = threading.Lock()
+        self._pool = _fresh_pool(self._pool, self._fixed_size or POOL_ROOM)
+        self._control = _fresh_pool(self._control, CONTROL_SIZE)
+        self._listener = None
+        self._listen_lock = threading.Lock()
+        self._open_lock = threading.Lock()
+        self._replacing = {}
+        self._pools_pending = True
+
+    def _open_pools(self) -> None:
+        with self._open_lock:
+            if self._pools_pending:
+                # Not waiting: a server that is down makes the caller's own bounded wait fail.
+                self._pool.open(wait=False)
+                self._control.open(wait=False)
+                self._pools_pending = False
+
     @contextmanager
     def _live_connection(
         self, pool: ConnectionPool[psycopg.Connection[dict[str, Any]]] | None = None, *,
@@ -401,6 +456,8 @@ class PostgresBackend(Backend):
         ``_statement_budget()`` at most. Past that, the connection is shut down and discarded
         and the call raises StoreUnavailable. With ``hold`` false only the probe is bounded (the
         caller bounds its own uses of the connection)."""
+        if self._pools_pending:
+            self._open_pools()
         pool = pool or self._pool
         start = time.monotonic()
         if until is None:
@@ -434,8 +491,38 @@ class PostgresBackend(Backend):
                         if conn.broken or conn.closed:  # the pool replaces it when it goes back
                             self._replacing[pool.name] = time.monotonic() + REPLACE_WAIT
         except PoolTimeout as exc:
-            raise StoreUnavailable(f"PostgreSQL: no connection available: {exc}") from None
+            raise StoreUnavailable(self._no_connection(pool, time.monotonic() - start, exc)) from None
         raise StoreError("PostgreSQL: no live connection in the pool (is the server up?)")
+
+    def _no_connection(self, pool: ConnectionPool[Any], waited: float, exc: PoolTimeout) -> str:
+        stats = pool.get_stats()
+        text = f"PostgreSQL: no connection available after {waited:.1f}s ({exc})"
+        if pool is not self._pool or stats.get("pool_size", 0) < pool.max_size or stats.get("pool_available", 0):
+            return text + " (is the server up and answering?)"
+        how = ("set by pool_size= / ?pool_max_size=" if self._fixed_size is not None
+               else f"{POOL_ROOM} plus the task slots of this process's workers")
+        return (f"{text}: all {pool.max_size} connections of the pool ({how}) are in use, by tasks "
+                "holding transaction() and the app's own calls. Raise it: Conveyor(..., pool_size=N) "
+                "or ?pool_max_size=N in the store URL (and keep it below the server's max_connections)")
+
+    def reserve_connections(self, slots: int) -> list[str]:
+        """A worker starts (``slots`` > 0) or stops (< 0): grow or shrink the main pool by its
+        slots unless its size was fixed (then say so when it is too small for them), and the
+        control pool by one worker's share."""
+        with self._size_lock:
+            self._reserved = max(0, self._reserved + slots)
+            self._workers = max(0, self._workers + (1 if slots > 0 else -1 if slots < 0 else 0))
+            # Workers sharing this backend (several in one process) each get their own share.
+            self._control.resize(1, CONTROL_SIZE * max(1, self._workers))
+            if self._fixed_size is None:
+                self._pool.resize(self._pool.min_size, max(POOL_ROOM + self._reserved, self._pool.min_size))
+                return []
+            if slots > 0 and self._fixed_size < self._reserved + 1:
+                return [f"PostgreSQL pool_max_size={self._fixed_size} is not above the {self._reserved} "
+                        "task slots of this process's workers: tasks that hold transaction() wait for a "
+                        f"connection, and fail after {POOL_TIMEOUT:g}s without one. Leave the size unset "
+                        f"(it follows the workers' concurrency) or raise it"]
+            return []
 
     @contextmanager
     def _tx(self, *, control: bool = False, until: float | None = None,
@@ -448,30 +535,16 @@ class PostgresBackend(Backend):
             raise _translate(exc) from exc
 
     def _migrate(self) -> None:
-        latest = MIGRATIONS[-1][0]
         with self._tx() as conn:
             row = conn.execute("SELECT to_regclass('conveyor_schema_migrations') IS NOT NULL AS ok").fetchone()
             if row and row["ok"]:
                 done = conn.execute("SELECT max(version) AS v FROM conveyor_schema_migrations").fetchone()
-                if done and done["v"] is not None and done["v"] >= latest:
+                if done and done["v"] is not None and done["v"] >= SCHEMA_VERSION:
                     return
-        # Several statements, each may take up to statement_timeout (waiting for another
-        # migrator's lock, then each script): the client's deadline allows for all of them.
-        until = time.monotonic() + POOL_TIMEOUT + (2 * len(MIGRATIONS) + 3) * _statement_budget()
-        with self._tx(until=until) as conn:
-            # Many workers may start at once: one migrates, the others wait, then find it done.
-            conn.execute("SELECT pg_advisory_xact_lock(hashtext('conveyor_migrate:' || current_schema()))")
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS conveyor_schema_migrations ("
-                " version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-            applied = {r["version"] for r in conn.execute("SELECT version FROM conveyor_schema_migrations")}
-            for version, script in MIGRATIONS:
-                if version in applied:
-                    continue
-                conn.execute(script.encode())  # bytes: run as one multi-statement script
-                conn.execute("INSERT INTO conveyor_schema_migrations (version) VALUES (%s)", [version])
-                log.info("applied PostgreSQL migration %03d", version)
+        try:
+            migrate_schema(self._conninfo)
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
 
     def schema_version(self) -> int:
         with self._tx() as conn:
@@ -1024,6 +1097,23 @@ class PostgresBackend(Backend):
                             conn.autocommit = True
         except psycopg.Error as exc:
             raise _translate(exc) from exc
+
+
+def _pool_sizes(url: str) -> tuple[str, dict[str, int]]:
+    """The URL without the pool's own query parameters (POOL_PARAMS), and their values."""
+    parts = urlsplit(url)
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    if not any(k in POOL_PARAMS for k, _ in pairs):
+        return url, {}
+    sizes: dict[str, int] = {}
+    for key, value in pairs:
+        if key in POOL_PARAMS:
+            try:
+                sizes[key] = int(value)
+            except ValueError:
+                raise ConfigurationError(f"PostgreSQL URL: {key} must be a whole number, got {value!r}") from None
+    rest = urlencode([(k, v) for k, v in pairs if k not in POOL_PARAMS])
+    return urlunsplit(parts._replace(query=rest)), sizes
 
 
 def _join_transaction(conn: psycopg.Connection[Any]) -> None:

@@ -14,6 +14,7 @@ sent, because a reply lost in flight does not tell whether the script ran.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import json
@@ -41,12 +42,14 @@ from ..errors import (
     JobNotFound,
     LeaseLost,
     PayloadError,
+    QueueFull,
     StorageFull,
     StoreError,
     StoreUnavailable,
 )
 from ..job import Job, JobState, fast_constructor, make_job
 from ..payload import NAME_RE
+from . import forking
 from .base import (
     CLAIM_SCAN,
     Backend,
@@ -76,25 +79,28 @@ except ImportError:  # hiredis comes with the redis extra; redis-py's own packer
 
 T = TypeVar("T")
 
-# This process's pid, set again in a forked child: os.getpid() is a system call, and asking it
-# on every checkout was 5 us of a one-job enqueue on a VM.
-_PID = [os.getpid()]
-os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
-
 _ScriptCall = tuple[str, Sequence[str], Sequence[Any]]  # script name, keys, args
 
 PREFIX_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 STATES = ("scheduled", "available", "running", "succeeded", "dead", "cancelled")
 QUEUE_KEYS = ("available", "scheduled", "running", "succeeded", "dead", "cancelled", "jobs", "wake", "fair", "due",
               "inbox")
-# Only new work (enqueue, and cron ticks, which use the enqueue script) is refused when Redis is
-# at maxmemory. Claiming, finishing and pruning must go on, or a full Redis could never drain:
-# they run with allow-oom. So does record_step: its side effect has happened already, and a
-# refused record would let another attempt do it again.
+# At maxmemory (noeviction), Redis refuses a script without allow-oom before it runs. New work
+# (enqueue, and cron ticks, which use the enqueue script) is refused so. Claiming, finishing and
+# pruning must go on, or a full Redis could never drain: they run with allow-oom, and what they
+# write is a few fields per job, except the texts callers hand them. An ack's result is written
+# whatever its size (a refused ack runs the job again). A step record or an error bigger than
+# OOM_SLACK goes by the ':strict' copy of its script (without allow-oom): refused at maxmemory,
+# a step record fails its attempt with StorageFull (nothing written); an error is written again
+# cut to OOM_SLACK by the allow-oom script, so a retry or kill still happens (see _settle_error).
 GROWING_SCRIPTS = {"enqueue", "enqueue_one"}
+STRICT_SCRIPTS = ("record_step", "retry", "kill")
+OOM_SLACK = 1024  # bytes of caller text a script may write past maxmemory
 # Scripts that do without _common.lua's prelude (its header of 18 keys, the queue blocks, and
 # its helpers made on every call): only _core.lua comes before them.
-LEAN_SCRIPTS = {"enqueue_one"}
+LEAN_SCRIPTS = {"enqueue_one", "get"}
+# The last_outcome a settle of each kind leaves on the job (with its token as last_token).
+_SETTLED_AS = {"ack": ("succeeded",), "kill": ("dead",), "retry": ("scheduled", "available", "dead")}
 STEP_PREFIX = "step:"  # a step record is the field step:<name> of the job's hash
 # The fields whose values a claim returns in this order for a job that has no others (BASE in
 # claim.lua); a job with others comes back as its hash's field, value pairs instead.
@@ -104,6 +110,9 @@ DEFAULT_SOCKET_TIMEOUT = 5.0
 DEFAULT_CONNECT_TIMEOUT = 2.0
 RETRY_BUDGET = 2.0  # seconds a retryable call keeps trying before it reports the store down
 WAIT_SLICE = 1.0  # longest single BLPOP; the socket timeout of waiters is this plus the normal one
+# Most jobs one enqueue script call writes. Redis runs one script at a time and every other
+# client waits meanwhile (heartbeats too): a 50,000-job batch in one script held it for 1.7 s.
+ENQUEUE_CHUNK = 1000
 LIST_BUDGET = 20_000  # ids one list_jobs call looks at before it hands back a cursor
 BATCH = 1000  # jobs one redrive/purge script handles, so a big DLQ never blocks Redis for long
 MAX_CACHED_QUEUES = 100_000
@@ -221,6 +230,8 @@ def _read_lua(name: str) -> str:
 
 
 def _load_script(name: str) -> str:
+    """The text of script ``name``; ``<name>:strict`` is that script without allow-oom."""
+    name, _, strict = name.partition(":")
     folder = resources.files(__package__).joinpath("lua")
     common = folder.joinpath("_core.lua").read_text("utf-8")
     if name not in LEAN_SCRIPTS:
@@ -230,13 +241,14 @@ def _load_script(name: str) -> str:
     # store is refused whole at maxmemory instead of failing at its first write, half-done.
     # No script is no-writes: even the readers (stats, list_jobs, peek) fold the inboxes of
     # the queues they are given into their indexes first (fold_inbox in _core.lua).
-    shebang = "#!lua" if name in GROWING_SCRIPTS else "#!lua flags=allow-oom"
+    shebang = "#!lua" if name in GROWING_SCRIPTS or strict else "#!lua flags=allow-oom"
     return f"{shebang}\n{common}\n{body}"
 
 
 SCRIPT_NAMES = (
     "enqueue", "enqueue_one", "claim", "heartbeat", "ack", "ack_many", "retry", "kill", "release", "reap", "promote", "prune",
-    "cancel", "redrive", "purge", "record_worker", "remove_worker", "stats", "list_jobs", "record_step", "peek",
+    "cancel", "redrive", "purge", "record_worker", "remove_worker", "stats", "list_jobs", "record_step", "peek", "get",
+    *(f"{name}:strict" for name in STRICT_SCRIPTS),
 )
 
 
@@ -303,13 +315,20 @@ class RedisBackend(Backend):
         self._wake_gen = 0
         self._waiters = 0
         self._private_wake = f"{self.keys.p}:wake:{uuid.uuid4().hex}"
-        # The connections of _send_scripts (see there): idle ones (those for the idle wait's
-        # blocking pop apart, with its longer timeout), and every one open, for close().
+        # The connections of _send_scripts (see there) and of the loop claims: idle ones (those
+        # for the idle wait's blocking pop apart, with its longer timeout), and every one made and
+        # not yet closed for good, which is both the count checked against max_connections and
+        # what close() shuts. They are made from the pools' connection class and settings but
+        # not by the pools: a pool counts every connection it makes until the pool is reset, so
+        # closing idle ones used its cap up over a process's life.
         self._idle: list[Any] = []
         self._idle_blocking: list[Any] = []
         self._made: set[Any] = set()
-        self._pid = _PID[0]
+        self._made_lock = threading.Lock()
+        self._unsure: dict[int, str] = {}  # job id -> lease token of a settle left unanswered
+        self._max_connections = int(self._pool.max_connections)
         self._closed = False
+        forking.register(self)
 
     # -- plumbing -----------------------------------------------------------------------
     def _call(self, what: str, fn: Callable[[], T], *, safe: bool) -> T:
@@ -322,6 +341,7 @@ class RedisBackend(Backend):
             raise StoreError("this backend is closed")
         deadline = time.monotonic() + RETRY_BUDGET
         pause = 0.02
+        sent = False  # a try failed after its command may have gone out
         while True:
             try:
                 return fn()
@@ -331,15 +351,17 @@ class RedisBackend(Backend):
                     "check the user and password in the URL"
                 ) from exc
             except (redis.ConnectionError, redis.TimeoutError) as exc:
-                retryable = safe or isinstance(exc, _NotSent | redis.BusyLoadingError | redis.exceptions.MaxConnectionsError)
-                if retryable and not self._closed and time.monotonic() + pause < deadline:
+                unsent = isinstance(exc, _NotSent | redis.BusyLoadingError | redis.exceptions.MaxConnectionsError)
+                sent = sent or not unsent
+                if (safe or unsent) and not self._closed and time.monotonic() + pause < deadline:
                     time.sleep(pause)
                     pause = min(pause * 2, 0.5)
                     continue
-                if isinstance(exc, _NotSent | redis.BusyLoadingError | redis.exceptions.MaxConnectionsError):
+                if not sent:
                     detail = "nothing was done"
                 elif safe:
-                    detail = "it is safe to try again"
+                    # (The last try may have failed to connect: an earlier one was sent.)
+                    detail = "a reply was lost, so it may or may not have happened; it is safe to try again"
                 else:
                     detail = "the reply was lost, so it may or may not have happened"
                 raise StoreUnavailable(f"Redis at {self._where} is unreachable: {what} failed ({exc}); {detail}") from exc
@@ -379,7 +401,7 @@ class RedisBackend(Backend):
             for q in qs:
                 keys += self.keys.block(q)
             argv = [len(qs), *qs, *args]
-            res = self._call(name, functools.partial(self._script, name, keys, argv), safe=safe)
+            res = self._call(name.partition(":")[0], functools.partial(self._script, name, keys, argv), safe=safe)
             if isinstance(res, list) and res and res[0] == "need":
                 qs += [q for q in res[1:] if q not in qs]
                 continue
@@ -464,11 +486,31 @@ class RedisBackend(Backend):
 
     # -- producer -------------------------------------------------------------------------
     def enqueue_many(self, jobs: Sequence[NewJob], *, now: float | None = None) -> list[EnqueueResult]:
+        """Up to ENQUEUE_CHUNK jobs: one atomic script, all or nothing. A bigger batch is every
+        job checked first (a bad one anywhere writes nothing), then written ENQUEUE_CHUNK jobs
+        per script, in order, each chunk all or nothing, so Redis is never held for long. A
+        chunk that fails (QueueFull, StorageFull, StoreUnavailable) leaves the chunks before it
+        written, and the error says how many jobs that is. Ids increase in batch order; another
+        producer's jobs may come between two chunks."""
         if not jobs:
             return []
-        res = self._enqueue(jobs, "", 0.0, now)
-        assert res is not None
-        return res
+        if len(jobs) <= ENQUEUE_CHUNK:
+            res = self._enqueue(jobs, "", 0.0, now)
+            assert res is not None
+            return res
+        for n, job in enumerate(jobs):
+            _validate(job, n)
+        done: list[EnqueueResult] = []
+        for start in range(0, len(jobs), ENQUEUE_CHUNK):
+            try:
+                res = self._enqueue(jobs[start:start + ENQUEUE_CHUNK], "", 0.0, now)
+            except (QueueFull, StoreError) as exc:
+                if not done:
+                    raise
+                raise _partly_written(exc, len(done), len(jobs)) from exc
+            assert res is not None
+            done += res
+        return done
 
     def _enqueue(self, jobs: Sequence[NewJob], cron: str, tick: float, now: float | None) -> list[EnqueueResult] | None:
         """Run the enqueue script; with a cron schedule name, only if it takes that tick (None if not)."""
@@ -532,7 +574,9 @@ class RedisBackend(Backend):
         if result is not None and not isinstance(result, str):
             raise PayloadError(f"the result of step {step!r} must be JSON text, got {type(result).__name__}")
         # Safe to resend: HSETNX changes nothing the second time, and the answer is the stored text.
-        res = self._run("record_step", [], [int(job_id), step, "null" if result is None else result], safe=True)
+        text = "null" if result is None else result
+        name = "record_step" if len(text) <= OOM_SLACK else "record_step:strict"  # (see STRICT_SCRIPTS)
+        res = self._run(name, [], [int(job_id), step, text], safe=True)
         if res[0] == "missing":
             raise JobNotFound(f"no job with id {job_id}")
         stored = str(res[2])
@@ -598,8 +642,16 @@ class RedisBackend(Backend):
 
     def _settle(self, name: str, lease: Lease, args: Sequence[Any], now: float | None) -> list[Any]:
         """A fenced script on one job. Retried on connection errors: the fence makes a repeat
-        harmless, and if the repeat is refused we look whether the first one had landed."""
+        harmless, and if the repeat is refused we look whether the first one had landed. A
+        repeat may also come from the caller (the worker tries an outcome again after a
+        StoreUnavailable): a lease whose last call here got no answer is in _unsure, and its
+        refusal is looked at the same way, so an ack that landed unseen reports success."""
         tries = 0
+        kind = name.partition(":")[0]
+        unsure = self._was_unsure(lease)
+        if len(self._unsure) > MAX_CACHED_QUEUES:
+            self._unsure.clear()
+        self._unsure[lease.job_id] = lease.token  # until an answer comes back
 
         def run(keys: list[str], argv: list[Any]) -> Any:
             nonlocal tries
@@ -613,15 +665,16 @@ class RedisBackend(Backend):
                 keys += self.keys.block(q)
             argv = [len(qs), *qs, self._now_arg(now), lease.job_id, lease.token, *args]
             tries = 0
-            res: list[Any] = self._call(name, functools.partial(run, keys, argv), safe=True)
+            res: list[Any] = self._call(kind, functools.partial(run, keys, argv), safe=True)
             if res[0] == "need":
                 qs = [*qs, *res[1:]]
                 continue
-            if res[0] == "lost" and tries > 1:  # resent after a connection error
+            if res[0] == "lost" and (tries > 1 or unsure):  # resent after a connection error
                 last = self._call("check", lambda: self._r.hmget(self.keys.job(lease.job_id),
                                                                   ["last_token", "last_outcome"]), safe=True)
-                if last[0] == lease.token:
+                if last[0] == lease.token and last[1] in _SETTLED_AS[kind]:
                     res = ["ok", last[1]]
+            self._unsure.pop(lease.job_id, None)
             self._forget(lease.job_id)
             return res
         raise StoreError(f"Redis at {self._where}: {name} could not find the queue of job {lease.job_id}")
@@ -675,13 +728,20 @@ class RedisBackend(Backend):
         raise ClaimLost(f"Redis at {self._where} is unreachable: claim failed ({exc}); "
                         f"{sum(held)} of {len(acks)} acks written", held) from exc
 
-    @staticmethod
-    def _claims_plain(acks: Sequence[tuple[Lease, str | None]], replies: Sequence[Any]) -> bool:
+    def _was_unsure(self, lease: Lease) -> bool:
+        """Whether a settle of this lease got no answer before (see _settle): a refusal of it
+        now may be its own landed write, to be looked at."""
+        return self._unsure.get(lease.job_id) == lease.token
+
+    def _claims_plain(self, acks: Sequence[tuple[Lease, str | None]], replies: Sequence[Any]) -> bool:
         """Whether _claims_done can read these replies without calling the store: every ack
-        answered 'ok' or 'lost', and the claim answered jobs or nothing."""
+        answered 'ok', or 'lost' when no earlier try of it went unanswered, and the claim
+        answered jobs or nothing."""
         if acks:
             held = replies[0]
-            if not (isinstance(held, list) and len(held) == len(acks) and all(r in ("ok", "lost") for r in held)):
+            if not (isinstance(held, list) and len(held) == len(acks) and all(
+                    r == "ok" or (r == "lost" and not self._was_unsure(lease))
+                    for r, (lease, _) in zip(held, acks, strict=True))):
                 return False
         res = replies[-1]
         return isinstance(res, list) and (not res or res[0] not in ("need", "stale"))
@@ -780,16 +840,53 @@ class RedisBackend(Backend):
             script.sha = self._call("load scripts", functools.partial(self._r.script_load, script.script),
                                     safe=True)
 
+    def _after_fork_in_child(self) -> None:
+        # Its pools held the parent's connections; a wait of the parent's held the wake lock;
+        # its wake key is the parent's waiters'.
+        self._drop_inherited()
+        self._pool.reset()
+        self._block_pool.reset()
+        self._wake_lock = threading.Lock()
+        self._waiters = 0
+        self._private_wake = f"{self.keys.p}:wake:{uuid.uuid4().hex}"
+
     def _checkout(self, *, blocking: bool = False) -> Any:
-        if self._pid != _PID[0]:
-            # A forked child must not talk on its parent's sockets: it makes its own.
-            self._idle, self._idle_blocking, self._made, self._pid = [], [], set(), _PID[0]
         try:
             return (self._idle_blocking if blocking else self._idle).pop()  # atomic: no lock needed
         except IndexError:
-            conn = (self._block_pool if blocking else self._pool).make_connection()
+            return self._make_connection(blocking=blocking)
+
+    def _drop_inherited(self) -> None:
+        """In a forked child: forget the parent's connections (never close or talk on them:
+        they are the parent's sockets too); the child makes its own. The lock is made anew: a
+        parent thread may have held it at the fork."""
+        self._idle, self._idle_blocking, self._made = [], [], set()
+        self._made_lock = threading.Lock()
+
+    def _make_connection(self, *, blocking: bool = False) -> Any:
+        """A new connection (not connected yet), counted in _made until _discard."""
+        pool = self._block_pool if blocking else self._pool
+        with self._made_lock:
+            if len(self._made) >= self._max_connections:
+                raise redis.exceptions.MaxConnectionsError(
+                    f"Too many connections: {len(self._made)} open, max_connections={self._max_connections}")
+            conn = pool.connection_class(**pool.connection_kwargs)
             self._made.add(conn)
-            return conn
+        return conn
+
+    def _discard(self, conn: Any) -> None:
+        """Close ``conn`` for good and give its place under max_connections back."""
+        with self._made_lock:
+            self._made.discard(conn)
+        conn.disconnect()
+
+    def open_connections(self) -> int:
+        """How many connections to Redis this backend holds open now (all of its pools')."""
+        pooled = []
+        for pool in (self._pool, self._block_pool):
+            with pool._lock:
+                pooled += [*pool._available_connections, *pool._in_use_connections]
+        return sum(1 for c in [*list(self._made), *pooled] if getattr(c, "_sock", None) is not None)
 
     def _checkin(self, stack: list[Any], conn: Any) -> None:
         """Hand ``conn`` back (to the top: the next checkout takes the most recently used),
@@ -815,8 +912,7 @@ class RedisBackend(Backend):
                 stack.remove(oldest)
             except ValueError:
                 return
-            self._made.discard(oldest)
-            oldest.disconnect()
+            self._discard(oldest)
 
     def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """One script call: its reply, or its error reply raised; sent again once after NOSCRIPT."""
@@ -831,12 +927,15 @@ class RedisBackend(Backend):
         """ack_many's replies as held or not; any ack it could not settle is acked on its own."""
         if not (isinstance(reply, list) and len(reply) == len(acks)):
             reply = [None] * len(acks)  # an error reply, or none: it may have landed
+            for lease, _ in acks:  # until each is answered (see _settle)
+                self._unsure[lease.job_id] = lease.token
         held: list[bool] = []
         for (lease, result), r in zip(acks, reply, strict=True):
-            if r in ("ok", "lost"):
+            if r == "ok" or (r == "lost" and not self._was_unsure(lease)):
+                self._unsure.pop(lease.job_id, None)
                 self._forget(lease.job_id)
                 held.append(r == "ok")
-            else:  # 'need:<queue>' (nothing done) or unknown: the careful path checks
+            else:  # 'need:<queue>' (nothing done), unknown, or refused after a lost reply: looked at
                 held.append(self._ack_or_landed(lease, result, now))
         return held
 
@@ -853,13 +952,28 @@ class RedisBackend(Backend):
         d = float(delay)
         if math.isnan(d) or math.isinf(d):
             raise ValueError(f"retry delay must be a finite number of seconds, got {delay!r}")
-        res = self._settle("retry", lease, [repr(max(d, 0.0)), _error_members(error)], now)
+        res = self._settle_error("retry", lease, [repr(max(d, 0.0))], error, now)
         if res[0] != "ok":
             raise LeaseLost(lease.job_id, "retry refused")
         return JobState(res[1])
 
+    def _settle_error(self, name: str, lease: Lease, args: Sequence[Any], error: ErrorInfo,
+                      now: float | None) -> list[Any]:
+        """retry or kill with the error as its last argument. One bigger than OOM_SLACK is sent
+        by the strict script first; refused at maxmemory (before it ran), it goes again cut to
+        fit, so a full Redis still records the outcome, and grows by at most OOM_SLACK."""
+        members = _error_members(error)
+        if len(members) <= OOM_SLACK:
+            return self._settle(name, lease, [*args, members], now)
+        try:
+            return self._settle(f"{name}:strict", lease, [*args, members], now)
+        except StorageFull as exc:
+            if "maxmemory" not in str(exc):
+                raise  # MISCONF (a disk full): the cut error would be refused too
+        return self._settle(name, lease, [*args, _error_members(_cut(error))], now)
+
     def kill(self, lease: Lease, error: ErrorInfo, *, now: float | None = None) -> None:
-        res = self._settle("kill", lease, [_error_members(error)], now)
+        res = self._settle_error("kill", lease, [], error, now)
         if res[0] != "ok":
             raise LeaseLost(lease.job_id, "kill refused")
 
@@ -905,16 +1019,11 @@ class RedisBackend(Backend):
 
     # -- inspection and administration ----------------------------------------------------
     def get(self, job_id: int) -> Job | None:
-        def read() -> list[Any]:
-            pipe = self._r.pipeline(transaction=True)
-            pipe.hgetall(self.keys.job(job_id))
-            pipe.lrange(self.keys.errors(job_id), 0, -1)
-            return pipe.execute()
-
-        fields, errors = self._call("get", read, safe=True)
-        if not fields:
+        keys = [self.keys.job(job_id), self.keys.errors(job_id)]
+        flat, errors = self._call("get", functools.partial(self._script, "get", keys, []), safe=True)
+        if not flat:
             return None
-        return _to_job(job_id, fields, errors)
+        return _to_job(job_id, dict(zip(flat[::2], flat[1::2], strict=True)), errors)
 
     def list_jobs(
         self, *, state: JobState | None = None, queue: str | None = None, task: str | None = None,
@@ -1188,6 +1297,18 @@ def _plain(job: NewJob) -> bool:
     )
 
 
+def _partly_written(exc: QueueFull | StoreError, written: int, total: int) -> QueueFull | StoreError:
+    """``exc`` of the chunk of enqueue_many that starts at job ``written`` (what it says
+    applies to that chunk), with what became of the jobs before and after it."""
+    last = min(written + ENQUEUE_CHUNK, total) - 1
+    text = (f"{exc} (said of jobs {written}-{last} of a batch of {total}, written in chunks of "
+            f"{ENQUEUE_CHUNK}); the first {written} jobs of the batch were enqueued before it, "
+            "the jobs after it were not")
+    if isinstance(exc, QueueFull):
+        return QueueFull(text, queue=exc.queue, depth=exc.depth, limit=exc.limit)
+    return type(exc)(text)
+
+
 def _validate(job: NewJob, n: int) -> None:
     """The rules the SQL stores enforce with CHECK constraints, checked before anything is sent,
     because a Lua script that fails half-way does not roll back what it wrote."""
@@ -1249,6 +1370,19 @@ def _error_members(error: ErrorInfo) -> str:
         {"kind": error.kind, "type": error.type, "message": error.message, "traceback": error.traceback},
         ensure_ascii=False,
     )[1:-1]
+
+
+def _cut(error: ErrorInfo) -> ErrorInfo:
+    """``error`` made to fit OOM_SLACK: the traceback keeps its end (where the exception was
+    raised), the message and type their start."""
+    note = "[cut: Redis was at maxmemory]\n...\n"
+    room = OOM_SLACK // 2
+    tb = error.traceback
+    if len(tb) > room:
+        tb = note + tb[len(tb) - (room - len(note)):]
+    quarter = OOM_SLACK // 4
+    message = error.message if len(error.message) <= quarter else error.message[:quarter - 3] + "..."
+    return dataclasses.replace(error, message=message, type=error.type[:128], traceback=tb)
 
 
 def _tokens(n: int) -> list[str]:

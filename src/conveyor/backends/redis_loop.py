@@ -49,8 +49,8 @@ class RedisLoopClaims:
 
     def __init__(self, backend: RedisBackend) -> None:
         self._b = backend
-        # One connection object for the worker's life, connected again after a drop: each
-        # make_connection() counts against the pool's max_connections for good.
+        # One connection object for the worker's life, connected again after a drop (a new one
+        # each time would only churn the backend's count of connections).
         self._own: Any = None
         self._sock: socket.socket | None = None
         self._reader: Any = None
@@ -147,6 +147,8 @@ class RedisLoopClaims:
     def close(self) -> None:
         self._closed = True
         self._drop()
+        if self._own is not None:
+            self._b._discard(self._own)
 
     # -- the socket ---------------------------------------------------------------------------
     def _usable(self) -> bool:
@@ -192,8 +194,7 @@ class RedisLoopClaims:
         if self._closed or self._b.closed:
             return
         if self._own is None:
-            self._own = self._b._pool.make_connection()
-            self._b._made.add(self._own)  # closed with the backend too
+            self._own = self._b._make_connection()  # closed with the backend too
         conn: Any = self._own
         conn.connect()  # redis-py's handshake (HELLO, AUTH, SELECT, CLIENT SETNAME)
         # The scripts this connection sends, loaded first: a NOSCRIPT ack_many ahead of a claim

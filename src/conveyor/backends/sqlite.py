@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -29,6 +31,7 @@ from ..errors import (
 )
 from ..job import Job, JobState, make_job
 from ..payload import NAME_RE
+from . import forking
 from .base import (
     CLAIM_SCAN,
     Backend,
@@ -48,7 +51,9 @@ from .base import (
     refuse_overflow,
 )
 from .sql import load_migrations, load_queries
+from .sql import split_statements as _split_sql
 
+log = logging.getLogger("conveyor.sqlite")
 Q = load_queries("sqlite")
 MIGRATIONS = load_migrations("sqlite")
 KEEP_ERRORS = 20
@@ -70,6 +75,17 @@ class _Signal:
             self.cond.notify_all()
 
 
+@dataclass
+class _Group:
+    """Enqueue calls written together in one transaction: one commit, one sync (group commit).
+    The first call to come leads: it writes them all once it holds the write lock, and every
+    call that comes while it waits for the lock joins its group."""
+
+    calls: list[tuple[Sequence[NewJob], float | None]] = field(default_factory=list)
+    results: list[list[EnqueueResult] | BaseException] = field(default_factory=list)
+    done: threading.Event = field(default_factory=threading.Event)
+
+
 _signals: dict[str, _Signal] = {}
 _signals_lock = threading.Lock()
 
@@ -77,6 +93,33 @@ _signals_lock = threading.Lock()
 def _signal_for(path: str) -> _Signal:
     with _signals_lock:
         return _signals.setdefault(path, _Signal())
+
+
+def _fresh_signals() -> None:
+    # A forked child's copies may be held (a writer of the parent's, mid-transaction) by a
+    # thread that does not exist here: it would wait on them for ever.
+    global _signals, _signals_lock
+    _signals, _signals_lock = {}, threading.Lock()
+
+
+forking.on_fork_in_child(_fresh_signals)
+
+# Every live backend of the process, for the fork hooks (see SqliteBackend._before_fork).
+_backends: weakref.WeakSet[SqliteBackend] = weakref.WeakSet()
+FORK_DRAIN_S = 60.0  # a fork waits this long at most for calls in progress (each within busy_timeout)
+
+
+def _before_fork() -> None:
+    for backend in list(_backends):
+        backend._before_fork()
+
+
+def _after_fork_in_parent() -> None:
+    for backend in list(_backends):
+        backend._after_fork_in_parent()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent)
 
 
 def parse_sqlite_url(url: str) -> tuple[str, dict[str, str]]:
@@ -105,7 +148,9 @@ class SqliteBackend(Backend):
     def __init__(self, url: str) -> None:
         self.url = url
         self.path, options = parse_sqlite_url(url)
-        sync = options.get("synchronous", "normal").upper()
+        # FULL: a commit is on disk when the call returns, through a power cut too. NORMAL syncs
+        # the WAL only at checkpoints: a power cut can take back the last acknowledged commits.
+        sync = options.get("synchronous", "full").upper()
         if sync not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise ConfigurationError(f"{url!r}: synchronous must be off, normal, full or extra")
         self._synchronous = sync
@@ -120,11 +165,17 @@ class SqliteBackend(Backend):
         # a connection under a running statement crashes the process; such a connection is
         # closed by the call that holds it, as it returns.
         self._in_use: dict[sqlite3.Connection, int] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Condition(threading.Lock())
         self._closed = False
+        self._calls = 0  # calls in progress, counted once per thread (see _before_fork)
+        self._forking = False
+        self._group: _Group | None = None  # enqueues waiting for the write lock (see _Group)
+        self._group_lock = threading.Lock()
         self._signal = _signal_for(self.path)
         self._locks: set[_FileLock] = set()  # store-wide locks this backend holds (try_lock)
         self._migrate()
+        _backends.add(self)
+        forking.register(self)
 
     # -- connections ------------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
@@ -156,13 +207,63 @@ class SqliteBackend(Backend):
         pause = 0.005
         while True:
             try:
-                conn.execute("PRAGMA journal_mode = WAL")
-                return
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                break
             except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() + pause > deadline:
+                if "locked" not in str(exc):
+                    raise self._no_wal(str(exc)) from exc
+                if time.monotonic() + pause > deadline:
                     raise
             time.sleep(pause)
             pause = min(pause * 2, 0.1)
+        # SQLite answers with the mode it is in: one that cannot switch keeps the old one.
+        if str(mode).lower() != "wal":
+            raise self._no_wal(f"journal_mode stayed {mode!r}")
+
+    def _no_wal(self, why: str) -> StoreError:
+        folder, name = os.path.split(self.path)
+        return StoreError(
+            f"SQLite cannot use WAL mode for {self.path} ({why}). Conveyor needs it: SQLite keeps "
+            f"{name}-wal and {name}-shm beside the database, so {folder} must be writable, and on a "
+            "local file system (not NFS, SMB or another network file system, nor a read-only mount)"
+        )
+
+    # -- fork --------------------------------------------------------------------------
+    # SQLite keeps per-process state beside each connection: its mutexes, and what POSIX locks
+    # this process holds on the file and its WAL index. A child copied while a thread was
+    # inside SQLite can hang on a mutex for ever; one copied with connections open starts
+    # out believing it holds locks it does not (another process may then checkpoint or
+    # delete the WAL under it). So a fork first lets the calls in progress finish, keeps new
+    # ones out, and closes this process's connections; both processes reopen theirs on use.
+    def _before_fork(self) -> None:
+        with self._lock:
+            self._forking = True
+            own = 1 if getattr(self._local, "depth", 0) else 0
+            if not self._lock.wait_for(lambda: self._calls <= own, FORK_DRAIN_S) or own:
+                log.warning("SQLite %s: a call was still running when the process forked; the child "
+                            "must not use this store", self.path)
+                return
+            conns, self._all = self._all, []
+            self._local = threading.local()
+        for conn in conns:
+            with suppress(sqlite3.Error):
+                conn.close()
+
+    def _after_fork_in_parent(self) -> None:
+        with self._lock:
+            self._forking = False
+            self._lock.notify_all()
+
+    def _after_fork_in_child(self) -> None:
+        # Whatever is still open (a call was running at the fork) is the parent's: kept, never
+        # used or closed here.
+        forking.keep_inherited(self._local, self._all, self._in_use)
+        self._local = threading.local()
+        self._all, self._in_use = [], {}
+        self._lock = threading.Condition(threading.Lock())
+        self._calls, self._forking = 0, False
+        self._group, self._group_lock = None, threading.Lock()
+        self._signal = _signal_for(self.path)
 
     @property
     def closed(self) -> bool:
@@ -170,23 +271,40 @@ class SqliteBackend(Backend):
 
     @contextmanager
     def _using(self) -> Iterator[sqlite3.Connection]:
-        """This thread's connection for one call; see ``_in_use``."""
-        conn = self._conn()
-        with self._lock:
-            if self._closed:
-                raise StoreError("this backend is closed")
-            self._in_use[conn] = self._in_use.get(conn, 0) + 1
-        try:
-            yield conn
-        finally:
+        """This thread's connection for one call; see ``_in_use``. While the process forks, a
+        new call waits for the fork to be done (see _before_fork)."""
+        local = self._local
+        depth = getattr(local, "depth", 0)
+        if not depth:
             with self._lock:
-                left = self._in_use.pop(conn) - 1
-                if left:
-                    self._in_use[conn] = left
-                last_out = not left and self.closed
-            if last_out:
-                with suppress(sqlite3.Error):
-                    conn.close()
+                while self._forking:
+                    self._lock.wait()
+                self._calls += 1
+        local.depth = depth + 1
+        try:
+            conn = self._conn()
+            with self._lock:
+                if self._closed:
+                    raise StoreError("this backend is closed")
+                self._in_use[conn] = self._in_use.get(conn, 0) + 1
+            try:
+                yield conn
+            finally:
+                with self._lock:
+                    left = self._in_use.pop(conn) - 1
+                    if left:
+                        self._in_use[conn] = left
+                    last_out = not left and self.closed
+                if last_out:
+                    with suppress(sqlite3.Error):
+                        conn.close()
+        finally:
+            local.depth = depth
+            if not depth:
+                with self._lock:
+                    self._calls -= 1
+                    if self._forking and not self._calls:
+                        self._lock.notify_all()
 
     @contextmanager
     def _write(self, now: float | None) -> Iterator[tuple[sqlite3.Connection, float]]:
@@ -215,19 +333,23 @@ class SqliteBackend(Backend):
             raise _translate(exc, "read failed") from exc
 
     def _migrate(self) -> None:
-        conn = self._conn()
-        latest = MIGRATIONS[-1][0]
-        if conn.execute("PRAGMA user_version").fetchone()[0] >= latest:
-            return
-        with self._write(None) as (c, _):
-            # Re-read under the write lock: another process may have migrated meanwhile.
-            current = c.execute("PRAGMA user_version").fetchone()[0]
-            for version, script in MIGRATIONS:
-                if version <= current:
-                    continue
-                for statement in _split_sql(script):
-                    c.execute(statement)
-                c.execute(f"PRAGMA user_version = {version}")
+        # In a write transaction even when there is nothing to migrate: a store SQLite can read
+        # but not write (its WAL index cannot be written: see _no_wal) fails here, at open, and
+        # not at the first enqueue. It commits nothing then, so it costs no sync.
+        try:
+            with self._write(None) as (c, _):
+                current = c.execute("PRAGMA user_version").fetchone()[0]
+                for version, script in MIGRATIONS:
+                    if version <= current:
+                        continue
+                    for statement in _split_sql(script):
+                        c.execute(statement)
+                    c.execute(f"PRAGMA user_version = {version}")
+        except StoreError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, sqlite3.Error) and (cause.sqlite_errorname or "").startswith("SQLITE_READONLY"):
+                raise self._no_wal(str(cause)) from cause
+            raise
 
     def schema_version(self) -> int:
         return int(self._read("PRAGMA user_version")[0][0])
@@ -272,11 +394,53 @@ class SqliteBackend(Backend):
     def enqueue_many(self, jobs: Sequence[NewJob], *, now: float | None = None) -> list[EnqueueResult]:
         if not jobs:
             return []
-        with self._write(now) as (conn, t):
-            results = _enqueue_in(conn, jobs, t)
-        if any(r.created for r in results):
+        with self._group_lock:
+            group = self._group
+            lead = group is None
+            if group is None:
+                group = self._group = _Group()
+            index = len(group.calls)
+            group.calls.append((jobs, now))
+        if lead:
+            self._write_group(group)
+        else:
+            group.done.wait()
+        result = group.results[index]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def _write_group(self, group: _Group) -> None:
+        """Write a group's enqueues in one transaction, each call in a savepoint of its own: one
+        refused (QueueFull) leaves the others written."""
+        results: list[list[EnqueueResult] | BaseException] = []
+        try:
+            with self._write(None) as (conn, t):
+                with self._group_lock:  # the lock is ours: a call from now on starts the next group
+                    self._group = None
+                alone = len(group.calls) == 1
+                for jobs, now in group.calls:
+                    if alone:  # no savepoint needed: a failure rolls the transaction back
+                        results.append(_enqueue_in(conn, jobs, t if now is None else now))
+                        continue
+                    conn.execute("SAVEPOINT enqueue")
+                    try:
+                        results.append(_enqueue_in(conn, jobs, t if now is None else now))
+                    except Exception as exc:
+                        conn.execute("ROLLBACK TO enqueue")
+                        results.append(_translate(exc, "write failed, nothing was changed")
+                                       if isinstance(exc, sqlite3.Error) else exc)
+                    conn.execute("RELEASE enqueue")
+        except BaseException as exc:
+            with self._group_lock:
+                if self._group is group:
+                    self._group = None
+            results = [exc] * len(group.calls)
+        finally:
+            group.results = results
+            group.done.set()
+        if any(isinstance(r, list) and any(e.created for e in r) for r in results):
             self._signal.fire()
-        return results
 
     def cron_enqueue(self, schedule: str, tick: float, job: NewJob | None, *,
                      now: float | None = None) -> EnqueueResult | None:
@@ -545,13 +709,17 @@ class SqliteBackend(Backend):
     def wait_for_jobs(self, queues: Sequence[str], timeout: float, *, verify: bool = True) -> bool:
         # ``verify`` changes nothing here: a change seen in the file is checked with one cheap
         # read before it is reported (an in-process wake-up is reported as is either way).
-        with self._using() as conn:
-            return self._wait(conn, queues, timeout)
+        return self._wait(queues, timeout)
 
-    def _wait(self, conn: sqlite3.Connection, queues: Sequence[str], timeout: float) -> bool:
+    def _wait(self, queues: Sequence[str], timeout: float) -> bool:
+        # Each look at the file is a call of its own, and the sleeps between them are outside
+        # any call: a fork (see _before_fork) never waits for an idle worker. A data_version
+        # is only comparable on one connection: a look on another one (reopened after a fork)
+        # counts as a change.
         deadline = time.monotonic() + timeout
         generation = self._signal.generation
-        version = conn.execute("PRAGMA data_version").fetchone()[0]
+        with self._using() as conn:
+            seen = (conn, conn.execute("PRAGMA data_version").fetchone()[0])
         next_due_check = 0.0
         placeholders = ",".join("?" * len(queues))
         ready_sql = (
@@ -571,15 +739,21 @@ class SqliteBackend(Backend):
                 self._signal.cond.wait(min(remaining, self.poll_step))
                 if self._signal.generation != generation:
                     return True
-            current = conn.execute("PRAGMA data_version").fetchone()[0]
-            tick = time.monotonic()
-            if current != version or tick >= next_due_check:
-                # Another process committed something (or time passed): look before claiming,
-                # so idle workers don't take the write lock for nothing.
-                version = current
-                next_due_check = tick + self.due_check_interval
-                if conn.execute(ready_sql, [*queues, *queues]).fetchone()[0]:
+            try:
+                with self._using() as conn:
+                    current = (conn, conn.execute("PRAGMA data_version").fetchone()[0])
+                    tick = time.monotonic()
+                    if current != seen or tick >= next_due_check:
+                        # Another process committed something (or time passed): look before
+                        # claiming, so idle workers don't take the write lock for nothing.
+                        seen = current
+                        next_due_check = tick + self.due_check_interval
+                        if conn.execute(ready_sql, [*queues, *queues]).fetchone()[0]:
+                            return True
+            except StoreError:
+                if self.closed:  # closed under us (a race with the check above): a wake-up too
                     return True
+                raise
 
     def wake(self) -> None:
         """Wake this process's idle waiters (used on shutdown)."""
@@ -799,11 +973,6 @@ def _row_to_job(row: sqlite3.Row) -> Job:
         concurrency_key=row["concurrency_key"], concurrency_limit=row["concurrency_limit"],
         rate_key=row["rate_key"], rate_limit=row["rate_limit"], rate_period=row["rate_period"],
     )
-
-
-def _split_sql(script: str) -> list[str]:
-    lines = [ln for ln in script.splitlines() if not ln.strip().startswith("--")]
-    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
 
 
 def _translate(exc: sqlite3.Error, what: str) -> StoreError:

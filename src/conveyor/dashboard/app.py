@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import re
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import jinja2
+from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -34,8 +36,10 @@ from ..app import Conveyor
 from ..backends import redact_url
 from ..backends.base import Backend, QueueStats, Stats, WorkerInfo
 from ..cron import tick_of
+from ..errors import ConfigurationError
 from ..job import Job, JobState
 from ..payload import NAME_RE, TASK_NAME_RE
+from ..textsafe import escape_controls
 from . import charts
 from . import formatting as fmt
 from .sampler import Sample, Sampler
@@ -45,10 +49,10 @@ from .security import (
     SESSION_TTL,
     AuthConfig,
     SecurityMiddleware,
+    client_of,
     cookie_header,
     encode_flash,
     make_auth,
-    make_session,
     token_matches,
 )
 
@@ -58,6 +62,7 @@ HERE = Path(__file__).parent
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
 SEARCH_WINDOW = 2000  # jobs a text search looks at per request, newest first (~0.2 s)
+SEARCH_CHARS = 4_000  # of each job's arguments and of each error message a text search reads
 SEARCH_BATCH = 500
 SEARCH_CALLS = 40  # list_jobs calls per search request, at most (Redis pages can come back short)
 MAX_QUERY = 256
@@ -65,6 +70,7 @@ MAX_IDS = 1000
 JOB_ACTIONS = ("retry", "cancel", "purge")
 DEAD_ACTIONS = ("redrive", "purge")
 ID_QUERY = re.compile(r"#?\s*(\d{1,18})")
+MAX_JOB_ID = 2**63 - 1  # every store keeps ids in a signed 64-bit integer
 
 
 class BadRequest(Exception):
@@ -142,16 +148,25 @@ class Dashboard:
             undefined=jinja2.StrictUndefined,
             trim_blocks=True,
             lstrip_blocks=True,
+            finalize=_visible,
         )
         env.filters.update(
             duration=fmt.duration, when=fmt.when, iso=fmt.iso, count=fmt.count, rate=fmt.rate,
-            json=fmt.to_json, mask=fmt.mask_text, shorten=fmt.shorten, call=fmt.call_preview,
+            json=fmt.to_json, mask=fmt.mask, shorten=fmt.shorten, call=fmt.call_preview,
         )
         self.templates = Jinja2Templates(env=env)
 
     @property
     def backend(self) -> Backend:
         return self.conveyor.backend
+
+
+def _visible(value: Any) -> Any:
+    """Every value a template prints: control characters shown as escapes (newlines and tabs
+    kept, tracebacks keep their shape). Markup is a macro's output, already made visible."""
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return escape_controls(value, keep="\n\t")
+    return value
 
 
 class DashboardApp:
@@ -181,6 +196,7 @@ def create_app(
     history: int = 720,
     alert_rules: Sequence[Rule] | None = None,
     title: str = "Conveyor",
+    forwarded_allow_ips: str | Sequence[str] | None = None,
 ) -> DashboardApp:
     """Build the dashboard for ``conveyor`` (an app, or a store URL).
 
@@ -188,7 +204,9 @@ def create_app(
     cookies (default: derived from the credentials, so replicas with the same settings agree).
     ``allowed_hosts`` adds Host names it answers to besides loopback. ``alert_rules`` are the
     rules whose firing alerts the overview shows (default: dead jobs, queues without workers,
-    jobs past their timeout, a job waiting more than 5 minutes).
+    jobs past their timeout, a job waiting more than 5 minutes). ``forwarded_allow_ips``: the
+    proxies (addresses, networks, or ``"*"``) whose ``X-Forwarded-Proto`` and ``X-Forwarded-For``
+    are believed (uvicorn's setting and middleware); by default no proxy header is.
     """
     app = Conveyor(conveyor) if isinstance(conveyor, str) else conveyor
     auth = make_auth(token=token, basic_auth=basic_auth, secret=secret, allowed_hosts=allowed_hosts)
@@ -209,7 +227,17 @@ def create_app(
         lifespan=lifespan,
         exception_handlers={HTTPException: pages.http_error},
     )
-    return DashboardApp(dash, SecurityMiddleware(star, auth), star.routes)
+    asgi: Any = SecurityMiddleware(star, auth)
+    if forwarded_allow_ips and not auth.enabled:
+        raise ConfigurationError(
+            "refusing to trust proxy headers without authentication: a proxy in front serves clients beyond "
+            "this machine. Set a token (--token or $CONVEYOR_DASHBOARD_TOKEN) or basic auth (--basic-auth).")
+    if forwarded_allow_ips:
+        from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+
+        trusted = forwarded_allow_ips if isinstance(forwarded_allow_ips, str) else list(forwarded_allow_ips)
+        asgi = ProxyHeadersMiddleware(asgi, trusted_hosts=trusted)
+    return DashboardApp(dash, asgi, star.routes)
 
 
 # -- parameter parsing -----------------------------------------------------------------------------
@@ -290,8 +318,8 @@ def safe_next(value: str, default: str) -> str:
 # -- search -----------------------------------------------------------------------------------
 def job_text(job: Job) -> str:
     """What text search looks in: the args (with secrets masked), the unique key, error messages."""
-    parts = [fmt.to_json(job.args), job.unique_key or ""]
-    parts += [fmt.mask_text(f"{e.get('type') or ''} {e.get('message') or ''}") for e in job.errors]
+    parts = [fmt.to_json(job.args, limit=SEARCH_CHARS), job.unique_key or ""]
+    parts += [fmt.mask(f"{e.get('type') or ''} {e.get('message') or ''}", SEARCH_CHARS) for e in job.errors]
     return "\n".join(parts).lower()
 
 
@@ -346,8 +374,8 @@ def attempts_of(job: Job) -> list[Attempt]:
         at = err.get("at")
         a = Attempt(number=number, outcome=outcome, css=css, worker=err.get("worker_id"),
                     ended=float(at) if isinstance(at, int | float) else None,
-                    error_type=str(err.get("type") or ""), message=fmt.mask_text(str(err.get("message") or "")),
-                    traceback=fmt.mask_text(str(err.get("traceback") or "")),
+                    error_type=str(err.get("type") or ""), message=fmt.mask(str(err.get("message") or "")),
+                    traceback=fmt.mask(str(err.get("traceback") or "")),
                     round_start=i > 0 and number <= previous)
         previous = number
         out.append(a)
@@ -439,7 +467,7 @@ class Pages:
             except Exception as exc:
                 log.exception("dashboard: %s %s failed", request.method, request.url.path)
                 return self.error(request, 503, "The store did not answer",
-                                  fmt.mask_text(f"{type(exc).__name__}: {exc}"))
+                                  fmt.mask(f"{type(exc).__name__}: {exc}"))
 
         endpoint.__name__ = fn.__name__
         return endpoint
@@ -578,7 +606,7 @@ class Pages:
 
     def job(self, request: Request, _: dict[str, list[str]]) -> Response:
         job_id = int(request.path_params["job_id"])
-        job = self.d.backend.get(job_id)
+        job = self.d.backend.get(job_id) if job_id <= MAX_JOB_ID else None
         if job is None:
             return self.error(request, 404, "No such job",
                               f"Job {job_id} is not in the store (it may have been purged or pruned).")
@@ -595,7 +623,7 @@ class Pages:
         action = str(request.path_params["action"])
         if action not in JOB_ACTIONS:
             return self.error(request, 404, "Not found", "There is no such action.")
-        job = self.d.backend.get(job_id)
+        job = self.d.backend.get(job_id) if job_id <= MAX_JOB_ID else None
         back = f"/jobs/{job_id}"
         if job is None:
             return self.redirect(request, "/jobs", f"Job {job_id} is not in the store.", "warn")
@@ -714,17 +742,29 @@ class Pages:
         if self.d.auth.token is None:
             return self.error(request, 404, "Not found", "This dashboard has no token login.")
         nxt = safe_next((form.get("next") or [""])[0], "/")
+        client = client_of(request.scope)
+        throttle = self.d.auth.guard.throttle
+        if wait := throttle.wait(client):
+            seconds = max(1, math.ceil(wait))
+            response = self.render(request, "login.html", status=429, now=0.0, next=nxt, failed=False, wait=seconds)
+            response.headers["retry-after"] = str(seconds)
+            return response
         if not token_matches(self.d.auth, (form.get("token") or [""])[0].strip()):
-            log.warning("dashboard: failed login from %s", request.client.host if request.client else "?")
+            throttle.failed(client)
+            log.warning("dashboard: failed login from %s", client)
             return self.render(request, "login.html", status=401, now=0.0, next=nxt, failed=True)
+        throttle.succeeded(client)
         response = self.redirect(request, nxt)
         state = request.scope.get("state", {})
         response.raw_headers.append((b"set-cookie", cookie_header(
-            SESSION_COOKIE, make_session(self.d.auth.secret), path=state.get("cookie_path", "/"),
+            SESSION_COOKIE, self.d.auth.new_session(), path=state.get("cookie_path", "/"),
             secure=state.get("secure_cookies", False), max_age=int(SESSION_TTL))))
         return response
 
     def logout(self, request: Request, _: dict[str, list[str]]) -> Response:
+        session = request.cookies.get(SESSION_COOKIE)
+        if session:
+            self.d.auth.revoke(session)
         response = self.redirect(request, "/login" if self.d.auth.token is not None else "/")
         state = request.scope.get("state", {})
         response.raw_headers.append((b"set-cookie", cookie_header(

@@ -15,18 +15,28 @@ from ..redact import SENSITIVE_KEY as SENSITIVE_KEY
 from ..redact import URL_PASSWORD as URL_PASSWORD
 from ..redact import mask_text as mask_text
 from ..redact import redact as redact
+from ..redact import redact_keys, shown_json, shown_text
 
 NONE = "\u2013"  # an en dash: "no value"
+# The most of one value, message or traceback a page shows (`conveyor jobs show --json` has
+# all): job data is clipped before it is masked, so a huge value costs a page no more than this.
+SHOWN_CHARS = 16_000
 
-def to_json(value: Any, *, pretty: bool = False) -> str:
+
+def to_json(value: Any, *, pretty: bool = False, limit: int = SHOWN_CHARS) -> str:
     if pretty:
-        return json.dumps(redact(value), indent=2, ensure_ascii=False, sort_keys=False)
-    return json.dumps(redact(value), ensure_ascii=False, separators=(", ", ": "))
+        return shown_json(value, limit, indent=2)
+    return shown_json(value, limit, separators=(", ", ": "))
+
+
+def mask(text: str, limit: int = SHOWN_CHARS) -> str:
+    """Text from a job as a page shows it: clipped, then secrets masked."""
+    return shown_text(text, limit)
 
 
 def call_preview(args: dict[str, Any], limit: int = 90) -> str:
-    text = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in redact(args).items())
-    return shorten(text, limit)
+    text = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in redact_keys(args).items())
+    return shorten(shown_text(text, 4 * limit, say_cut=False), limit)
 
 
 def shorten(text: str, limit: int) -> str:

@@ -4,17 +4,22 @@ One ASGI middleware wraps every route, so a route added later is covered without
 remembering to protect it:
 
 * **Without authentication** the dashboard answers only loopback clients, and only for a
-  loopback ``Host`` (``127.0.0.1``, ``localhost``, ``[::1]``, or ``allowed_hosts``). The Host
-  check stops DNS rebinding: a web page on ``evil.example`` that re-points its name at
-  127.0.0.1 still sends ``Host: evil.example``. Proxy headers (``X-Forwarded-For``) are never
-  trusted.
+  loopback ``Host`` (``127.0.0.1``, ``localhost``, ``[::1]``). The Host check stops DNS
+  rebinding: a web page on ``evil.example`` that re-points its name at 127.0.0.1 still sends
+  ``Host: evil.example``. Any other Host name (``allowed_hosts``) needs credentials: a proxy on
+  this machine would otherwise serve anyone it forwards. Proxy headers are trusted only from
+  the addresses in ``forwarded_allow_ips`` (uvicorn's own middleware rewrites the client and
+  the scheme).
 * **With a token or basic auth** every route needs it, except ``/static/``, ``/healthz``
   and the login page. A browser logs in once with the token (a form) and gets an HttpOnly,
-  signed session cookie; scripts send ``Authorization: Bearer <token>``.
+  signed session cookie (``Secure`` when the scheme is https) that logging out revokes;
+  scripts send ``Authorization: Bearer <token>``. Failed attempts from one client are slowed
+  down exponentially (answered 429, nothing sleeps).
 * **Every state-changing request** is a POST with a form body
   (``application/x-www-form-urlencoded``, else 415), an ``Origin`` (or ``Referer``) of this
-  very site (else 403), and a CSRF token (else 403). The token is an HMAC of a random
-  per-browser cookie (signed double submit), so a token from another browser is refused.
+  very site, with the scheme the client used (else 403), and a CSRF token (else 403). The
+  token is an HMAC of a random per-browser cookie (signed double submit), so a token from
+  another browser is refused.
 * **Every response** carries a strict Content-Security-Policy (``default-src 'self'``: no
   inline script or style, no third-party origin), ``nosniff``, ``frame-ancestors 'none'``.
 """
@@ -27,6 +32,7 @@ import hashlib
 import hmac
 import ipaddress
 import json
+import math
 import secrets
 import time
 from collections.abc import Iterable
@@ -38,6 +44,8 @@ from urllib.parse import parse_qs, quote, urlsplit
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import ConfigurationError
+from .guard import Guard
+from .tokens import token_bits
 
 CSRF_COOKIE = "conveyor_csrf"
 SESSION_COOKIE = "conveyor_session"
@@ -45,8 +53,9 @@ FLASH_COOKIE = "conveyor_flash"
 CSRF_FIELD = "csrf_token"
 SESSION_TTL = 12 * 3600.0
 MAX_FORM_BYTES = 256 * 1024
-MIN_TOKEN_CHARS = 16
+MIN_TOKEN_BITS = 128
 MIN_PASSWORD_CHARS = 12
+MAKE_TOKEN = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
 
 CSP = ("default-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'; "
        "object-src 'none'")
@@ -82,12 +91,26 @@ class AuthConfig:
 
     token: str | None = None
     basic: tuple[str, str] | None = None
-    secret: bytes = field(default=b"", repr=False)  # signs cookies; derived when empty
+    secret: bytes = field(default=b"", repr=False)  # signs cookies (make_auth derives it)
     allowed_hosts: tuple[str, ...] = ()
+    guard: Guard = field(default_factory=lambda: Guard(), repr=False, compare=False)
 
     @property
     def enabled(self) -> bool:
         return self.token is not None or self.basic is not None
+
+    def new_session(self, now: float | None = None) -> str:
+        return make_session(self.secret, now)
+
+    def session_valid(self, value: str, now: float | None = None) -> bool:
+        sid = session_id(self.secret, value, now)
+        return sid is not None and not self.guard.revoked(sid)
+
+    def revoke(self, value: str, now: float | None = None) -> None:
+        """Log a session out on this server: its cookie, even a copy, is no longer accepted."""
+        sid = session_id(self.secret, value, now)
+        if sid is not None:
+            self.guard.revoke(sid, int(value.partition(".")[0]) + SESSION_TTL)
 
     def __repr__(self) -> str:  # never print a credential
         kinds = [k for k, v in (("token", self.token), ("basic", self.basic)) if v is not None]
@@ -99,10 +122,12 @@ def make_auth(*, token: str | None = None, basic_auth: str | tuple[str, str] | N
     """Validate the settings and build the config. Weak credentials are refused, not warned about."""
     if token is not None:
         token = token.strip()
-        if len(token) < MIN_TOKEN_CHARS:
+        bits = token_bits(token)
+        if bits < MIN_TOKEN_BITS:
             raise ConfigurationError(
-                f"the dashboard token must be at least {MIN_TOKEN_CHARS} characters "
-                f"(got {len(token)}); e.g. python -c 'import secrets; print(secrets.token_urlsafe(24))'")
+                f"the dashboard token is too weak: about {bits:.0f} bits of entropy, {MIN_TOKEN_BITS} needed "
+                f"(a random token of 22+ letters and digits; no words, repeats or runs). Generate one with: "
+                f"{MAKE_TOKEN}")
     basic: tuple[str, str] | None = None
     if basic_auth is not None:
         if isinstance(basic_auth, str):
@@ -119,16 +144,21 @@ def make_auth(*, token: str | None = None, basic_auth: str | tuple[str, str] | N
         basic = (user, password)
     if isinstance(secret, str):
         secret = secret.encode()
-    if not secret:
-        if token is not None or basic is not None:
-            # Derived from the credentials: replicas with the same settings accept each other's
-            # cookies, and changing the credentials logs every session out.
-            material = json.dumps([token, list(basic) if basic else None]).encode()
-            secret = hashlib.sha256(b"conveyor-dashboard-v1\x00" + material).digest()
-        else:
-            secret = secrets.token_bytes(32)  # loopback only: one process, one secret
-    hosts = tuple(h.strip().lower() for h in allowed_hosts if h.strip())
-    return AuthConfig(token=token, basic=basic, secret=secret, allowed_hosts=hosts)
+    # The cookie key: an HMAC of the credentials under a server-side key, random per process
+    # unless ``secret`` is given (replicas that share it accept each other's cookies). Never a
+    # plain hash of the token, which anyone holding a cookie could test token guesses against;
+    # changing the credentials still logs every session out.
+    material = json.dumps([token, list(basic) if basic else None]).encode()
+    key = secret or secrets.token_bytes(32)
+    derived = hmac.new(key, b"conveyor-dashboard-v1\x00" + material, hashlib.sha256).digest()
+    hosts = tuple(_hostname(h.strip()) or h.strip().lower() for h in allowed_hosts if h.strip())
+    beyond = [h for h in hosts if not is_loopback(h)]
+    if beyond and token is None and basic is None:
+        raise ConfigurationError(
+            f"refusing to answer to {', '.join(beyond)} without authentication: a proxy forwarding that name "
+            "would serve anyone who reaches it. Set a token (--token or $CONVEYOR_DASHBOARD_TOKEN) or basic "
+            "auth (--basic-auth USER:PASSWORD).")
+    return AuthConfig(token=token, basic=basic, secret=derived, allowed_hosts=hosts)
 
 
 def check_bind(host: str, auth: AuthConfig) -> None:
@@ -150,16 +180,21 @@ def csrf_token_for(secret: bytes, cookie_value: str) -> str:
 
 
 def make_session(secret: bytes, now: float | None = None) -> str:
-    issued = str(int(now if now is not None else time.time()))
-    return f"{issued}.{_sign(secret, 'session', issued)}"
+    """``issued.id.signature``: the id lets one session be revoked without touching the others."""
+    body = f"{int(now if now is not None else time.time())}.{secrets.token_urlsafe(16)}"
+    return f"{body}.{_sign(secret, 'session', body)}"
 
 
-def session_valid(secret: bytes, value: str, now: float | None = None) -> bool:
-    issued, _, sig = value.partition(".")
-    if not issued.isdigit() or not hmac.compare_digest(sig, _sign(secret, "session", issued)):
-        return False
+def session_id(secret: bytes, value: str, now: float | None = None) -> str | None:
+    """The session's id if ``value`` is a session this key signed and it has not expired."""
+    body, _, sig = value.rpartition(".")
+    issued, _, sid = body.partition(".")
+    if not issued.isdigit() or len(issued) > 12 or not sid:
+        return None
+    if not hmac.compare_digest(sig, _sign(secret, "session", body)):
+        return None
     age = (now if now is not None else time.time()) - int(issued)
-    return 0 <= age <= SESSION_TTL
+    return sid if 0 <= age <= SESSION_TTL else None
 
 
 def encode_flash(secret: bytes, data: dict[str, Any]) -> str:
@@ -237,7 +272,11 @@ class SecurityMiddleware:
             return
 
         public = path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
-        authenticated = not self.auth.enabled or self._authenticated(headers, cookies)
+        client = client_of(scope)
+        if self.auth.enabled and headers.get("authorization") and (wait := self.auth.guard.throttle.wait(client)):
+            await too_many_attempts(send, wait)
+            return
+        authenticated = not self.auth.enabled or self._authenticated(headers, cookies, client)
         if not public and not authenticated:
             await self._challenge(scope, send, method, root, path)
             return
@@ -252,8 +291,7 @@ class SecurityMiddleware:
         state["auth_enabled"] = self.auth.enabled
         state["authenticated"] = authenticated  # the login page shows strangers no store details
         session = cookies.get(SESSION_COOKIE)
-        state["logged_in"] = bool(self.auth.token is not None and session
-                                  and session_valid(self.auth.secret, session))
+        state["logged_in"] = bool(self.auth.token is not None and session and self.auth.session_valid(session))
         state["cookie_path"] = cookie_path
         state["secure_cookies"] = secure
         flash = cookies.get(FLASH_COOKIE)
@@ -300,15 +338,17 @@ class SecurityMiddleware:
                              "loopback clients. Configure a token or basic auth to serve others.\n")
         return None
 
-    def _authenticated(self, headers: dict[str, str], cookies: dict[str, str]) -> bool:
+    def _authenticated(self, headers: dict[str, str], cookies: dict[str, str], client: str) -> bool:
         authz = headers.get("authorization", "")
-        scheme, _, value = authz.partition(" ")
-        if scheme.lower() == "bearer" and token_matches(self.auth, value.strip()):
-            return True
-        if scheme.lower() == "basic" and _basic_matches(self.auth, value.strip()):
-            return True
+        if authz:
+            scheme, _, value = authz.partition(" ")
+            if ((scheme.lower() == "bearer" and token_matches(self.auth, value.strip()))
+                    or (scheme.lower() == "basic" and _basic_matches(self.auth, value.strip()))):
+                self.auth.guard.throttle.succeeded(client)
+                return True
+            self.auth.guard.throttle.failed(client)
         session = cookies.get(SESSION_COOKIE)
-        return bool(self.auth.token is not None and session and session_valid(self.auth.secret, session))
+        return bool(self.auth.token is not None and session and self.auth.session_valid(session))
 
     async def _challenge(self, scope: Scope, send: Send, method: str, root: str, path: str) -> None:
         if self.auth.token is not None and method in ("GET", "HEAD"):
@@ -367,6 +407,18 @@ class SecurityMiddleware:
 
 
 _OURS = {k for k, _ in SECURITY_HEADERS} | {b"cache-control"}
+
+
+def client_of(scope: Scope) -> str:
+    """The client's address (after a trusted proxy's X-Forwarded-For, when one is configured)."""
+    client = scope.get("client")
+    return str(client[0]) if client else "?"
+
+
+async def too_many_attempts(send: Send, wait: float) -> None:
+    seconds = max(1, math.ceil(wait))
+    await _plain(send, 429, f"Too many failed attempts from your address: try again in {seconds} s.\n",
+                 [(b"retry-after", str(seconds).encode())])
 
 
 def _hostname(host_header: str) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -34,18 +35,44 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def url_of(sock: socket.socket, host: str, root: str = "/") -> str:
+@dataclass(frozen=True)
+class TLS:
+    """A certificate (chain) and its private key, PEM files: the dashboard speaks https itself."""
+
+    cert: str
+    key: str
+
+
+def tls_of(cert: str | None, key: str | None) -> TLS | None:
+    """Both or neither; the files are loaded once here so a wrong path or a key that does not
+    match fails at start with a clear message, not in the server thread."""
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise ConfigurationError("TLS needs both a certificate and its key (--tls-cert and --tls-key)")
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigurationError(f"cannot use the TLS certificate {cert!r} with the key {key!r}: {exc}") from None
+    return TLS(cert, key)
+
+
+def url_of(sock: socket.socket, host: str, root: str = "/", *, https: bool = False) -> str:
     port = sock.getsockname()[1]
     shown = host if host.strip("[]") not in ("0.0.0.0", "::") else "127.0.0.1"
     if ":" in shown and not shown.startswith("["):
         shown = f"[{shown}]"
-    return f"http://{shown}:{port}{root}"
+    return f"{'https' if https else 'http'}://{shown}:{port}{root}"
 
 
-def _server(app: DashboardApp, *, log_level: str) -> uvicorn.Server:
+def _server(app: DashboardApp, *, log_level: str, tls: TLS | None = None) -> uvicorn.Server:
+    # proxy_headers stays off in uvicorn: the app applies uvicorn's own ProxyHeadersMiddleware
+    # itself when given forwarded_allow_ips (so a mounted dashboard gets it too), and uvicorn's
+    # default would trust 127.0.0.1 without being asked.
     config = uvicorn.Config(
         app, log_level=log_level, proxy_headers=False, server_header=False, lifespan="on",
         access_log=False, timeout_graceful_shutdown=3,
+        ssl_certfile=tls.cert if tls else None, ssl_keyfile=tls.key if tls else None,
     )
     return uvicorn.Server(config)
 
@@ -60,12 +87,13 @@ def prepare(conveyor: Conveyor, *, host: str, port: int, token: str | None, basi
 
 def serve(conveyor: Conveyor, *, host: str = "127.0.0.1", port: int = 8000, token: str | None = None,
           basic_auth: str | None = None, log_level: str = "warning", on_ready: Any = None,
-          **options: Any) -> None:
-    """Serve in the foreground until SIGINT/SIGTERM."""
+          tls_cert: str | None = None, tls_key: str | None = None, **options: Any) -> None:
+    """Serve in the foreground until SIGINT/SIGTERM; over https with ``tls_cert`` and ``tls_key``."""
+    tls = tls_of(tls_cert, tls_key)
     app, sock = prepare(conveyor, host=host, port=port, token=token, basic_auth=basic_auth, **options)
     if on_ready is not None:
-        on_ready(url_of(sock, host))
-    server = _server(app, log_level=log_level)
+        on_ready(url_of(sock, host, https=tls is not None))
+    server = _server(app, log_level=log_level, tls=tls)
     # uvicorn shuts down gracefully on SIGTERM, then re-raises it to the handler that was there
     # before: make that one a clean exit, so a supervisor sees 0 as for the worker.
     previous = None
@@ -95,16 +123,18 @@ class RunningDashboard:
 
 def start_in_thread(conveyor: Conveyor, *, host: str = "127.0.0.1", port: int = 8000,
                     fallback_to_any_port: bool = False, token: str | None = None,
-                    basic_auth: str | None = None, **options: Any) -> RunningDashboard:
+                    basic_auth: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
+                    **options: Any) -> RunningDashboard:
     """Serve on a daemon thread; returns once it accepts connections. With
     ``fallback_to_any_port``, a busy ``port`` makes it pick a free one instead of failing."""
+    tls = tls_of(tls_cert, tls_key)
     try:
         app, sock = prepare(conveyor, host=host, port=port, token=token, basic_auth=basic_auth, **options)
     except ConfigurationError:
         if not fallback_to_any_port or port == 0:
             raise
         app, sock = prepare(conveyor, host=host, port=0, token=token, basic_auth=basic_auth, **options)
-    server = _server(app, log_level="error")
+    server = _server(app, log_level="error", tls=tls)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="conveyor-dashboard",
                               daemon=True)
     thread.start()
@@ -116,4 +146,4 @@ def start_in_thread(conveyor: Conveyor, *, host: str = "127.0.0.1", port: int = 
         with contextlib.suppress(OSError):
             sock.close()
         raise ConfigurationError("the dashboard did not start within 10 s")
-    return RunningDashboard(url_of(sock, host), app, server, thread)
+    return RunningDashboard(url_of(sock, host, https=tls is not None), app, server, thread)

@@ -12,7 +12,8 @@
 --                          ZSET of ids per state (score = id), for listing by state
 --   KEYS[10] P:unique      HASH unique_key -> id of the job holding it (unfinished, or succeeded
 --                          with a unique_for: enqueue checks finished_at + unique_for > now)
---   KEYS[11] P:expiries    HASH queue -> number of leases that expired
+--   KEYS[11] P:expiries    HASH queue -> number of leases that expired; 'missing/<queue>' ->
+--                          ids found without a job hash and dropped (see forget_missing)
 --   KEYS[12] P:queues      SET of every queue name ever used (never shrinks)
 --   KEYS[13] P:ids         STRING, INCR counter of job ids
 --   KEYS[14] P:workers     HASH worker id -> JSON info
@@ -228,16 +229,41 @@ local function queues_complete()
   return redis.call('SCARD', K_QUEUES) == NQ
 end
 
+-- A job whose id is in a queue's indexes but whose hash is gone (an evicting maxmemory-policy,
+-- or a key deleted by hand) can be neither run nor shown, and writing its fields would make a
+-- hash with half of them. The scripts that meet one (claim, promote, reap) take it out of
+-- every index, so it is met once, and count it in P:expiries under 'missing/<queue>' (a '/' is
+-- never in a queue name), instead of failing the whole batch. A member of `available` is not
+-- known without the hash: claim, the one script that finds one there, has popped it already.
+local function forget_missing(q, id)
+  for _, state in ipairs({'scheduled', 'running', 'succeeded', 'dead', 'cancelled'}) do
+    redis.call('ZREM', q[state], id)
+  end
+  for _, k in pairs(K_STATE) do redis.call('ZREM', k, id) end
+  redis.call('ZREM', q.due, id)
+  redis.call('ZREM', q.jobs, id)
+  redis.call('ZREM', K_ALL, id)
+  redis.call('DEL', P_JOB .. id, P_ERR .. id)  -- what is left of it: a partial hash, its errors
+  redis.call('HINCRBY', K_EXPIRIES, 'missing/' .. q.name, 1)
+end
+
+-- Returns how many jobs became available (one whose hash is gone does not).
 local function promote_queue(q, now, limit)
   local ids = redis.call('ZRANGEBYSCORE', q.scheduled, '-inf', num(now), 'LIMIT', 0, limit)
+  local n = 0
   for _, id in ipairs(ids) do
     local key = P_JOB .. id
     redis.call('ZREM', q.scheduled, id)
     redis.call('ZREM', K_STATE.scheduled, id)
     local f = redis.call('HMGET', key, 'run_at', 'priority', 'fair_tag', 'concurrency_key', 'rate_key')
-    enter_available(q, id, key, tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or 0), f[4], f[5])
+    if f[1] then
+      enter_available(q, id, key, tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or 0), f[4], f[5])
+      n = n + 1
+    else
+      forget_missing(q, id)
+    end
   end
-  return #ids
+  return n
 end
 
 -- Deletes the job with everything that names it: its hash (which holds its step records),

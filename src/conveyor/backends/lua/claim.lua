@@ -14,7 +14,8 @@
 --   most waiting jobs the walk looks at), then `limit` lease tokens made by the client (Lua's
 --   math.random is not a safe source of them).
 -- Returns {} when nothing was claimed, else {now, lease expiry, then one {id, base, extra,
--- errors} per claimed job, in claim order}: base is the values of BASE (below), in that order,
+-- errors} per claimed job, in claim order; the n-th job returned holds the n-th token}. A job
+-- whose hash is gone is dropped from the indexes and not returned (forget_missing): base is the values of BASE (below), in that order,
 -- and extra is empty; or, for a job with other fields, base is empty and extra is the job's
 -- hash as field, value pairs, without what the claiming worker
 -- knows already (its queue, state, attempted_at = now, worker_id, lease_token = its token in
@@ -155,64 +156,70 @@ local rated, n_gated = {}, 0
 local top1, tops = -1, nil
 local n_at, e_at = num(now), num(expires)
 out[1], out[2] = n_at, e_at
+local n_out = 0
 for i, m in ipairs(picked) do
   local id = id_of(m)
-  local tag, score = tag_of(m), scores[i]
-  if score == p1 then
-    if tag > top1 then top1 = tag end
-  else
-    tops = tops or {}
-    if tops[score] == nil or tag > tops[score] then tops[score] = tag end
-  end
   local key = P_JOB .. id
-  local token = arg(5 + i)
   local base = redis.call('HMGET', key, unpack(BASE))
-  local complete = true
-  for k = 1, NBASE do
-    if not base[k] then complete = false end
-  end
-  base[NBASE] = nil
-  local attempt = tonumber(base[ATTEMPT] or 0) + 1
-  local attempt_s = string.format('%d', attempt)
-  base[ATTEMPT] = attempt_s
-  redis.call('HSET', key, 'state', 'running', 'attempted_at', n_at, 'worker_id', worker_id,
-    'lease_token', token, 'lease_expires_at', e_at, 'attempt', attempt_s)
-  redis.call('HDEL', key, 'm')
-  local lim = limits[i]
-  if lim then
-    n_gated = n_gated + 1
-    if lim[1] then redis.call('ZADD', P_CONC .. lim[1], e_at, id) end
-    if lim[2] then
-      redis.call('ZADD', P_RATE .. lim[2], num(now + lim[3]), id .. ':' .. token)
-      rated[lim[2]] = true
+  if not base[1] then
+    forget_missing(q, id)  -- its hash is gone (see there): the rest of the batch goes on
+  else
+    n_out = n_out + 1
+    local token = arg(5 + n_out)  -- the tokens go to the jobs returned, in order
+    local tag, score = tag_of(m), scores[i]
+    if score == p1 then
+      if tag > top1 then top1 = tag end
+    else
+      tops = tops or {}
+      if tops[score] == nil or tag > tops[score] then tops[score] = tag end
     end
-  end
-  ids[#ids + 1] = id
-  running[#running + 1] = e_at
-  running[#running + 1] = id
-  states[#states + 1] = id
-  states[#states + 1] = id
-  -- A job has error records only after a failed attempt (then attempt was >= 1 before this
-  -- claim) or once redriven (attempt back to 0, records kept): the others skip the LRANGE.
-  local extra, errors = {}, {}
-  local look = attempt > 1
-  -- With every field of BASE there (claim just wrote OMIT's others), the count tells whether
-  -- the hash holds more. If it does (a unique or fair key, limits, step records, a redrive...),
-  -- or lacks one (a hash of an older layout), the reply sends it whole, base empty.
-  if not complete or redis.call('HLEN', key) ~= PLAIN then
-    base = {}
-    local h = redis.call('HGETALL', key)
-    for f = 1, #h, 2 do
-      local name = h[f]
-      if not OMIT[name] then
-        extra[#extra + 1] = name
-        extra[#extra + 1] = h[f + 1]
-        if name == 'redriven' then look = true end
+    local complete = true
+    for k = 1, NBASE do
+      if not base[k] then complete = false end
+    end
+    base[NBASE] = nil
+    local attempt = tonumber(base[ATTEMPT] or 0) + 1
+    local attempt_s = string.format('%d', attempt)
+    base[ATTEMPT] = attempt_s
+    redis.call('HSET', key, 'state', 'running', 'attempted_at', n_at, 'worker_id', worker_id,
+      'lease_token', token, 'lease_expires_at', e_at, 'attempt', attempt_s)
+    redis.call('HDEL', key, 'm')
+    local lim = limits[i]
+    if lim then
+      n_gated = n_gated + 1
+      if lim[1] then redis.call('ZADD', P_CONC .. lim[1], e_at, id) end
+      if lim[2] then
+        redis.call('ZADD', P_RATE .. lim[2], num(now + lim[3]), id .. ':' .. token)
+        rated[lim[2]] = true
       end
     end
+    ids[#ids + 1] = id
+    running[#running + 1] = e_at
+    running[#running + 1] = id
+    states[#states + 1] = id
+    states[#states + 1] = id
+    -- A job has error records only after a failed attempt (then attempt was >= 1 before this
+    -- claim) or once redriven (attempt back to 0, records kept): the others skip the LRANGE.
+    local extra, errors = {}, {}
+    local look = attempt > 1
+    -- With every field of BASE there (claim just wrote OMIT's others), the count tells whether
+    -- the hash holds more. If it does (a unique or fair key, limits, step records, a redrive...),
+    -- or lacks one (a hash of an older layout), the reply sends it whole, base empty.
+    if not complete or redis.call('HLEN', key) ~= PLAIN then
+      base = {}
+      local h = redis.call('HGETALL', key)
+      for f = 1, #h, 2 do
+        local name = h[f]
+        if not OMIT[name] then
+          extra[#extra + 1] = name
+          extra[#extra + 1] = h[f + 1]
+          if name == 'redriven' then look = true end
+        end
+      end
+    end
+    if look then errors = redis.call('LRANGE', P_ERR .. id, 0, -1) end
+    out[#out + 1] = {id, base, extra, errors}
   end
-  if look then errors = redis.call('LRANGE', P_ERR .. id, 0, -1) end
-  out[#out + 1] = {id, base, extra, errors}
 end
 if n_gated > 0 then redis.call('HINCRBY', q.fair, 'gated', -n_gated) end
 -- A rate key lives as long as its last open window, so an idle key vanishes by itself. (PEXPIRE

@@ -1,5 +1,6 @@
 -- promote: scheduled jobs whose run_at has come (run_at <= now) become available, earliest
--- first, at most limit. Idempotent. (claim also promotes its own queue before it pops.)
+-- first, at most limit. Idempotent. (claim also promotes its own queue before it pops.) An id
+-- whose job hash is gone is dropped and not counted (forget_missing).
 -- KEYS: the common header, then the blocks of every queue in P:queues.
 -- ARGV: n, queue names; now ('' = the store's clock), limit
 -- Returns {'ok', count} or {'stale'} (nothing changed).
@@ -13,14 +14,19 @@ for _, qn in ipairs(QNAMES) do
 end
 table.sort(found, function(a, b) return a[2] < b[2] end)
 local woken = {}
-local n = math.min(limit, #found)
-for k = 1, n do
+local n = 0
+for k = 1, math.min(limit, #found) do
   local id, q = found[k][1], found[k][3]
   local key = P_JOB .. id
-  leave(q, id, 'scheduled')
   local f = redis.call('HMGET', key, 'run_at', 'priority', 'fair_tag', 'concurrency_key', 'rate_key')
-  enter_available(q, id, key, tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or 0), f[4], f[5])
-  woken[q.name] = (woken[q.name] or 0) + 1
+  if f[1] then
+    leave(q, id, 'scheduled')
+    enter_available(q, id, key, tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or 0), f[4], f[5])
+    woken[q.name] = (woken[q.name] or 0) + 1
+    n = n + 1
+  else
+    forget_missing(q, id)  -- its hash is gone: see there
+  end
 end
 for qn, c in pairs(woken) do wake(Q[qn], c) end
 return {'ok', n}

@@ -117,14 +117,14 @@ UPDATE conveyor_jobs SET state = 'available'
 WHERE id IN (SELECT id FROM conveyor_jobs
              WHERE state = 'scheduled' AND queue = %(queue)s AND run_at <= :NOW
              ORDER BY run_at LIMIT %(limit)s
-             FOR UPDATE SKIP LOCKED);
+             FOR NO KEY UPDATE SKIP LOCKED);
 
 -- name: promote
 WITH due AS MATERIALIZED (
     SELECT id FROM conveyor_jobs
     WHERE state = 'scheduled' AND run_at <= :NOW
     ORDER BY run_at LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 )
 UPDATE conveyor_jobs AS j SET state = 'available'
 FROM due WHERE j.id = due.id
@@ -146,7 +146,7 @@ WITH picked AS MATERIALIZED (
     WHERE state = 'available' AND queue = %(queue)s
     ORDER BY priority, fair_tag, run_at, id
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 ), head AS MATERIALIZED (
     SELECT coalesce(bool_or(limited), false) AS limited FROM picked
 ), claimed AS (
@@ -235,7 +235,7 @@ FROM unnest(%(rkeys)s::text[], %(periods)s::float8[]) AS w(key, period),
 WITH picked AS MATERIALIZED (
     SELECT id FROM conveyor_jobs
     WHERE id = ANY(%(ids)s::bigint[]) AND state = 'available'
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE conveyor_jobs AS j
     SET state = 'running',
@@ -269,11 +269,35 @@ SELECT claimed.*,
 FROM claimed;
 
 -- name: heartbeat
-UPDATE conveyor_jobs AS j
-SET lease_expires_at = :NOW + make_interval(secs => %(lease_s)s::float8)
-FROM unnest(%(ids)s::bigint[], %(tokens)s::text[]) AS l(id, token)
-WHERE j.id = l.id AND j.lease_token = l.token AND j.state = 'running' AND j.lease_expires_at >= :NOW
-RETURNING j.id;
+-- The leases still held: the ones renewed, and the ones another transaction is writing right
+-- now whose last committed version still shows our valid lease. Those are passed over (SKIP
+-- LOCKED), never waited for, so a heartbeat neither queues behind a long transaction nor takes
+-- part in a deadlock. Counting them as held is safe: the writer is our own ack (ack_many, a
+-- claim's acks, or transaction() committing the job: the job is finishing, and if that write
+-- rolls back the lease still runs until its time and the next heartbeat renews it), a cancel
+-- or a reaper (the next heartbeat finds the job gone from us), or a claimer locking the row
+-- for an instant before its state re-check passes it by. A lease counted held a heartbeat
+-- too long costs at most one interval of running on; every write of an outcome stays fenced
+-- by the lease token. Locks are taken in id order, as by every multi-row write here.
+WITH mine AS MATERIALIZED (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::text[]) AS l(id, token)
+), locked AS MATERIALIZED (
+    SELECT id FROM conveyor_jobs WHERE id = ANY(%(ids)s::bigint[])
+    ORDER BY id
+    FOR NO KEY UPDATE SKIP LOCKED
+), renewed AS (
+    UPDATE conveyor_jobs AS j
+    SET lease_expires_at = :NOW + make_interval(secs => %(lease_s)s::float8)
+    FROM locked, mine
+    WHERE j.id = locked.id AND j.id = mine.id AND j.lease_token = mine.token AND j.state = 'running'
+      AND j.lease_expires_at >= :NOW
+    RETURNING j.id
+)
+SELECT id FROM renewed
+UNION ALL
+SELECT j.id FROM conveyor_jobs AS j JOIN mine ON mine.id = j.id
+WHERE j.id NOT IN (SELECT id FROM locked)
+  AND j.lease_token = mine.token AND j.state = 'running' AND j.lease_expires_at >= :NOW;
 
 -- name: ack
 UPDATE conveyor_jobs
@@ -283,11 +307,21 @@ WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running' AND lease_ex
 RETURNING id, queue, concurrency_key;
 
 -- name: ack_many
+-- Rows are locked first, in id order (an UPDATE ... FROM unnest locks them in the order of the
+-- array, the order the jobs finished in): two writes over the same jobs in different orders,
+-- this and a release or an older heartbeat, would otherwise deadlock. NO KEY UPDATE, as the
+-- UPDATE itself takes: it does not wait for a step record's key-share lock.
+WITH locked AS MATERIALIZED (
+    SELECT id FROM conveyor_jobs WHERE id = ANY(%(ids)s::bigint[])
+    ORDER BY id
+    FOR NO KEY UPDATE
+)
 UPDATE conveyor_jobs AS j
 SET state = 'succeeded', result = l.result::json, finished_at = :NOW,
     lease_token = NULL, lease_expires_at = NULL
-FROM unnest(%(ids)s::bigint[], %(tokens)s::text[], %(results)s::text[]) AS l(id, token, result)
-WHERE j.id = l.id AND j.lease_token = l.token AND j.state = 'running' AND j.lease_expires_at >= :NOW
+FROM locked, unnest(%(ids)s::bigint[], %(tokens)s::text[], %(results)s::text[]) AS l(id, token, result)
+WHERE j.id = locked.id AND j.id = l.id AND j.lease_token = l.token AND j.state = 'running'
+  AND j.lease_expires_at >= :NOW
 RETURNING j.id, j.queue, j.concurrency_key;
 
 -- name: retry
@@ -315,11 +349,17 @@ WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running' AND lease_ex
 RETURNING id, queue, concurrency_key;
 
 -- name: release
+-- Rows locked in id order first, as in ack_many.
+WITH locked AS MATERIALIZED (
+    SELECT id FROM conveyor_jobs WHERE id = ANY(%(ids)s::bigint[])
+    ORDER BY id
+    FOR NO KEY UPDATE
+)
 UPDATE conveyor_jobs AS j
 SET state = 'available', attempt = j.attempt - 1,
     lease_token = NULL, lease_expires_at = NULL, worker_id = NULL
-FROM unnest(%(ids)s::bigint[], %(tokens)s::text[]) AS l(id, token)
-WHERE j.id = l.id AND j.lease_token = l.token AND j.state = 'running'
+FROM locked, unnest(%(ids)s::bigint[], %(tokens)s::text[]) AS l(id, token)
+WHERE j.id = locked.id AND j.id = l.id AND j.lease_token = l.token AND j.state = 'running'
 RETURNING j.id, j.queue;
 
 -- name: reap
@@ -327,7 +367,7 @@ WITH expired AS MATERIALIZED (
     SELECT id FROM conveyor_jobs
     WHERE state = 'running' AND lease_expires_at < :NOW
     ORDER BY lease_expires_at LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 )
 UPDATE conveyor_jobs AS j
 SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
@@ -344,8 +384,9 @@ FROM expired WHERE j.id = expired.id
 RETURNING j.id, j.queue, j.state, j.concurrency_key;
 
 -- name: count_up
+-- Counter rows upserted in queue order: concurrent reapers lock them in one order.
 INSERT INTO conveyor_counters (queue, name, value)
-SELECT q, %(name)s, count(*) FROM unnest(%(queues)s::text[]) AS q GROUP BY q
+SELECT q, %(name)s, count(*) FROM unnest(%(queues)s::text[]) AS q GROUP BY q ORDER BY q
 ON CONFLICT (queue, name) DO UPDATE SET value = conveyor_counters.value + excluded.value;
 
 -- name: job_rows
@@ -396,11 +437,13 @@ ORDER BY id DESC;
 
 -- name: cancel
 -- Locks the row first to read the state it leaves: a running job with a concurrency key frees
--- a slot, and the caller wakes idle workers for the jobs it held back.
+-- a slot, and the caller wakes idle workers for the jobs it held back. NO KEY UPDATE, as every
+-- row lock here that precedes an update (no key changes): it does not wait for the key-share
+-- lock a step recorded inside the task's open transaction() holds on the job.
 WITH old AS (
     SELECT id, state FROM conveyor_jobs
     WHERE id = %(id)s AND state IN ('scheduled', 'available', 'running')
-    FOR UPDATE
+    FOR NO KEY UPDATE
 )
 UPDATE conveyor_jobs AS j
 SET state = 'cancelled', finished_at = :NOW, lease_token = NULL, lease_expires_at = NULL
