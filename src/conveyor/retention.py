@@ -1,9 +1,9 @@
 """Retention: deleting finished jobs once their time to be kept has passed.
 
-A worker runs a prune pass from its maintenance loop. A pass deletes bounded batches
+A worker runs prune passes beside its maintenance loop. A pass deletes bounded batches
 (``Backend.prune(limit=batch)``) until a batch comes back short, pausing between batches for
-about as long as the last one took, so a pass uses at most about half of the store's time
-and producers and workers get their turn (on SQLite, the file's one writer). A pass holds the
+a quarter of the time the last one took (``PAUSE_SHARE``), so producers and workers get
+their turn at the store (on SQLite, the file's one writer). A pass holds the
 store-wide lock ``PRUNE_LOCK`` (``Backend.try_lock``): one pruner at a time across the fleet,
 the others skip their turn. A pass stops after ``max_batches`` (it lets go of the lock, and
 says there is more). The worker runs passes beside its reaping and promoting, so a long one
@@ -36,6 +36,9 @@ T = TypeVar("T")
 Call = Callable[[Callable[[], Any]], Awaitable[Any]]
 
 PRUNE_LOCK = "prune"
+# The pause after a batch, as a share of the batch's time: other writes wait at most one
+# batch and get a fifth of the time, and deleting still keeps pace with a busy store.
+PAUSE_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -91,13 +94,14 @@ async def _in_thread(fn: Callable[[], T]) -> T:
 class Pruner:
     def __init__(
         self, backend: Backend, rules: Sequence[Rule], *, batch: int = 1000, max_batches: int = 100,
-        pause: float = 0.01, max_pause: float = 1.0, lock_ttl: float = 60.0,
+        pause: float = 0.01, max_pause: float = 0.25, lock_ttl: float = 60.0,
     ) -> None:
         self.backend = backend
         self.rules = list(rules)
         self.batch = batch
         self.max_batches = max_batches
-        self.pause = pause  # the least pause between batches; the last batch's duration if longer
+        # Between batches: a quarter of the last batch's time, within [pause, max_pause].
+        self.pause = pause
         self.max_pause = max_pause
         self.lock_ttl = lock_ttl  # a holder that died without releasing holds it this long at most
 
@@ -135,7 +139,7 @@ class Pruner:
                 if n < self.batch:
                     break
                 took = time.monotonic() - started
-                await asyncio.sleep(min(max(self.pause, took), self.max_pause))
+                await asyncio.sleep(min(max(self.pause, took * PAUSE_SHARE), self.max_pause))
                 if deleted >= self.batch * self.max_batches:
                     return PruneOutcome(deleted, more=True)
                 if not await call(lock.renew):
