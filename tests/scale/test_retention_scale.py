@@ -91,8 +91,10 @@ def test_finished_rows_stay_bounded_under_sustained_load(make_app: Callable[...,
     # started together spread out); from then on the steady state shows.
     first_drop = next((k for k in range(1, len(samples)) if samples[k][2] < samples[k - 1][2]), len(samples))
     steady = max((rows for _, _, rows in samples[first_drop:]), default=None)
+    second_half = max(rows for _, _, rows in samples[len(samples) // 2:])
     report("retention_keeps_up", store_url.split(":", 1)[0], jobs=completed,
            jobs_per_s=round(completed / elapsed), seconds=round(elapsed), result_ttl_s=RESULT_TTL,
            prune_interval_s=PRUNE_INTERVAL, max_finished_rows=max_rows, max_rows_after_first_pass=steady,
+           max_rows_second_half=second_half,
            finished_rows_at_end=samples[-1][2])
     assert not over, f"finished rows older than {window:g}s were still there (t, rows, completed in window): {over}"
