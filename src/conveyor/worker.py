@@ -35,6 +35,7 @@ from .job import Job, JobState
 from .metrics import Metrics
 from .payload import check_queue_name
 from .redact import mask_text
+from .retention import PruneOutcome, Pruner, next_pass_in, retention_rules
 from .threads import TaskThreads
 
 log = logging.getLogger("conveyor.worker")
@@ -320,6 +321,7 @@ class Worker:
             loop.create_task(self._ack_loop(), name="conveyor-acks"),
             loop.create_task(self._heartbeat_loop(), name="conveyor-heartbeat"),
             loop.create_task(self._maintenance_loop(), name="conveyor-maintenance"),
+            loop.create_task(self._prune_loop(), name="conveyor-prune"),
         ]
         if self.scheduler and self.app.schedules:
             helpers.append(loop.create_task(self._scheduler_loop(), name="conveyor-scheduler"))
@@ -1159,7 +1161,6 @@ class Worker:
         return "cancelled" if current is not None and current.state is JobState.CANCELLED else "lease_lost"
 
     async def _maintenance_loop(self) -> None:
-        next_prune = time.monotonic() + self._rng.uniform(0, self.prune_interval)
         while True:
             await asyncio.sleep(self.maintenance_interval * self._rng.uniform(0.5, 1.5))
             try:
@@ -1167,9 +1168,6 @@ class Worker:
                 # and promoting each second cost the store that work times the workers.
                 if await self._call(self._maint, self.backend.maintenance_turn, self.maintenance_interval):
                     await self._reap_and_promote()
-                if time.monotonic() >= next_prune:
-                    next_prune = time.monotonic() + self.prune_interval
-                    await self._prune()
             except Exception:
                 log.exception("maintenance failed")
 
@@ -1184,6 +1182,29 @@ class Worker:
                         reaped.count, len(reaped.requeued), len(reaped.dead))
         await self._call(self._maint, self.backend.promote, limit=1000)
 
+    async def _prune_loop(self) -> None:
+        """Retention (see retention.py), beside reaping and promoting so that a long pass
+        never holds them up. Passes come every ``prune_interval`` at most, sooner when jobs
+        finish faster than a batch per interval."""
+        pruner = Pruner(self.backend, retention_rules(self.app))
+        call = functools.partial(self._call, self._maint)
+        # At a random point of the first interval: workers started together spread out.
+        await asyncio.sleep(self.prune_interval * self._rng.uniform(0, 1))
+        last = time.monotonic()
+        while True:
+            started = time.monotonic()
+            try:
+                outcome = await pruner.run(call=call)
+            except Exception:
+                log.exception("pruning failed")
+                outcome = PruneOutcome()
+            if outcome.deleted:
+                log.debug("pruned %d finished job(s)", outcome.deleted)
+            delay = next_pass_in(outcome, started - last, batch=pruner.batch,
+                                 shortest=self.maintenance_interval, longest=self.prune_interval)
+            last = started
+            await asyncio.sleep(delay)
+
     async def _scheduler_loop(self) -> None:
         from .cron import Scheduler
 
@@ -1196,17 +1217,6 @@ class Worker:
                 log.exception("cron scheduler failed; trying again")
             # A check every ~0.5 s keeps minute ticks on time and per-second (6-field) ones close.
             await asyncio.sleep(self._rng.uniform(0.25, 0.75))
-
-    async def _prune(self) -> None:
-        """Retention: succeeded and cancelled jobs after ``result_ttl``, dead ones after
-        ``dead_ttl`` (kept until purged when None), in bounded batches."""
-        app = self.app
-        if app.result_ttl > 0:
-            await self._call(self._maint, self.backend.prune, older_than=app.result_ttl,
-                             states=(JobState.SUCCEEDED, JobState.CANCELLED), limit=1000)
-        if app.dead_ttl is not None:
-            await self._call(self._maint, self.backend.prune, older_than=app.dead_ttl,
-                             states=(JobState.DEAD,), limit=1000)
 
     async def _drain(self) -> None:
         """After stop: wait for running jobs up to the grace period, then release the rest."""

@@ -318,6 +318,44 @@ class LoopClaims(Protocol):
         """Close its connection (the worker calls it once its claims are over)."""
 
 
+class StoreLock(abc.ABC):
+    """A named lock held in the store, so one process of the fleet at a time does a chore
+    (see :meth:`Backend.try_lock`). It ends with ``release``, or on its own when its holder
+    dies: with the holder's connection or process, or after ``ttl`` where the store counts
+    time instead (a holder renews it between steps)."""
+
+    @abc.abstractmethod
+    def renew(self) -> bool:
+        """Extend the lock by its ttl; False if it is no longer held (then stop the chore)."""
+
+    @abc.abstractmethod
+    def release(self) -> None:
+        """Let go of the lock (nothing happens if it is no longer held)."""
+
+
+LOCK_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def check_lock_name(name: str) -> str:
+    """A lock name goes into a file name or a key: keep it to a safe alphabet."""
+    if not LOCK_NAME_RE.fullmatch(name):
+        raise ValueError(f"a lock name is 1-64 characters from A-Z a-z 0-9 _ . -, got {name!r}")
+    return name
+
+
+class _NoLock(StoreLock):
+    """For a store without locks: every caller holds it (safe where the chore is idempotent)."""
+
+    def __init__(self) -> None:
+        self._held = True
+
+    def renew(self) -> bool:
+        return self._held
+
+    def release(self) -> None:
+        self._held = False
+
+
 class Backend(abc.ABC):
     """A store of jobs. Instances are safe to share between threads of one process."""
 
@@ -501,6 +539,13 @@ class Backend(abc.ABC):
         none (a stale wake-up). ``start``: how many of the jobs start at once, in the order of
         ``claims`` (see ``claim``). The default makes no claim."""
         return self.wait_for_jobs(queues, timeout, verify=False), None
+
+    def try_lock(self, name: str, *, ttl: float) -> StoreLock | None:
+        """Take the store-wide lock ``name``, or return None at once if anyone holds it (this
+        backend too: it is not re-entrant). A holder that dies without releasing frees it with
+        its connection or process, or at the latest after ``ttl`` seconds. The default, for a
+        store without locks, never refuses."""
+        return _NoLock()
 
     # -- workers --------------------------------------------------------------------------
     @abc.abstractmethod

@@ -74,9 +74,11 @@ from .base import (
     Page,
     ReapResult,
     Stats,
+    StoreLock,
     WorkerInfo,
     check_claim_id,
     check_filters,
+    check_lock_name,
     depth_limits,
     new_claim_id,
     queue_stats_from_rows,
@@ -114,6 +116,8 @@ DEPTH_LOCK = "SELECT pg_advisory_xact_lock(hashtext('conveyor_depth:' || current
 # A plain job's enqueue (see _plain): the insert, and its wake-up delivered at the same commit.
 ENQUEUE_ONE = ("WITH ins AS (" + Q["insert"].strip().rstrip(";") + ")\n"
                "SELECT ins.id, ins.uid, ins.at, pg_notify(%(channel)s, %(queue)s) FROM ins").encode()
+DRAIN_AT_ONCE = 10_000  # notifications an idle wait reads before it looks (a bound under a flood)
+TRY_LOCK = "SELECT pg_try_advisory_lock(hashtextextended(%s || current_schema(), 0)) AS held"
 UNIQUE_RACE_TRIES = 3  # a unique key that changes hands between insert and lookup is tried again
 
 # Every network call has a bound: connecting, each statement, a dead peer (tcp_user_timeout).
@@ -421,6 +425,8 @@ class PostgresBackend(Backend):
             raise StoreError(f"PostgreSQL: cannot connect: {exc}") from None
         self._listener: psycopg.Connection[dict[str, Any]] | None = None
         self._listen_lock = threading.Lock()
+        self._locks: set[_SessionLock] = set()  # store-wide locks this backend holds (try_lock)
+        self._locks_mutex = threading.Lock()
         # Pool name -> until when a dead connection it took back may still be being replaced.
         self._replacing: dict[str, float] = {}
         # Queues whose last claim met limited jobs at its head: their claims go straight to the
@@ -437,6 +443,10 @@ class PostgresBackend(Backend):
         # kept untouched (psycopg finishes a connection only in the process that opened it)
         # and this process opens its own on first use.
         forking.keep_inherited(self._pool, self._control, self._listener)
+        # Its store-wide locks too: each is a session of the parent's, and the lock is the
+        # parent's to free.
+        forking.keep_inherited(self._locks)
+        self._locks, self._locks_mutex = set(), threading.Lock()
         # The parent's workers are not in this process: the pools are sized for none yet.
         self._reserved = self._workers = 0
         self._size_lock = threading.Lock()
@@ -576,6 +586,10 @@ class PostgresBackend(Backend):
             if self._listener is not None:
                 self._listener.close()
                 self._listener = None
+        with self._locks_mutex:
+            locks, self._locks = self._locks, set()
+        for held in locks:
+            held.release()
         self._pool.close()
         self._control.close()
 
@@ -1027,28 +1041,17 @@ class PostgresBackend(Backend):
             try:
                 conn = self._listen_connection(until)
                 with _Guard(conn, until, close=True):
-                    look = True
-                    while self._wake_generation == generation:
-                        if look:
-                            row = conn.execute(Q["ready"], {"queues": list(queues)}).fetchone()
-                            assert row is not None
-                            if row["ready"]:
-                                return True
-                            if row["next_due_in"] is not None:
-                                deadline = min(deadline, time.monotonic() + max(0.0, row["next_due_in"]))
-                        remaining = deadline - time.monotonic()
-                        if remaining <= 0:
-                            return False
-                        # Short slices so wake() (shutdown) is noticed without a round trip. A
-                        # notification only means "look again": it can be stale (its job claimed
-                        # already, or seen by the last look), and reporting work that is not
-                        # there would make the worker read its empty claim as limits holding
-                        # jobs back, and back off.
-                        look = any(note.payload in wanted
-                                   for note in conn.notifies(timeout=min(remaining, 0.1), stop_after=1))
-                        if look and not verify:
-                            return True
-                    return True
+                    # Listening only while waiting: the server keeps each notification until
+                    # every listening session has read it, and a busy worker reads nothing, so
+                    # one that stayed listening would hold them all (the queue has a fixed
+                    # size, and when it is full every notifying transaction fails). LISTEN
+                    # comes before the first look, so a job enqueued in between is seen by one
+                    # or the other.
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    try:
+                        return self._wait_listening(conn, queues, wanted, deadline, generation, verify)
+                    finally:
+                        self._unlisten(conn)
             except StoreUnavailable:
                 self._drop_listener()
                 raise
@@ -1056,13 +1059,51 @@ class PostgresBackend(Backend):
                 self._drop_listener()
                 raise _translate(exc) from exc
 
+    def _unlisten(self, conn: psycopg.Connection[dict[str, Any]]) -> None:
+        if conn.closed or conn.broken:
+            self._drop_listener()
+            return
+        try:
+            conn.execute(f"UNLISTEN {CHANNEL}")
+            # What came before the UNLISTEN: read it now, or it would wait in the connection's
+            # backlog for the next wait.
+            for _ in conn.notifies(timeout=0):
+                pass
+        except psycopg.Error:
+            self._drop_listener()  # a closed session listens to nothing either
+
+    def _wait_listening(self, conn: psycopg.Connection[dict[str, Any]], queues: Sequence[str],
+                        wanted: set[str], deadline: float, generation: int, verify: bool) -> bool:
+        look = True
+        while self._wake_generation == generation:
+            if look:
+                row = conn.execute(Q["ready"], {"queues": list(queues)}).fetchone()
+                assert row is not None
+                if row["ready"]:
+                    return True
+                if row["next_due_in"] is not None:
+                    deadline = min(deadline, time.monotonic() + max(0.0, row["next_due_in"]))
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            # Short slices so wake() (shutdown) is noticed without a round trip. A notification
+            # only means "look again": it can be stale (its job claimed already, or seen by the
+            # last look), and reporting work that is not there would make the worker read its
+            # empty claim as limits holding jobs back, and back off. Everything that has come
+            # in is read at once, so a burst of enqueues costs one look, not one each.
+            notes = [*conn.notifies(timeout=min(remaining, 0.1), stop_after=1),
+                     *conn.notifies(timeout=0, stop_after=DRAIN_AT_ONCE)]
+            look = any(note.payload in wanted for note in notes)
+            if look and not verify:
+                return True
+        return True
+
     def _listen_connection(self, until: float) -> psycopg.Connection[dict[str, Any]]:
         if self._listener is None or self._listener.closed:
             conn = psycopg.connect(self._conninfo, autocommit=True, row_factory=dict_row)  # connect_timeout
             self._listener = conn
             with _Guard(conn, until, close=True):
                 _configure(conn)
-                conn.execute(f"LISTEN {CHANNEL}")
         return self._listener
 
     def _drop_listener(self) -> None:
@@ -1076,6 +1117,30 @@ class PostgresBackend(Backend):
 
     def wake(self) -> None:
         self._wake_generation += 1
+
+    def try_lock(self, name: str, *, ttl: float) -> StoreLock | None:
+        """A session advisory lock (``pg_try_advisory_lock``, keyed by the name and the schema)
+        on a connection of its own, held until released: the server drops it when that
+        connection ends, so a holder that dies frees it at once and ``ttl`` is not needed."""
+        key = f"conveyor_lock:{check_lock_name(name)}:"
+        try:
+            conn = psycopg.connect(self._conninfo, autocommit=True, row_factory=dict_row)  # connect_timeout
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+        try:
+            with _Guard(conn, time.monotonic() + _call_budget(), close=True):
+                _configure(conn)
+                row = conn.execute(TRY_LOCK, [key]).fetchone()
+        except psycopg.Error as exc:
+            conn.close()
+            raise _translate(exc) from exc
+        if row is None or not row["held"]:
+            conn.close()
+            return None
+        held = _SessionLock(conn, self)
+        with self._locks_mutex:
+            self._locks.add(held)
+        return held
 
     # -- workers ----------------------------------------------------------------------
     def record_worker(self, info: WorkerInfo, *, now: float | None = None) -> None:
@@ -1569,3 +1634,38 @@ def _translate(exc: psycopg.Error) -> StoreError:
     if isinstance(exc, pgerrors.DiskFull):
         return StorageFull(f"PostgreSQL: out of disk space; nothing was written: {exc}")
     return StoreError(f"PostgreSQL: {type(exc).__name__}: {str(exc).strip()}")
+
+
+class _SessionLock(StoreLock):
+    """A session advisory lock and the connection that holds it: closing it lets go."""
+
+    def __init__(self, conn: psycopg.Connection[dict[str, Any]], owner: PostgresBackend) -> None:
+        self._conn: psycopg.Connection[dict[str, Any]] | None = conn
+        self._owner = owner
+        self._mutex = threading.Lock()
+
+    def renew(self) -> bool:
+        """Held while its session lives: one round trip says so."""
+        with self._mutex:
+            conn = self._conn
+            if conn is None:
+                return False
+            try:
+                with _bounded(conn, close=True):
+                    conn.execute("SELECT 1")
+                return True
+            except (psycopg.Error, StoreError):
+                self._conn = None
+        self.release()
+        with suppress(psycopg.Error):
+            conn.close()
+        return False
+
+    def release(self) -> None:
+        with self._mutex:
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            with suppress(psycopg.Error):
+                conn.close()  # the session ends, and its advisory lock with it
+        with self._owner._locks_mutex:
+            self._owner._locks.discard(self)

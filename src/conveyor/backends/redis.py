@@ -13,6 +13,7 @@ sent, because a reply lost in flight does not tell whether the script ran.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -62,8 +63,10 @@ from .base import (
     QueueStats,
     ReapResult,
     Stats,
+    StoreLock,
     WorkerInfo,
     check_claim_id,
+    check_lock_name,
     new_claim_id,
     new_uids,
     queue_full,
@@ -239,6 +242,10 @@ class _Keys:
         return f"{self.p}:state:{state}"
 
 
+def _read_lua(name: str) -> str:
+    return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
+
+
 def _load_script(name: str) -> str:
     """The text of script ``name``; ``<name>:strict`` is that script without allow-oom."""
     name, _, strict = name.partition(":")
@@ -316,6 +323,9 @@ class RedisBackend(Backend):
         self._r = redis.Redis(connection_pool=self._pool)
         self._rb = redis.Redis(connection_pool=self._block_pool)
         self._scripts: dict[str, Script] = {n: self._r.register_script(_load_script(n)) for n in SCRIPT_NAMES}
+        self._lock_scripts = {n: self._r.register_script(_read_lua(n)) for n in ("lock", "unlock")}
+        self._locks: set[_KeyLock] = set()  # store-wide locks this backend holds (try_lock)
+        self._locks_mutex = threading.Lock()
         self._known_queues: list[str] = []
         self._id = uuid.uuid4().hex
         self._swept = False  # this backend saw the store marked as indexed (or swept it)
@@ -466,6 +476,11 @@ class RedisBackend(Backend):
     def close(self) -> None:
         if self._closed:
             return
+        with self._locks_mutex:
+            locks, self._locks = self._locks, set()
+        for held in locks:
+            with contextlib.suppress(StoreError):  # else it expires after its ttl
+                held.release()
         with self._wake_lock:
             self._wake_gen += 1
             self._closed = True
@@ -474,6 +489,20 @@ class RedisBackend(Backend):
         self._block_pool.disconnect()
         for conn in list(self._made):
             conn.disconnect()
+
+    def try_lock(self, name: str, *, ttl: float) -> StoreLock | None:
+        """A key holding this holder's random token (``SET NX PX`` in a script), expiring after
+        ``ttl`` unless renewed: a holder that dies frees it within ``ttl``."""
+        held = _KeyLock(self, f"{self.keys.p}:lock:{check_lock_name(name)}", uuid.uuid4().hex, ttl)
+        if not held.take(first=True):
+            return None
+        with self._locks_mutex:
+            self._locks.add(held)
+        return held
+
+    def _lock_call(self, script: str, key: str, args: Sequence[Any]) -> int:
+        run = self._lock_scripts[script]
+        return int(self._call(f"{script} {key}", lambda: run(keys=[key], args=list(args)), safe=True))
 
     # -- producer -------------------------------------------------------------------------
     def enqueue_many(self, jobs: Sequence[NewJob], *, now: float | None = None) -> list[EnqueueResult]:
@@ -883,6 +912,10 @@ class RedisBackend(Backend):
         # Its pools held the parent's connections; a wait of the parent's held the wake lock;
         # its wake key is the parent's waiters'.
         self._drop_inherited()
+        # Its store-wide locks are the parent's: their tokens are copies, an unlock here would
+        # free the parent's lock.
+        forking.keep_inherited(self._locks)
+        self._locks, self._locks_mutex = set(), threading.Lock()
         self._pool.reset()
         self._block_pool.reset()
         self._wake_lock = threading.Lock()
@@ -1542,3 +1575,28 @@ def _to_job(job_id: int, h: dict[str, str], errors: Sequence[str]) -> Job:
         # k[:1] first: most jobs have no step, and a method call per field cost more than the rest.
         steps={k[len(STEP_PREFIX):]: json.loads(v) for k, v in h.items() if k[:1] == "s" and k.startswith(STEP_PREFIX)},
     )
+
+
+class _KeyLock(StoreLock):
+    """A lock key holding this holder's token (see lock.lua and unlock.lua)."""
+
+    def __init__(self, owner: RedisBackend, key: str, token: str, ttl: float) -> None:
+        self._owner = owner
+        self._key = key
+        self._token = token
+        self._ttl_ms = max(1, int(ttl * 1000))
+        self._held = False
+
+    def take(self, *, first: bool) -> bool:
+        self._held = self._owner._lock_call("lock", self._key, [self._token, self._ttl_ms, "1" if first else "0"]) == 1
+        return self._held
+
+    def renew(self) -> bool:
+        return self._held and self.take(first=False)
+
+    def release(self) -> None:
+        with self._owner._locks_mutex:
+            self._owner._locks.discard(self)
+        if self._held:
+            self._held = False
+            self._owner._lock_call("unlock", self._key, [self._token])

@@ -7,6 +7,7 @@ signal; workers in other processes notice commits through ``PRAGMA data_version`
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -42,9 +43,11 @@ from .base import (
     Page,
     ReapResult,
     Stats,
+    StoreLock,
     WorkerInfo,
     check_claim_id,
     check_filters,
+    check_lock_name,
     depth_limits,
     new_claim_id,
     new_uids,
@@ -173,6 +176,7 @@ class SqliteBackend(Backend):
         self._group: _Group | None = None  # enqueues waiting for the write lock (see _Group)
         self._group_lock = threading.Lock()
         self._signal = _signal_for(self.path)
+        self._locks: set[_FileLock] = set()  # store-wide locks this backend holds (try_lock)
         self._migrate()
         _backends.add(self)
         forking.register(self)
@@ -258,6 +262,9 @@ class SqliteBackend(Backend):
         # Whatever is still open (a call was running at the fork) is the parent's: kept, never
         # used or closed here.
         forking.keep_inherited(self._local, self._all, self._in_use)
+        # Its store-wide locks' descriptors share the parent's flock: an unlock would free it.
+        forking.keep_inherited(self._locks)
+        self._locks = set()
         self._local = threading.local()
         self._all, self._in_use = [], {}
         self._lock = threading.Condition(threading.Lock())
@@ -362,10 +369,33 @@ class SqliteBackend(Backend):
             self._closed = True
             conns, self._all = self._all, []
             idle = [c for c in conns if c not in self._in_use]
+            locks, self._locks = self._locks, set()
+        for held in locks:
+            held.release()
         for conn in idle:
             with suppress(sqlite3.Error):
                 conn.close()
         self._local = threading.local()
+
+    def try_lock(self, name: str, *, ttl: float) -> StoreLock | None:
+        """An exclusive ``flock`` on a file next to the database, ``<file>-<name>.lock``: every
+        process on the file's machine sees it (as it sees the database's own locks), and the
+        operating system drops it when its holder exits. Not a lock inside the database, whose
+        one writer a lock held across many write transactions would keep from others."""
+        path = f"{self.path}-{check_lock_name(name)}.lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StoreError(f"cannot open the lock file {path}: {exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return None
+        held = _FileLock(fd, self)
+        with self._lock:
+            self._locks.add(held)
+        return held
 
     # -- producer ---------------------------------------------------------------------
     def enqueue_many(self, jobs: Sequence[NewJob], *, now: float | None = None) -> list[EnqueueResult]:
@@ -980,3 +1010,23 @@ def _translate(exc: sqlite3.Error, what: str) -> StoreError:
     if "full" in text.lower():
         return StorageFull(f"SQLite: {what}: {text} (free disk space; nothing was written)")
     return StoreError(f"SQLite: {what}: {text}")
+
+
+class _FileLock(StoreLock):
+    """An open file with an exclusive ``flock``: closing the file lets go of it."""
+
+    def __init__(self, fd: int, owner: SqliteBackend) -> None:
+        self._fd: int | None = fd
+        self._owner = owner
+        self._mutex = threading.Lock()
+
+    def renew(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        with self._mutex:
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+        with self._owner._lock:
+            self._owner._locks.discard(self)
