@@ -104,6 +104,7 @@ OOM_SLACK = 1024  # bytes of caller text a script may write past maxmemory
 # Scripts that do without _common.lua's prelude (its header of 20 keys, the queue blocks, and
 # its helpers made on every call): only _core.lua comes before them.
 LEAN_SCRIPTS = {"enqueue_one", "get"}
+BARE_SCRIPTS = ("lock", "unlock")  # store-wide locks (try_lock): their own key, no helpers
 # The last_outcome a settle of each kind leaves on the job (with its token as last_token).
 _SETTLED_AS = {"ack": ("succeeded",), "kill": ("dead",), "retry": ("scheduled", "available", "dead")}
 STEP_PREFIX = "step:"  # a step record is the field step:<name> of the job's hash
@@ -242,14 +243,12 @@ class _Keys:
         return f"{self.p}:state:{state}"
 
 
-def _read_lua(name: str) -> str:
-    return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
-
-
 def _load_script(name: str) -> str:
     """The text of script ``name``; ``<name>:strict`` is that script without allow-oom."""
     name, _, strict = name.partition(":")
     folder = resources.files(__package__).joinpath("lua")
+    if name in BARE_SCRIPTS:  # one key of their own: none of the store's helpers
+        return "#!lua flags=allow-oom\n" + folder.joinpath(f"{name}.lua").read_text("utf-8")
     common = folder.joinpath("_core.lua").read_text("utf-8")
     if name not in LEAN_SCRIPTS:
         common += "\n" + folder.joinpath("_common.lua").read_text("utf-8")
@@ -323,7 +322,7 @@ class RedisBackend(Backend):
         self._r = redis.Redis(connection_pool=self._pool)
         self._rb = redis.Redis(connection_pool=self._block_pool)
         self._scripts: dict[str, Script] = {n: self._r.register_script(_load_script(n)) for n in SCRIPT_NAMES}
-        self._lock_scripts = {n: self._r.register_script(_read_lua(n)) for n in ("lock", "unlock")}
+        self._lock_scripts = {n: self._r.register_script(_load_script(n)) for n in BARE_SCRIPTS}
         self._locks: set[_KeyLock] = set()  # store-wide locks this backend holds (try_lock)
         self._locks_mutex = threading.Lock()
         self._known_queues: list[str] = []
