@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 from redisrig import RedisServer
 
+from conveyor.backends import open_backend
+from conveyor.backends.redis import RedisBackend
+
 
 @pytest.fixture
 def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
@@ -17,3 +20,15 @@ def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def backend(private_redis: RedisServer) -> Iterator[RedisBackend]:
+    """A Redis backend on the test's private server (the root conftest's ``backend`` is one per
+    store; the tests here are Redis's own)."""
+    b = open_backend(private_redis.url)
+    assert isinstance(b, RedisBackend)
+    try:
+        yield b
+    finally:
+        b.close()

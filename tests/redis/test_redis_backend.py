@@ -9,7 +9,6 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +29,6 @@ T0 = 1_700_000_000.0
 
 def job(queue: str = "default", *, task: str = "t", max_attempts: int = 3, **kw: Any) -> NewJob:
     return NewJob(task=task, queue=queue, args="{}", max_attempts=max_attempts, timeout=30.0, **kw)
-
-
-@pytest.fixture
-def backend(private_redis: RedisServer) -> Iterator[RedisBackend]:
-    b = open_backend(private_redis.url)
-    assert isinstance(b, RedisBackend)
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 def test_every_key_has_the_prefix_and_one_cluster_slot(backend: RedisBackend, private_redis: RedisServer) -> None:

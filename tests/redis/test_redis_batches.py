@@ -5,14 +5,12 @@ Each test runs on a private redis-server (see conftest.py), never the shared one
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from redisrig import RedisServer
 
 from conveyor import QueueFull, StoreError
-from conveyor.backends import open_backend
 from conveyor.backends.base import NewJob
 from conveyor.backends.redis import ENQUEUE_CHUNK, RedisBackend
 
@@ -21,16 +19,6 @@ T0 = 1_700_000_000.0
 
 def job(n: int = 0, **kw: Any) -> NewJob:
     return NewJob(task="t", queue="default", args=f'{{"n": {n}}}', max_attempts=3, timeout=30.0, **kw)
-
-
-@pytest.fixture
-def backend(private_redis: RedisServer) -> Iterator[RedisBackend]:
-    b = open_backend(private_redis.url)
-    assert isinstance(b, RedisBackend)
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 @pytest.fixture

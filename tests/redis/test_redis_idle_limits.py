@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -16,7 +15,6 @@ from redisrig import RedisServer
 from support import T0, new_job, running_worker
 
 from conveyor import Conveyor
-from conveyor.backends import open_backend
 from conveyor.backends.base import CLAIM_SCAN, Lease, NewJob
 from conveyor.backends.redis import RedisBackend
 
@@ -27,16 +25,6 @@ def limited(limit: int = 1, queue: str = "default") -> NewJob:
 
 def rated(limit: int, period: float) -> NewJob:
     return replace(new_job(), rate_key="R", rate_limit=limit, rate_period=period)
-
-
-@pytest.fixture
-def backend(private_redis: RedisServer) -> Iterator[RedisBackend]:
-    b = open_backend(private_redis.url)
-    assert isinstance(b, RedisBackend)
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 def claim_replies(backend: RedisBackend) -> list[Any]:

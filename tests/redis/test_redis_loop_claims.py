@@ -8,7 +8,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -40,15 +40,6 @@ def open_redis(url: str) -> RedisBackend:
     b = open_backend(url)
     assert isinstance(b, RedisBackend)
     return b
-
-
-@pytest.fixture
-def backend(private_redis: RedisServer) -> Iterator[RedisBackend]:
-    b = open_redis(private_redis.url)
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 def claims_of(backend: RedisBackend) -> RedisLoopClaims:

@@ -5,10 +5,8 @@ Costs are counted as the keys each script call carries, never as time."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from redisrig import RedisServer, wait_until
 from support import running_worker
 
@@ -25,16 +23,6 @@ BLOCK = 11  # keys per queue block
 def job(queue: str, **kw: Any) -> NewJob:
     kw.setdefault("max_attempts", 3)
     return NewJob(task="t", queue=queue, args="{}", timeout=30.0, **kw)
-
-
-@pytest.fixture
-def backend(private_redis: RedisServer) -> Iterator[RedisBackend]:
-    b = open_backend(private_redis.url)
-    assert isinstance(b, RedisBackend)
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 def spy(backend: RedisBackend) -> list[tuple[str, int]]:

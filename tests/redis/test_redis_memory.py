@@ -13,7 +13,6 @@ import pytest
 from redisrig import RedisServer
 
 from conveyor import JobState, StorageFull
-from conveyor.backends import open_backend
 from conveyor.backends.base import ErrorInfo, Lease, NewJob
 from conveyor.backends.redis import ENQUEUE_CHUNK, OOM_SLACK, RedisBackend
 
@@ -22,16 +21,6 @@ T0 = 1_700_000_000.0
 
 def job(queue: str = "default", **kw: Any) -> NewJob:
     return NewJob(task="t", queue=queue, args="{}", max_attempts=3, timeout=30.0, **kw)
-
-
-@pytest.fixture
-def backend(private_redis: RedisServer) -> Iterator[RedisBackend]:
-    b = open_backend(private_redis.url)
-    assert isinstance(b, RedisBackend)
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 @pytest.fixture

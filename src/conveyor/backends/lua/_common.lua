@@ -94,6 +94,25 @@ local function gmember(q, id) return id .. '/' .. q.name end
 local function split_gmember(m) return string.match(m, '^([^/]+)/(.*)$') end
 local K_GLOBAL = {running = K_LEASES, scheduled = K_SCHEDULE}
 
+-- The head of a global index (P:leases, P:schedule) scored up to max, at most limit: the
+-- entries whose queue's block the call was given, as {id, queue, member}, and the queues whose
+-- blocks are missing (the caller answers {'need', ...} and the client sends them). Also the raw
+-- head, whose length the caller reports as the entries looked at.
+local function due_entries(index, max, limit)
+  local r = redis.call('ZRANGEBYSCORE', index, '-inf', max, 'LIMIT', 0, limit)
+  local found, need, asked = {}, {}, {}
+  for _, m in ipairs(r) do
+    local id, qn = split_gmember(m)
+    if Q[qn] then
+      found[#found + 1] = {id, Q[qn], m}
+    elseif not asked[qn] then
+      asked[qn] = true
+      need[#need + 1] = qn
+    end
+  end
+  return r, found, need
+end
+
 -- Copies the entries of a queue's own running or scheduled ZSET scored up to max into the
 -- global one (P:leases, P:schedule), at most limit: for a store, or a worker, of the version
 -- before those existed (see sweep.lua). Only what is due is copied; reap and promote check

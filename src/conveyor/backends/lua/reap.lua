@@ -17,17 +17,7 @@ local now = clock(arg(1))
 local limit = tonumber(arg(2))
 local max_stalls = tonumber(arg(3))
 for _, qn in ipairs(QNAMES) do sweep_queue(Q[qn], 'running', '(' .. num(now), limit) end
-local r = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', '(' .. num(now), 'LIMIT', 0, limit)
-local found, need, asked = {}, {}, {}
-for _, m in ipairs(r) do
-  local id, qn = split_gmember(m)
-  if Q[qn] then
-    found[#found + 1] = {id, Q[qn], m}
-  elseif not asked[qn] then
-    asked[qn] = true
-    need[#need + 1] = qn
-  end
-end
+local r, found, need = due_entries(K_LEASES, '(' .. num(now), limit)
 if #need > 0 then return {'need', unpack(need)} end
 local requeued, dead, woken = {}, {}, {}
 for k = 1, #found do
