@@ -580,9 +580,11 @@ def test_a_call_waiting_when_the_pool_gives_up_reconnecting_gets_a_connection_on
     waits. PostgreSQL only: redis-py connects on the calling thread, nothing waits on a pool."""
     from conveyor.backends import postgres as pmod
 
-    # A long wait, so the call is certainly still waiting when the pool gives up (~6-11 s into
-    # the blackhole: connect attempts with growing pauses for reconnect_timeout).
-    monkeypatch.setattr(pmod, "POOL_TIMEOUT", 60.0)
+    # A long wait, so the call is certainly still waiting when the pool gives up. Two chains of
+    # reconnect attempts run (the replacement of the reset connection, and the growth this
+    # call's request starts), each of 5 s connect timeouts with growing pauses until
+    # reconnect_timeout: the pool is empty only once both gave up, seen 11-30 s in.
+    monkeypatch.setattr(pmod, "POOL_TIMEOUT", 150.0)
     backend: Any = net.app().backend
     assert backend.get(1) is None
     net.proxy.blackhole()
@@ -597,7 +599,7 @@ def test_a_call_waiting_when_the_pool_gives_up_reconnecting_gets_a_connection_on
 
     waiter = threading.Thread(target=call, daemon=True)
     waiter.start()
-    wait_until(lambda: backend._pool.get_stats().get("pool_size", 1) == 0, timeout=30,
+    wait_until(lambda: backend._pool.get_stats().get("pool_size", 1) == 0, timeout=90,
                message="the pool gave up reconnecting")
     assert waiter.is_alive() and not got, f"the call ended before the pool gave up: {got}"
     net.proxy.heal()
