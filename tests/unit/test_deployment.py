@@ -11,6 +11,7 @@ Docker daemon answers.
 from __future__ import annotations
 
 import configparser
+import inspect
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +61,6 @@ def params(command: click.Command, args: list[str]) -> dict[str, Any]:
 def test_the_cli_defaults_are_the_workers() -> None:
     """The checks below read the CLI's defaults: they must be the Worker's too."""
     defaults = params(worker, [])
-    import inspect
-
     sig = inspect.signature(Worker).parameters
     assert defaults["grace_period"] == sig["grace_period"].default
     assert defaults["stuck_grace"] == sig["stuck_grace"].default
@@ -100,7 +100,8 @@ def test_a_refused_heartbeat_keeps_the_worker_alive_unless_store_is_asked(tmp_pa
     assert not refused.ok and "not for" in refused.message
 
 
-def test_unreadable_unwritable_and_removed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_unreadable_unwritable_and_removed(tmp_path: Path,
+                                           caplog: pytest.LogCaptureFixture) -> None:
     garbage = tmp_path / "garbage"
     garbage.write_text("{not json")
     assert not check(garbage).ok
@@ -257,8 +258,6 @@ def test_dockerfile_runs_conveyor_as_pid_1_without_root() -> None:
     args = " ".join(rest for word, rest in instructions(DOCKERFILE) if word == "ARG")
     python = re.search(r"PYTHON_VERSION=(\d+)\.(\d+)", args)
     assert python, args
-    import tomllib
-
     needs = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
     floor = re.search(r">=\s*(\d+)\.(\d+)", needs)
     assert floor and (int(python[1]), int(python[2])) >= (int(floor[1]), int(floor[2]))
