@@ -135,7 +135,7 @@ def test_health_command_exit_codes(tmp_path: Path) -> None:
 def test_a_worker_writes_the_file_while_it_runs_and_removes_it_at_stop(tmp_path: Path) -> None:
     path = tmp_path / "hb"
     app = Conveyor(f"sqlite:///{tmp_path / 'jobs.db'}")
-    w = Worker(app, visibility_timeout=0.3, poll_interval=0.05, install_signal_handlers=False,
+    w = Worker(app, visibility_timeout=1.0, poll_interval=0.05, install_signal_handlers=False,
                heartbeat_file=str(path))
     t = threading.Thread(target=w.run)
     t.start()
@@ -144,7 +144,7 @@ def test_a_worker_writes_the_file_while_it_runs_and_removes_it_at_stop(tmp_path:
         while not path.exists() and time.monotonic() < deadline:
             time.sleep(0.01)
         record = json.loads(path.read_text())
-        assert record["worker_id"] == w.id and record["max_age"] == 0.3
+        assert record["worker_id"] == w.id and record["max_age"] == 1.0
         first = record["beat_at"]
         while json.loads(path.read_text())["beat_at"] == first and time.monotonic() < deadline:
             time.sleep(0.01)
