@@ -687,8 +687,8 @@ def migrate(obj: Ctx) -> None:
     # Progress is logged: shown whatever --log-level says, since it is what this command is for.
     logging.getLogger("conveyor.postgres.migrate").setLevel(logging.INFO)
     backend = obj.app.backend
-    version = getattr(backend, "schema_version", lambda: "?")()
-    click.echo(f"{redact_url(obj.app.url)}: schema version {version}")
+    version = backend.schema_version()
+    click.echo(f"{redact_url(obj.app.url)}: schema version {'?' if version is None else version}")
 
 
 # -- demo --------------------------------------------------------------------------------
