@@ -71,13 +71,15 @@ def create_app(
     cookies (default: derived from the credentials, so replicas with the same settings agree).
     ``allowed_hosts`` adds Host names it answers to besides loopback. ``alert_rules`` are the
     rules whose firing alerts the overview shows (default: dead jobs, queues without workers,
-    jobs past their timeout, stuck worker slots, a job waiting more than 5 minutes). ``forwarded_allow_ips``: the
-    proxies (addresses, networks, or ``"*"``) whose ``X-Forwarded-Proto`` and ``X-Forwarded-For``
-    are believed (uvicorn's setting and middleware); by default no proxy header is.
+    jobs past their timeout, stuck worker slots, a job waiting more than 5 minutes).
+    ``forwarded_allow_ips``: the proxies (addresses, networks, or ``"*"``) whose
+    ``X-Forwarded-Proto`` and ``X-Forwarded-For`` are believed (uvicorn's setting and
+    middleware); by default no proxy header is.
     """
     app = Conveyor(conveyor) if isinstance(conveyor, str) else conveyor
     auth = make_auth(token=token, basic_auth=basic_auth, secret=secret, allowed_hosts=allowed_hosts)
-    sampler = Sampler(lambda: app.backend, interval=sample_interval, history=history, rules=alert_rules)
+    sampler = Sampler(lambda: app.backend, interval=sample_interval, history=history,
+                      rules=alert_rules)
     dash = Dashboard(app, auth, sampler, title=title)
     pages = Pages(dash)
 
@@ -97,11 +99,16 @@ def create_app(
     asgi: Any = SecurityMiddleware(star, auth)
     if forwarded_allow_ips and not auth.enabled:
         raise ConfigurationError(
-            "refusing to trust proxy headers without authentication: a proxy in front serves clients beyond "
-            "this machine. Set a token (--token or $CONVEYOR_DASHBOARD_TOKEN) or basic auth (--basic-auth).")
+            "refusing to trust proxy headers without authentication: a proxy in front serves "
+            "clients beyond this machine. Set a token (--token or $CONVEYOR_DASHBOARD_TOKEN) or "
+            "basic auth (--basic-auth).")
     if forwarded_allow_ips:
         from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-        trusted = forwarded_allow_ips if isinstance(forwarded_allow_ips, str) else list(forwarded_allow_ips)
+        trusted: str | list[str]
+        if isinstance(forwarded_allow_ips, str):
+            trusted = forwarded_allow_ips
+        else:
+            trusted = list(forwarded_allow_ips)
         asgi = ProxyHeadersMiddleware(asgi, trusted_hosts=trusted)
     return DashboardApp(dash, asgi, star.routes)

@@ -46,14 +46,16 @@ class Pages(Rendering):
             Route("/queues/{queue}", self._page(self.queue), methods=get, name="queue"),
             Route("/jobs", self._page(self.jobs), methods=get, name="jobs"),
             Route("/jobs/{job_id:int}", self._page(self.job), methods=get, name="job"),
-            Route("/jobs/{job_id:int}/{action}", self._page(self.job_action, form=True), methods=post,
-                  name="job_action"),
+            Route("/jobs/{job_id:int}/{action}", self._page(self.job_action, form=True),
+                  methods=post, name="job_action"),
             Route("/dead", self._page(self.dead), methods=get, name="dead"),
-            Route("/dead/{action}", self._page(self.dead_action, form=True), methods=post, name="dead_action"),
+            Route("/dead/{action}", self._page(self.dead_action, form=True), methods=post,
+                  name="dead_action"),
             Route("/workers", self._page(self.workers), methods=get, name="workers"),
             Route("/cron", self._page(self.cron), methods=get, name="cron"),
             Route("/login", self._page(self.login), methods=get, name="login"),
-            Route("/login", self._page(self.login_post, form=True), methods=post, name="login_post"),
+            Route("/login", self._page(self.login_post, form=True), methods=post,
+                  name="login_post"),
             Route("/logout", self._page(self.logout, form=True), methods=post, name="logout"),
             Route("/healthz", self._page(self.healthz, sample=False), methods=get, name="healthz"),
             Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
@@ -66,15 +68,16 @@ class Pages(Rendering):
         samples = self.d.sampler.snapshot()
         serving = workers_by_queue(stats.workers)
         rows = [QueueRow(q, recent_rate(samples, lambda s: float(s.succeeded), q.queue),
-                         charts.sparkline(samples, q.queue), serving.get(q.queue, 0)) for q in stats.queues]
+                         charts.sparkline(samples, q.queue), serving.get(q.queue, 0))
+                for q in stats.queues]
+        ages = [q.oldest_available_age for q in stats.queues]
         totals = {
             "waiting": sum(q.depth for q in stats.queues),
             "scheduled": sum(q.scheduled for q in stats.queues),
             "running": sum(q.running for q in stats.queues),
             "dead": sum(q.dead for q in stats.queues),
             "succeeded": sum(q.succeeded for q in stats.queues),
-            "oldest": max((q.oldest_available_age for q in stats.queues if q.oldest_available_age is not None),
-                          default=None),
+            "oldest": max((age for age in ages if age is not None), default=None),
             "rate": recent_rate(samples, lambda s: float(s.succeeded)),
             "capacity": sum(w.concurrency for w in stats.workers),
             # A stuck slot (a sync task's thread past its timeout) is busy: it takes no job.
@@ -82,9 +85,11 @@ class Pages(Rendering):
             "stuck": sum(w.stuck for w in stats.workers),
         }
         return self.render(
-            request, "overview.html", now=stats.now, stats=stats, rows=rows, totals=totals, nav_dead=totals["dead"],
-            alerts=self.d.sampler.alerts(), refresh=5, interval=self.d.sampler.interval,
-            charts=[charts.throughput_chart(samples), charts.failures_chart(samples), charts.backlog_chart(samples)],
+            request, "overview.html", now=stats.now, stats=stats, rows=rows, totals=totals,
+            nav_dead=totals["dead"], alerts=self.d.sampler.alerts(), refresh=5,
+            interval=self.d.sampler.interval,
+            charts=[charts.throughput_chart(samples), charts.failures_chart(samples),
+                    charts.backlog_chart(samples)],
         )
 
     def queue(self, request: Request, _: dict[str, list[str]]) -> Response:
@@ -95,7 +100,8 @@ class Pages(Rendering):
         workers = [w for w in stats.workers if name in w.queues]
         if q is None and not workers:
             return self.error(request, 404, "No such queue",
-                              f"The store has no jobs on queue {name!r} and no live worker serves it.")
+                              f"The store has no jobs on queue {name!r} and no live worker "
+                              "serves it.")
         q = q or QueueStats(queue=name)
         samples = self.d.sampler.snapshot()
         recent = self.d.backend.list_jobs(queue=name, limit=20).jobs
@@ -111,12 +117,16 @@ class Pages(Rendering):
         result = search.search_jobs(self.d.backend, query)
         queues = self._known_queues()
         tasks = sorted(self.d.conveyor.tasks)
-        return self.render(request, "jobs.html", now=self.d.backend.now(), query=query, result=result,
-                           queues=queues, tasks=tasks, search_window=search.SEARCH_WINDOW)
+        return self.render(request, "jobs.html", now=self.d.backend.now(), query=query,
+                           result=result, queues=queues, tasks=tasks,
+                           search_window=search.SEARCH_WINDOW)
 
     def _known_queues(self) -> list[str]:
         samples = self.d.sampler.snapshot()
-        names = set(samples[-1].queues) if samples else {q.queue for q in self.d.backend.stats().queues}
+        if samples:
+            names = set(samples[-1].queues)
+        else:
+            names = {q.queue for q in self.d.backend.stats().queues}
         names |= {t.queue for t in self.d.conveyor.tasks.values()}
         return sorted(names)
 
@@ -125,14 +135,18 @@ class Pages(Rendering):
         job = self.d.backend.get(job_id) if job_id <= MAX_JOB_ID else None
         if job is None:
             return self.error(request, 404, "No such job",
-                              f"Job {job_id} is not in the store (it may have been purged or pruned).")
+                              f"Job {job_id} is not in the store (it may have been purged or "
+                              "pruned).")
         now = self.d.backend.now()
+        has_result = job.result is not None
+        tick = tick_of(job)
         return self.render(request, "job.html", now=now, job=job, attempts=attempts_of(job),
                            args_json=fmt.to_json(job.args, pretty=True),
-                           result_json=fmt.to_json(job.result, pretty=True) if job.result is not None else None,
+                           result_json=fmt.to_json(job.result, pretty=True) if has_result else None,
                            meta_json=fmt.to_json(job.meta, pretty=True) if job.meta else None,
                            steps_json=fmt.to_json(job.steps, pretty=True) if job.steps else None,
-                           cron_tick=(tick.isoformat() if (tick := tick_of(job)) else None), known_task=job.task in self.d.conveyor.tasks)
+                           cron_tick=tick.isoformat() if tick else None,
+                           known_task=job.task in self.d.conveyor.tasks)
 
     def job_action(self, request: Request, form: dict[str, list[str]]) -> Response:
         job_id = int(request.path_params["job_id"])
@@ -145,22 +159,22 @@ class Pages(Rendering):
             return self.redirect(request, "/jobs", f"Job {job_id} is not in the store.", "warn")
         confirmed = (form.get("confirmed") or [""])[0] == "yes"
         if not confirmed:
-            verbs = {"retry": ("Retry", f"Send dead job #{job_id} back to queue {job.queue} with its attempts "
-                                        "reset. Its errors are kept.", "primary"),
-                     "cancel": ("Cancel job", f"Cancel job #{job_id}. A waiting job never runs; a running job's "
-                                          "worker is told to stop it.", "danger"),
-                     "purge": ("Purge", f"Delete dead job #{job_id} and its history from the store. "
-                                        "This cannot be undone.", "danger")}
+            verbs = {"retry": ("Retry", f"Send dead job #{job_id} back to queue {job.queue} with "
+                                        "its attempts reset. Its errors are kept.", "primary"),
+                     "cancel": ("Cancel job", f"Cancel job #{job_id}. A waiting job never runs; a "
+                                              "running job's worker is told to stop it.", "danger"),
+                     "purge": ("Purge", f"Delete dead job #{job_id} and its history from the "
+                                        "store. This cannot be undone.", "danger")}
             verb, text, css = verbs[action]
-            return self.render(request, "confirm.html", now=0.0, verb=verb, text=text, css=css, jobs=[job], more=0,
-                               action_url=self.url(request, "job_action", job_id=job_id, action=action),
-                               fields=[], back=back)
+            action_url = self.url(request, "job_action", job_id=job_id, action=action)
+            return self.render(request, "confirm.html", now=0.0, verb=verb, text=text, css=css,
+                               jobs=[job], more=0, action_url=action_url, fields=[], back=back)
         if action == "retry":
             n = self.d.backend.redrive([job_id])
             if n:
                 return self.redirect(request, back, f"Job #{job_id} is back on queue {job.queue}.")
-            return self.redirect(request, back, f"Job #{job_id} was not retried: only dead jobs can be "
-                                 "(or a newer job holds its unique key).", "warn")
+            return self.redirect(request, back, f"Job #{job_id} was not retried: only dead jobs "
+                                 "can be (or a newer job holds its unique key).", "warn")
         if action == "cancel":
             if self.d.conveyor.cancel(job_id):
                 return self.redirect(request, back, f"Job #{job_id} is cancelled.")
@@ -168,12 +182,14 @@ class Pages(Rendering):
         n = self.d.backend.purge(state=JobState.DEAD, job_ids=[job_id])
         if n:
             return self.redirect(request, "/dead", f"Job #{job_id} was purged.")
-        return self.redirect(request, back, f"Job #{job_id} was not purged: only dead jobs can be.", "warn")
+        return self.redirect(request, back,
+                             f"Job #{job_id} was not purged: only dead jobs can be.", "warn")
 
     def dead(self, request: Request, _: dict[str, list[str]]) -> Response:
         params = request.query_params
         query = JobsQuery(state=JobState.DEAD, queue=parse_queue(one(params, "queue")),
-                          task=parse_task(one(params, "task")), cursor=parse_cursor(one(params, "cursor")),
+                          task=parse_task(one(params, "task")),
+                          cursor=parse_cursor(one(params, "cursor")),
                           limit=parse_limit(one(params, "limit")))
         page = self.d.backend.list_jobs(state=JobState.DEAD, queue=query.queue, task=query.task,
                                         cursor=query.cursor, limit=query.limit)
@@ -181,8 +197,8 @@ class Pages(Rendering):
         by_queue = [(q.queue, q.dead) for q in stats.queues if q.dead]
         total = sum(n for _, n in by_queue)
         in_scope = dict(by_queue).get(query.queue, 0) if query.queue else total
-        return self.render(request, "dead.html", now=stats.now, query=query, page=page, by_queue=by_queue,
-                           total=total, in_scope=in_scope, nav_dead=total)
+        return self.render(request, "dead.html", now=stats.now, query=query, page=page,
+                           by_queue=by_queue, total=total, in_scope=in_scope, nav_dead=total)
 
     def dead_action(self, request: Request, form: dict[str, list[str]]) -> Response:
         action = str(request.path_params["action"])
@@ -196,31 +212,34 @@ class Pages(Rendering):
             return self.redirect(request, back, "Select one or more jobs first.", "warn")
         confirmed = (form.get("confirmed") or [""])[0] == "yes"
         verb = "Redrive" if action == "redrive" else "Purge"
+        if action == "redrive":
+            outcome = " They go back to their queues with attempts reset."
+        else:
+            outcome = " They are deleted from the store. This cannot be undone."
         if not confirmed:
             fields = [("queue", queue or ""), ("next", back)]
             if every:
                 stats = self._stats(finished=False)
                 n = sum(q.dead for q in stats.queues if queue is None or q.queue == queue)
                 where = f" on queue {queue}" if queue else ""
-                text = (f"{verb} every dead job{where}: {n} job(s) now."
-                        + (" They go back to their queues with attempts reset." if action == "redrive"
-                           else " They are deleted from the store. This cannot be undone."))
+                text = f"{verb} every dead job{where}: {n} job(s) now." + outcome
                 fields.append(("all", "yes"))
                 jobs: list[Job] = []
             else:
                 jobs = [j for j in (self.d.backend.get(i) for i in ids[:50]) if j is not None]
-                text = (f"{verb} {len(ids)} selected dead job(s)."
-                        + (" They go back to their queues with attempts reset." if action == "redrive"
-                           else " They are deleted from the store. This cannot be undone."))
+                text = f"{verb} {len(ids)} selected dead job(s)." + outcome
                 fields += [("ids", str(i)) for i in ids]
             return self.render(request, "confirm.html", now=0.0, verb=verb, text=text,
                                css="primary" if action == "redrive" else "danger", jobs=jobs,
                                more=max(0, len(ids) - len(jobs)) if not every else 0,
-                               action_url=self.url(request, "dead_action", action=action), fields=fields,
-                               back=back)
+                               action_url=self.url(request, "dead_action", action=action),
+                               fields=fields, back=back)
         if action == "redrive":
             n = self.d.backend.redrive(None if every else ids, queue=queue)
-            skipped = "" if every or n == len(ids) else f" ({len(ids) - n} were no longer dead, or a newer job holds their unique key)"
+            skipped = ""
+            if not every and n != len(ids):
+                skipped = (f" ({len(ids) - n} were no longer dead, or a newer job holds their "
+                           "unique key)")
             return self.redirect(request, back, f"Redrove {n} job(s){skipped}.")
         n = self.d.backend.purge(state=JobState.DEAD, queue=queue, job_ids=None if every else ids)
         skipped = "" if every or n == len(ids) else f" ({len(ids) - n} were no longer dead)"
@@ -235,7 +254,8 @@ class Pages(Rendering):
         live = {w.id for w in stats.workers}
         orphans = [j for wid, jobs in by_worker.items() if wid not in live for j in jobs]
         lease = self.d.conveyor.visibility_timeout
-        return self.render(request, "workers.html", now=stats.now, nav_dead=sum(q.dead for q in stats.queues),
+        return self.render(request, "workers.html", now=stats.now,
+                           nav_dead=sum(q.dead for q in stats.queues),
                            workers=stats.workers, by_worker=by_worker,
                            orphans=orphans, more_running=running.next_cursor is not None, refresh=5,
                            stale_after=max(lease / 3 * 2, 5.0))
@@ -262,7 +282,8 @@ class Pages(Rendering):
         throttle = self.d.auth.guard.throttle
         if wait := throttle.wait(client):
             seconds = max(1, math.ceil(wait))
-            response = self.render(request, "login.html", status=429, now=0.0, next=nxt, failed=False, wait=seconds)
+            response = self.render(request, "login.html", status=429, now=0.0, next=nxt,
+                                   failed=False, wait=seconds)
             response.headers["retry-after"] = str(seconds)
             return response
         if not token_matches(self.d.auth, (form.get("token") or [""])[0].strip()):
@@ -284,8 +305,8 @@ class Pages(Rendering):
         response = self.redirect(request, "/login" if self.d.auth.token is not None else "/")
         state = request.scope.get("state", {})
         response.raw_headers.append((b"set-cookie", cookie_header(
-            SESSION_COOKIE, "", path=state.get("cookie_path", "/"), secure=state.get("secure_cookies", False),
-            max_age=0)))
+            SESSION_COOKIE, "", path=state.get("cookie_path", "/"),
+            secure=state.get("secure_cookies", False), max_age=0)))
         return response
 
     def healthz(self, request: Request, _: dict[str, list[str]]) -> Response:

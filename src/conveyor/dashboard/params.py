@@ -30,8 +30,9 @@ class JobsQuery:
     limit: int = PAGE_SIZE
 
     def params(self, **override: Any) -> dict[str, str]:
-        values: dict[str, Any] = {"state": self.state.value if self.state else None, "queue": self.queue,
-                                  "task": self.task, "q": self.q or None, "cursor": self.cursor,
+        values: dict[str, Any] = {"state": self.state.value if self.state else None,
+                                  "queue": self.queue, "task": self.task, "q": self.q or None,
+                                  "cursor": self.cursor,
                                   "limit": self.limit if self.limit != PAGE_SIZE else None}
         values.update(override)
         return {k: str(v) for k, v in values.items() if v not in (None, "")}
@@ -49,7 +50,8 @@ def parse_state(value: str) -> JobState | None:
     try:
         return JobState(value)
     except ValueError:
-        raise BadRequest(f"unknown state {value!r}: one of {', '.join(s.value for s in JobState)}") from None
+        states = ", ".join(s.value for s in JobState)
+        raise BadRequest(f"unknown state {value!r}: one of {states}") from None
 
 
 def parse_queue(value: str) -> str | None:
@@ -88,8 +90,10 @@ def parse_jobs_query(params: Any) -> JobsQuery:
     q = one(params, "q")
     if len(q) > MAX_QUERY:
         raise BadRequest(f"search text is limited to {MAX_QUERY} characters")
-    return JobsQuery(state=parse_state(one(params, "state")), queue=parse_queue(one(params, "queue")),
-                     task=parse_task(one(params, "task")), q=q, cursor=parse_cursor(one(params, "cursor")),
+    return JobsQuery(state=parse_state(one(params, "state")),
+                     queue=parse_queue(one(params, "queue")),
+                     task=parse_task(one(params, "task")), q=q,
+                     cursor=parse_cursor(one(params, "cursor")),
                      limit=parse_limit(one(params, "limit")))
 
 

@@ -52,12 +52,14 @@ class Rendering:
         endpoint.__name__ = fn.__name__
         return endpoint
 
-    def url(self, request: Request, name: str, query: dict[str, str] | None = None, **params: Any) -> str:
+    def url(self, request: Request, name: str, query: dict[str, str] | None = None,
+            **params: Any) -> str:
         root = request.scope.get("root_path", "") or ""
         path = root.rstrip("/") + str(request.app.url_path_for(name, **params))
         return path + ("?" + urlencode(query) if query else "")
 
-    def render(self, request: Request, template: str, status: int = 200, **context: Any) -> Response:
+    def render(self, request: Request, template: str, status: int = 200,
+               **context: Any) -> Response:
         samples = self.d.sampler.snapshot()
         dead_total = sum(q.dead for q in samples[-1].queues.values()) if samples else None
         state = request.scope.get("state", {})
@@ -79,7 +81,8 @@ class Rendering:
             "states": [s.value for s in JobState],
             "refresh": 0,
             "sampler_error": self.d.sampler.last_error,
-            "ago": lambda ts, now=None: fmt.ago(ts, now if now is not None else context.get("now", 0.0)),
+            "ago": lambda ts, now=None: fmt.ago(
+                ts, now if now is not None else context.get("now", 0.0)),
         }
         base.update(context)
         return self.d.templates.TemplateResponse(request, template, base, status_code=status)
@@ -103,23 +106,27 @@ class Rendering:
     async def http_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         if exc.status_code == 404:
-            return await run_in_threadpool(self.error, request, 404, "Not found", "There is no such page.")
-        return PlainTextResponse(f"{exc.detail}\n", status_code=exc.status_code, headers=exc.headers)
+            return await run_in_threadpool(self.error, request, 404, "Not found",
+                                           "There is no such page.")
+        return PlainTextResponse(f"{exc.detail}\n", status_code=exc.status_code,
+                                 headers=exc.headers)
 
-    def redirect(self, request: Request, target: str, flash: str | None = None, kind: str = "ok") -> Response:
+    def redirect(self, request: Request, target: str, flash: str | None = None,
+                 kind: str = "ok") -> Response:
         root = (request.scope.get("root_path", "") or "").rstrip("/")
         response = RedirectResponse(root + target, status_code=303)
         if flash:
             value = encode_flash(self.d.auth.secret, {"kind": kind, "text": flash})
             state = request.scope.get("state", {})
             response.raw_headers.append((b"set-cookie", cookie_header(
-                FLASH_COOKIE, value, path=state.get("cookie_path", "/"), secure=state.get("secure_cookies", False),
-                max_age=60)))
+                FLASH_COOKIE, value, path=state.get("cookie_path", "/"),
+                secure=state.get("secure_cookies", False), max_age=60)))
         return response
 
     def _stats(self, *, finished: bool = True) -> Stats:
-        """Fresh stats. ``finished=False`` skips counting succeeded/cancelled jobs (half the cost
-        on a big SQL store); such a reading is not a chart sample, its succeeded count is 0."""
+        """Fresh stats. ``finished=False`` skips counting succeeded/cancelled jobs (the costly
+        part on a big SQL store); such a reading is not a chart sample, its succeeded count
+        is 0."""
         stats = self.d.backend.stats(finished=finished)
         if finished:
             self.d.sampler.offer(stats)

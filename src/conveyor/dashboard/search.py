@@ -10,7 +10,7 @@ from ..job import Job
 from . import formatting as fmt
 from .params import JobsQuery
 
-SEARCH_WINDOW = 2000  # jobs a text search looks at per request, newest first (~0.2 s)
+SEARCH_WINDOW = 2000  # jobs a text search looks at per request, newest first
 SEARCH_CHARS = 4_000  # of each job's arguments and of each error message a text search reads
 SEARCH_BATCH = 500
 SEARCH_CALLS = 40  # list_jobs calls per search request, at most (Redis pages can come back short)
@@ -30,7 +30,8 @@ class SearchResult:
 def job_text(job: Job) -> str:
     """What text search looks in: the args (with secrets masked), the unique key, error messages."""
     parts = [fmt.to_json(job.args, limit=SEARCH_CHARS), job.unique_key or ""]
-    parts += [fmt.mask(f"{e.get('type') or ''} {e.get('message') or ''}", SEARCH_CHARS) for e in job.errors]
+    parts += [fmt.mask(f"{e.get('type') or ''} {e.get('message') or ''}", SEARCH_CHARS)
+              for e in job.errors]
     return "\n".join(parts).lower()
 
 
@@ -42,7 +43,8 @@ def search_jobs(backend: Backend, query: JobsQuery) -> SearchResult:
     if query.q and (m := ID_QUERY.fullmatch(query.q)) and query.cursor is None:
         exact = backend.get(int(m.group(1)))
     if not query.q:
-        page = backend.list_jobs(state=query.state, queue=query.queue, task=query.task, cursor=query.cursor,
+        page = backend.list_jobs(state=query.state, queue=query.queue, task=query.task,
+                                 cursor=query.cursor,
                                  limit=query.limit)
         return SearchResult(page.jobs, page.next_cursor, scanned=len(page.jobs))
     needle = query.q.lower()
@@ -51,7 +53,8 @@ def search_jobs(backend: Backend, query: JobsQuery) -> SearchResult:
     cursor = query.cursor
     for _ in range(SEARCH_CALLS):
         batch = min(SEARCH_BATCH, SEARCH_WINDOW - scanned)
-        page = backend.list_jobs(state=query.state, queue=query.queue, task=query.task, cursor=cursor,
+        page = backend.list_jobs(state=query.state, queue=query.queue, task=query.task,
+                                 cursor=cursor,
                                  limit=batch)
         for job in page.jobs:
             scanned += 1

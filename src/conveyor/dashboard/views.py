@@ -40,7 +40,8 @@ class QueueRow:
 
 ERROR_OUTCOMES = {"timeout": ("timed out", "warn"), "lease_expired": ("lease expired", "warn"),
                   "rejected": ("rejected", "bad"), "retry": ("asked to retry", "warn"),
-                  "unknown_task": ("unknown task", "bad"), "bad_arguments": ("bad arguments", "bad"),
+                  "unknown_task": ("unknown task", "bad"),
+                  "bad_arguments": ("bad arguments", "bad"),
                   "cancelled": ("cancelled", "muted")}
 
 
@@ -55,28 +56,31 @@ def attempts_of(job: Job) -> list[Attempt]:
         at = err.get("at")
         a = Attempt(number=number, outcome=outcome, css=css, worker=err.get("worker_id"),
                     ended=float(at) if isinstance(at, int | float) else None,
-                    error_type=str(err.get("type") or ""), message=fmt.mask(str(err.get("message") or "")),
+                    error_type=str(err.get("type") or ""),
+                    message=fmt.mask(str(err.get("message") or "")),
                     traceback=fmt.mask(str(err.get("traceback") or "")),
                     round_start=i > 0 and number <= previous)
         previous = number
         out.append(a)
+    new_round = bool(out) and job.attempts <= previous
     if job.state is JobState.RUNNING:
-        out.append(Attempt(job.attempts, "running", "run", job.worker_id, started=job.attempted_at,
-                           round_start=bool(out) and job.attempts <= previous))
+        out.append(Attempt(job.attempts, "running", "run", job.worker_id,
+                           started=job.attempted_at, round_start=new_round))
     elif job.state is JobState.SUCCEEDED:
-        out.append(Attempt(job.attempts, "succeeded", "ok", job.worker_id, started=job.attempted_at,
-                           ended=job.finished_at, round_start=bool(out) and job.attempts <= previous))
+        out.append(Attempt(job.attempts, "succeeded", "ok", job.worker_id,
+                           started=job.attempted_at, ended=job.finished_at, round_start=new_round))
     elif job.state is JobState.CANCELLED:
-        out.append(Attempt(job.attempts, "cancelled", "muted", job.worker_id, started=job.attempted_at,
-                           ended=job.finished_at))
-    elif out and job.attempted_at is not None and out[-1].number == job.attempts and job.attempts > 0:
+        out.append(Attempt(job.attempts, "cancelled", "muted", job.worker_id,
+                           started=job.attempted_at, ended=job.finished_at))
+    elif (out and job.attempted_at is not None and out[-1].number == job.attempts
+          and job.attempts > 0):
         # The last failure was the latest claim (dead, or waiting for a retry): it began then.
         out[-1].started = job.attempted_at
     return out
 
 
-def recent_rate(samples: Sequence[Sample], pick: Callable[[QueueStats], float], queue: str | None = None,
-                window: float = 60.0) -> float | None:
+def recent_rate(samples: Sequence[Sample], pick: Callable[[QueueStats], float],
+                queue: str | None = None, window: float = 60.0) -> float | None:
     """Increase per second of a counter over about the last ``window`` seconds of samples."""
     if len(samples) < 2:
         return None
