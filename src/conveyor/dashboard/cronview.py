@@ -55,9 +55,11 @@ def cron_rows(app: Conveyor, backend: Backend, now: float) -> tuple[list[CronRow
     for name in sorted(schedules):
         s = schedules[name]
         last = ticks.get(name)
-        row = CronRow(name=str(getattr(s, "name", name)), expression=str(getattr(s, "expression", "?")),
-                      timezone=str(getattr(s, "timezone", "UTC")), task=str(getattr(s, "task", "?")),
-                      queue=str(getattr(s, "queue", "?")), last_tick=last, next_run=None, late=False)
+        row = CronRow(name=str(getattr(s, "name", name)),
+                      expression=str(getattr(s, "expression", "?")),
+                      timezone=str(getattr(s, "timezone", "UTC")),
+                      task=str(getattr(s, "task", "?")), queue=str(getattr(s, "queue", "?")),
+                      last_tick=last, next_run=None, late=False)
         try:
             row.next_run = _next_after(s, now)
             if last is not None:
@@ -68,6 +70,6 @@ def cron_rows(app: Conveyor, backend: Backend, now: float) -> tuple[list[CronRow
             row.problem = f"{type(exc).__name__}: {exc}"
         rows.append(row)
     if not schedules:
-        note = ("No cron schedules are registered on this app. The dashboard shows the schedules of the "
-                "app it runs with (conveyor --app module:app dashboard).")
+        note = ("No cron schedules are registered on this app. The dashboard shows the schedules "
+                "of the app it runs with (conveyor --app module:app dashboard).")
     return rows, note
