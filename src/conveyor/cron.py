@@ -97,9 +97,16 @@ class Schedule:
         """True for the second occurrence of a wall-clock time repeated when clocks go back."""
         return not self._follows_real_time and dt.datetime.fromtimestamp(ts, self.tz).fold == 1
 
+    def _instant(self, ts: float) -> dt.datetime:
+        """``ts`` as a datetime, rounded *down* to the microsecond. fromtimestamp rounds to the
+        nearest one, so an instant a fraction of a microsecond before a tick became the tick."""
+        secs = math.floor(ts)
+        micros = min(999_999, math.floor((ts - secs) * 1_000_000))
+        return dt.datetime.fromtimestamp(secs, self.tz).replace(microsecond=micros)
+
     def latest_tick(self, now: float) -> float:
         """The latest tick at or before ``now`` (unix seconds)."""
-        just_after = dt.datetime.fromtimestamp(now, self.tz) + dt.timedelta(microseconds=1)
+        just_after = self._instant(now) + dt.timedelta(microseconds=1)
         it = croniter(self.expression, just_after)
         for _ in range(_SEARCH_LIMIT):
             ts = float(it.get_prev(float))
@@ -118,7 +125,7 @@ class Schedule:
 
     def next_tick(self, after: float) -> float:
         """The first tick strictly after ``after`` (unix seconds)."""
-        it = croniter(self.expression, dt.datetime.fromtimestamp(after, self.tz))
+        it = croniter(self.expression, self._instant(after))
         for _ in range(_SEARCH_LIMIT):
             ts = float(it.get_next(float))
             if not self._is_repeat(ts):
