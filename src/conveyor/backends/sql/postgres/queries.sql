@@ -4,8 +4,8 @@
 
 -- name: insert
 -- fair_tag: the caller's reserved tag for a job with a fair key; else vtime + 1 of its
--- (queue, priority): the current round. A succeeded job inside its unique_for window still holds the key: then nothing is
--- inserted, no row comes back, and find_unique answers.
+-- (queue, priority): the current round. A succeeded job inside its unique_for window still
+-- holds the key: then nothing is inserted, no row comes back, and find_unique answers.
 INSERT INTO conveyor_jobs (queue, task, args, state, priority, run_at, max_attempts, timeout_s,
                            unique_key, meta, created_at, fair_key, fair_tag, unique_for,
                            concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period)
@@ -31,10 +31,10 @@ DO NOTHING
 RETURNING id, uid, extract(epoch FROM created_at)::float8 AS at;
 
 -- name: insert_plain
--- A batch of plain jobs (no unique key, no fair key: see _plain in postgres/enqueue.py) in one statement.
--- %(jobs)s is a JSON array of runs: consecutive jobs that differ only in their args (a bulk
--- enqueue's jobs all do) share one array of the values of _plain_values, whose last element
--- is the array of the run's args texts. One parameter, no per-column arrays; read as jsonb,
+-- A batch of plain jobs (no unique key, no fair key: see _plain in postgres/enqueue.py) in one
+-- statement. %(jobs)s is a JSON array of runs: consecutive jobs that differ only in their args
+-- (a bulk enqueue's jobs all do) share one array of the values of _plain_values, whose last
+-- element is the array of the run's args texts. One parameter, no per-column arrays; read as jsonb,
 -- parsed once (->> on json text parses the element again for every field), and a run's
 -- shared values, its fair tag among them, are read once per run instead of once per job.
 -- Rows go in in batch order and take ascending ids, so the ids sorted ascending pair with the
