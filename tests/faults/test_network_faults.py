@@ -145,7 +145,7 @@ def net(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iter
             extra = "" if FULL else "socket_timeout=1&socket_connect_timeout=1"
             timeout = socket_timeout + rmod.RETRY_BUDGET
         else:
-            from conveyor.backends import postgres as pmod
+            from conveyor.backends.postgres import connection as pmod
 
             if not FULL:
                 monkeypatch.setattr(pmod, "STATEMENT_TIMEOUT_MS", 2000)
@@ -578,7 +578,7 @@ def test_a_call_waiting_when_the_pool_gives_up_reconnecting_gets_a_connection_on
     the server was back (what the server-freeze test showed: a worker's heartbeats failing for
     seconds after the thaw, leases lost a second time). The backend now asks again while it
     waits. PostgreSQL only: redis-py connects on the calling thread, nothing waits on a pool."""
-    from conveyor.backends import postgres as pmod
+    from conveyor.backends.postgres import connection as pmod
 
     # A long wait, so the call is certainly still waiting when the pool gives up. Two chains of
     # reconnect attempts run (the replacement of the reset connection, and the growth this

@@ -81,8 +81,8 @@ from redisrig import RedisServer
 
 import conveyor.errors
 from conveyor import JobState
-from conveyor.backends import postgres as pg_backend
 from conveyor.backends import redis as redis_backend
+from conveyor.backends.postgres import connection as pg_backend
 from conveyor.errors import ConveyorError, StorageFull, StoreError, StoreUnavailable
 
 pytestmark = [pytest.mark.faults, pytest.mark.process]

@@ -21,9 +21,9 @@ from click.testing import CliRunner
 from pgschema import build_schema_at, catalog, fill, without_index_names
 from stores import postgres_store
 
-from conveyor.backends import pg_migrate
 from conveyor.backends.base import NewJob
 from conveyor.backends.postgres import PostgresBackend
+from conveyor.backends.postgres import migrate as pg_migrate
 from conveyor.cli import cli
 
 ROWS = 3_000

@@ -19,8 +19,8 @@ from pgschema import Producers, build_schema_at, catalog, fill, without_index_na
 from scalekit import report, size
 from stores import postgres_store
 
-from conveyor.backends import postgres
 from conveyor.backends.postgres import PostgresBackend
+from conveyor.backends.postgres import connection as pg_connection
 
 ROWS = size(200_000, 1_000_000)
 STEPS = ROWS // 10
@@ -46,7 +46,7 @@ def test_pg_migration_of_a_big_table_while_enqueueing(tmp_path, monkeypatch, cap
         fill(url, ROWS, scheduled=ROWS // 10, running=ROWS // 10, steps=STEPS)
         before = _checksum(url, ROWS)
         # Far below what rewriting the table takes: a migration run under it is cancelled.
-        monkeypatch.setattr(postgres, "STATEMENT_TIMEOUT_MS", 300)
+        monkeypatch.setattr(pg_connection, "STATEMENT_TIMEOUT_MS", 300)
         producers = Producers(url, threads=2).start()
         try:
             assert producers.writing.wait(30)  # they are writing when the migration starts

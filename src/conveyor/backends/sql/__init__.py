@@ -1,4 +1,5 @@
-"""Named SQL: each backend's queries live in ``<dialect>/queries.sql`` under ``-- name: x`` headers."""
+"""Named SQL: each backend's queries live in ``<dialect>/queries.sql``, each under a
+``-- name: x`` header."""
 
 from __future__ import annotations
 

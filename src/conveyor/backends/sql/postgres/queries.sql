@@ -4,8 +4,8 @@
 
 -- name: insert
 -- fair_tag: the caller's reserved tag for a job with a fair key; else vtime + 1 of its
--- (queue, priority): the current round. A succeeded job inside its unique_for window still holds the key: then nothing is
--- inserted, no row comes back, and find_unique answers.
+-- (queue, priority): the current round. A succeeded job inside its unique_for window still
+-- holds the key: then nothing is inserted, no row comes back, and find_unique answers.
 INSERT INTO conveyor_jobs (queue, task, args, state, priority, run_at, max_attempts, timeout_s,
                            unique_key, meta, created_at, fair_key, fair_tag, unique_for,
                            concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period)
@@ -31,10 +31,10 @@ DO NOTHING
 RETURNING id, uid, extract(epoch FROM created_at)::float8 AS at;
 
 -- name: insert_plain
--- A batch of plain jobs (no unique key, no fair key: see _plain in postgres.py) in one statement.
--- %(jobs)s is a JSON array of runs: consecutive jobs that differ only in their args (a bulk
--- enqueue's jobs all do) share one array of the values of _plain_values, whose last element
--- is the array of the run's args texts. One parameter, no per-column arrays; read as jsonb,
+-- A batch of plain jobs (no unique key, no fair key: see _plain in postgres/enqueue.py) in one
+-- statement. %(jobs)s is a JSON array of runs: consecutive jobs that differ only in their args
+-- (a bulk enqueue's jobs all do) share one array of the values of _plain_values, whose last
+-- element is the array of the run's args texts. One parameter, no per-column arrays; read as jsonb,
 -- parsed once (->> on json text parses the element again for every field), and a run's
 -- shared values, its fair tag among them, are read once per run instead of once per job.
 -- Rows go in in batch order and take ascending ids, so the ids sorted ascending pair with the
@@ -333,6 +333,68 @@ FROM locked, unnest(%(ids)s::bigint[], %(tokens)s::text[], %(results)s::text[]) 
 WHERE j.id = locked.id AND j.id = l.id AND j.lease_token = l.token AND j.state = 'running'
   AND j.lease_expires_at >= :NOW
 RETURNING j.id, j.queue, j.concurrency_key;
+
+-- name: ack_claim
+-- What a worker runs: the claim statement above with ack_many in front (a worker's finished
+-- jobs and its next claim in one round trip), and the acked jobs as a column of every row
+-- (the claim always returns at least one row): acked, a JSON array of {id, concurrency_key,
+-- queue}. Acked jobs are running, never candidates of the claim. A plain claim sends no acks
+-- (empty arrays). Keep the two in step: every change to claim or ack_many belongs here too.
+WITH acked AS (
+    WITH locked AS MATERIALIZED (
+        SELECT id FROM conveyor_jobs WHERE id = ANY(%(ids)s::bigint[])
+        ORDER BY id
+        FOR NO KEY UPDATE
+    )
+    UPDATE conveyor_jobs AS j
+    SET state = 'succeeded', result = l.result::json, finished_at = :NOW,
+        lease_token = NULL, lease_expires_at = NULL
+    FROM locked,
+         unnest(%(ids)s::bigint[], %(tokens)s::text[], %(results)s::text[]) AS l(id, token, result)
+    WHERE j.id = locked.id AND j.id = l.id AND j.lease_token = l.token AND j.state = 'running'
+      AND j.lease_expires_at >= :NOW
+    RETURNING j.id, j.queue, j.concurrency_key
+), picked AS MATERIALIZED (
+    SELECT id, priority, fair_tag, run_at, concurrency_key IS NOT NULL OR rate_key IS NOT NULL AS limited
+    FROM conveyor_jobs
+    WHERE state = 'available' AND queue = %(queue)s
+    ORDER BY priority, fair_tag, run_at, id
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+), head AS MATERIALIZED (
+    SELECT coalesce(bool_or(limited), false) AS limited FROM picked
+), ranked AS MATERIALIZED (
+    SELECT id, row_number() OVER (ORDER BY priority, fair_tag, run_at, id) AS n FROM picked
+), claimed AS (
+    UPDATE conveyor_jobs AS j
+    SET state = 'running',
+        attempt = j.attempt + 1,
+        attempted_at = :NOW,
+        worker_id = %(worker_id)s,
+        lease_token = %(claim_id)s || j.id::text,
+        lease_expires_at = :NOW + make_interval(secs => %(lease_s)s::float8),
+        held = ranked.n > %(start)s
+    FROM ranked
+    WHERE j.id = ranked.id AND NOT (SELECT h.limited FROM head AS h)
+    RETURNING :JOB(j)
+), tops AS MATERIALIZED (
+    SELECT priority, max(fair_tag) AS tag FROM claimed GROUP BY priority
+), raised AS (
+    INSERT INTO conveyor_queue_clock AS c (queue, priority, vtime)
+    SELECT %(queue)s, t.priority, t.tag FROM tops AS t
+    WHERE NOT EXISTS (SELECT 1 FROM conveyor_queue_clock AS o
+                      WHERE o.queue = %(queue)s AND o.priority = t.priority AND o.vtime >= t.tag)
+    ORDER BY t.priority
+    ON CONFLICT (queue, priority) DO UPDATE SET vtime = excluded.vtime WHERE c.vtime < excluded.vtime
+)
+SELECT (SELECT coalesce(json_agg(json_build_object('id', a.id, 'concurrency_key', a.concurrency_key,
+                                                   'queue', a.queue)), '[]')
+        FROM acked AS a) AS acked,
+       claimed.*,
+       (SELECT coalesce(json_object_agg(s.step, s.result), '{}'::json)
+        FROM conveyor_steps AS s WHERE s.job_id = claimed.id) AS steps,
+       head.limited AS head_limited
+FROM head LEFT JOIN claimed ON true;
 
 -- name: retry
 UPDATE conveyor_jobs

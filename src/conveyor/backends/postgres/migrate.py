@@ -32,9 +32,10 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import errors as pgerrors
 from psycopg import sql
+from psycopg.rows import dict_row
 
-from ..errors import StoreError
-from .sql import migration_files, split_statements
+from ...errors import StoreError
+from ..sql import migration_files, split_statements
 
 log = logging.getLogger("conveyor.postgres.migrate")
 
@@ -45,7 +46,8 @@ BATCH_ROWS = 5_000  # rows per backfill transaction: each holds its rows' locks 
 PROGRESS_EVERY_S = 1.0
 LOCK = "hashtext('conveyor_migrate:' || current_schema())"
 NO_TRANSACTION = "-- conveyor: no transaction"
-_CONCURRENT_INDEX = re.compile(r"CREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)", re.I)
+_CONCURRENT_INDEX = re.compile(
+    r"CREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)", re.I)
 
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
@@ -97,7 +99,8 @@ def migrations() -> list[Migration]:
     found.sort(key=lambda m: m.version)
     for a, b in itertools.pairwise(found):
         if a.version == b.version:
-            raise RuntimeError(f"two PostgreSQL migrations numbered {a.version:03d}: {a.name}, {b.name}")
+            raise RuntimeError(
+                f"two PostgreSQL migrations numbered {a.version:03d}: {a.name}, {b.name}")
     return found
 
 
@@ -115,8 +118,10 @@ def migrate(conninfo: str) -> None:
         _wait_for_lock(conn)
         try:
             conn.execute("CREATE TABLE IF NOT EXISTS conveyor_schema_migrations ("
-                         " version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())")
-            applied = {r[0] for r in conn.execute("SELECT version FROM conveyor_schema_migrations")}
+                         " version integer PRIMARY KEY,"
+                         " applied_at timestamptz NOT NULL DEFAULT now())")
+            applied = {version for (version,) in
+                       conn.execute("SELECT version FROM conveyor_schema_migrations")}
             for m in MIGRATIONS:
                 if m.version in applied:
                     continue
@@ -127,7 +132,8 @@ def migrate(conninfo: str) -> None:
                     _retrying(conn, m.name, partial(_run_script, conn, m))
                 else:
                     _outside_transaction(conn, m)
-                log.info("applied PostgreSQL migration %s in %.1fs", m.name, time.monotonic() - started)
+                log.info("applied PostgreSQL migration %s in %.1fs", m.name,
+                         time.monotonic() - started)
         finally:
             with suppress(psycopg.Error):  # a broken session has let go of it already
                 conn.execute(f"SELECT pg_advisory_unlock({LOCK})")
@@ -185,7 +191,8 @@ def _outside_transaction(conn: Conn, m: Migration) -> None:
     for statement in split_statements(m.script):
         index = _CONCURRENT_INDEX.search(statement)
         if index:
-            _retrying(conn, m.name, partial(_build_index, conn, statement, index.group(1)), transaction=False)
+            build = partial(_build_index, conn, statement, index.group(1))
+            _retrying(conn, m.name, build, transaction=False)
         else:
             _retrying(conn, m.name, partial(conn.execute, statement.encode()), transaction=False)
     _record(conn, m)
@@ -194,13 +201,15 @@ def _outside_transaction(conn: Conn, m: Migration) -> None:
 def _build_index(conn: Conn, statement: str, name: str) -> None:
     # A build that failed (crash, cancel) leaves an invalid index that IF NOT EXISTS would
     # keep: drop it and build again.
-    invalid = _one(conn, "SELECT NOT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass(%s)", [name])
+    invalid = _one(conn, "SELECT NOT i.indisvalid FROM pg_index i"
+                         " WHERE i.indexrelid = to_regclass(%s)", [name])
     # No lock_timeout here: a concurrent build waits for the transactions already running to
     # end, but its lock lets reads and writes (and so enqueues) go on meanwhile.
     conn.execute("SET lock_timeout = 0")
     try:
         if invalid:
-            conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(name)))
+            conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(
+                sql.Identifier(name)))
         log.info("building index %s (concurrently: writes go on)", name)
         conn.execute(statement.encode())
     finally:
@@ -223,8 +232,9 @@ def _online(conn: Conn, m: Migration) -> None:
 
 
 def _column_type(conn: Conn, table: str, column: str) -> str | None:
-    found = _one(conn, "SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = to_regclass(%s)"
-                 " AND attname = %s AND attnum > 0 AND NOT attisdropped", [table, column])
+    found = _one(conn, "SELECT format_type(atttypid, atttypmod) FROM pg_attribute"
+                       " WHERE attrelid = to_regclass(%s)"
+                       " AND attname = %s AND attnum > 0 AND NOT attisdropped", [table, column])
     return None if found is None else str(found)
 
 
@@ -239,7 +249,8 @@ def _json_columns(conn: Conn, m: Migration, spec: JsonColumns) -> None:
     t = sql.Identifier(spec.table)
     for column in spec.not_null:
         check = sql.Identifier(f"{spec.table}_{column}_json_not_null")
-        if not _one(conn, "SELECT 1 FROM pg_constraint WHERE conrelid = to_regclass(%s) AND conname = %s",
+        if not _one(conn, "SELECT 1 FROM pg_constraint"
+                          " WHERE conrelid = to_regclass(%s) AND conname = %s",
                     [spec.table, f"{spec.table}_{column}_json_not_null"]):
             # Added only now: a NOT VALID check still holds every updated row to it.
             _retrying(conn, f"{m.name} {spec.table}.{column}: check", partial(conn.execute, sql.SQL(
@@ -268,11 +279,13 @@ def _prepare(conn: Conn, spec: JsonColumns) -> bool:
         _switch(conn, spec, checked=False)
         return True
     # Writes during the backfill keep the new columns in step; rows before it get the backfill.
-    sets = sql.SQL(" ").join(sql.SQL("NEW.{} := NEW.{}::json;").format(sql.Identifier(c + "_json"), sql.Identifier(c))
-                             for c in spec.columns)
-    conn.execute(sql.SQL("CREATE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN {} RETURN NEW; END $$")
-                 .format(fn, sets))
-    conn.execute(sql.SQL("CREATE TRIGGER {} BEFORE INSERT OR UPDATE OF {} ON {} FOR EACH ROW EXECUTE FUNCTION {}()")
+    sets = sql.SQL(" ").join(
+        sql.SQL("NEW.{} := NEW.{}::json;").format(sql.Identifier(c + "_json"), sql.Identifier(c))
+        for c in spec.columns)
+    conn.execute(sql.SQL("CREATE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql"
+                         " AS $$ BEGIN {} RETURN NEW; END $$").format(fn, sets))
+    conn.execute(sql.SQL("CREATE TRIGGER {} BEFORE INSERT OR UPDATE OF {} ON {}"
+                         " FOR EACH ROW EXECUTE FUNCTION {}()")
                  .format(fn, sql.SQL(", ").join(map(sql.Identifier, spec.columns)), t, fn))
     return False
 
@@ -290,41 +303,52 @@ def _backfill(conn: Conn, m: Migration, spec: JsonColumns) -> None:
     with conn.transaction():
         conn.execute("INSERT INTO conveyor_migration_progress (version, step) VALUES (%s, %s)"
                      " ON CONFLICT DO NOTHING", [m.version, step])
-        row = conn.execute("SELECT position, upper, done FROM conveyor_migration_progress"
-                           " WHERE version = %s AND step = %s FOR UPDATE", [m.version, step]).fetchone()
-        assert row is not None
-        position, upper, done = row
+        with conn.cursor(row_factory=dict_row) as cur:
+            progress = cur.execute("SELECT position, upper, done FROM conveyor_migration_progress"
+                                   " WHERE version = %s AND step = %s FOR UPDATE",
+                                   [m.version, step]).fetchone()
+        assert progress is not None
+        position, upper, done = progress["position"], progress["upper"], progress["done"]
         if upper is None:
+            newest_first = sql.SQL(", ").join(
+                sql.SQL("{} DESC").format(sql.Identifier(k)) for k in spec.key)
             last = conn.execute(sql.SQL("SELECT {} FROM {} ORDER BY {} LIMIT 1").format(
-                keys, t, sql.SQL(", ").join(sql.SQL("{} DESC").format(sql.Identifier(k)) for k in spec.key))).fetchone()
+                keys, t, newest_first)).fetchone()
             upper = list(last) if last else []
-            conn.execute("UPDATE conveyor_migration_progress SET upper = %s WHERE version = %s AND step = %s",
+            conn.execute("UPDATE conveyor_migration_progress SET upper = %s"
+                         " WHERE version = %s AND step = %s",
                          [json.dumps(upper), m.version, step])
     if not upper:
         return  # an empty table
     below_upper = sql.SQL("({}) <= ({})").format(keys, marks)
-    total = int(_one(conn, sql.SQL("SELECT count(*) FROM {} WHERE ").format(t) + below_upper, upper))
-    copy = sql.SQL(", ").join(sql.SQL("{} = {}::json").format(sql.Identifier(c + "_json"), sql.Identifier(c))
-                              for c in spec.columns)
+    total = int(_one(conn, sql.SQL("SELECT count(*) FROM {} WHERE ").format(t) + below_upper,
+                     upper))
+    copy = sql.SQL(", ").join(
+        sql.SQL("{} = {}::json").format(sql.Identifier(c + "_json"), sql.Identifier(c))
+        for c in spec.columns)
     said = 0.0
 
     def batch() -> tuple[list[Any], int]:
-        after = sql.SQL("({}) > ({})").format(keys, marks) if position is not None else sql.SQL("true")
+        after = (sql.SQL("({}) > ({})").format(keys, marks) if position is not None
+                 else sql.SQL("true"))
         lower = list(position) if position is not None else []
-        end = conn.execute(sql.SQL("SELECT {} FROM {} WHERE {} AND {} ORDER BY {} OFFSET %s LIMIT 1").format(
-            keys, t, after, below_upper, keys), [*lower, *upper, BATCH_ROWS - 1]).fetchone()
+        end = conn.execute(
+            sql.SQL("SELECT {} FROM {} WHERE {} AND {} ORDER BY {} OFFSET %s LIMIT 1").format(
+                keys, t, after, below_upper, keys), [*lower, *upper, BATCH_ROWS - 1]).fetchone()
         stop = list(end) if end else upper
-        cur = conn.execute(sql.SQL("UPDATE {} SET {} WHERE {} AND ({}) <= ({})").format(t, copy, after, keys, marks),
-                           [*lower, *stop])
+        cur = conn.execute(sql.SQL("UPDATE {} SET {} WHERE {} AND ({}) <= ({})").format(
+            t, copy, after, keys, marks), [*lower, *stop])
         conn.execute("UPDATE conveyor_migration_progress SET position = %s, done = done + %s"
-                     " WHERE version = %s AND step = %s", [json.dumps(stop), cur.rowcount, m.version, step])
+                     " WHERE version = %s AND step = %s",
+                     [json.dumps(stop), cur.rowcount, m.version, step])
         return stop, cur.rowcount
 
     while position is None or list(position) != list(upper):
         position, n = _retrying(conn, f"{m.name} {step}: backfill", batch)
         done += n
         if time.monotonic() - said >= PROGRESS_EVERY_S or list(position) == list(upper):
-            log.info("migration %s: %s: %s/%s rows", m.name, step, f"{min(done, total):,}", f"{total:,}")
+            log.info("migration %s: %s: %s/%s rows", m.name, step, f"{min(done, total):,}",
+                     f"{total:,}")
             said = time.monotonic()
 
 
@@ -338,15 +362,16 @@ def _switch(conn: Conn, spec: JsonColumns, *, checked: bool = True) -> None:
     conn.execute(sql.SQL("ALTER TABLE {} ").format(t) + sql.SQL(", ").join(
         sql.SQL("DROP COLUMN {}").format(sql.Identifier(c)) for c in spec.columns))
     for c in spec.columns:
-        conn.execute(sql.SQL("ALTER TABLE {} RENAME COLUMN {} TO {}").format(t, sql.Identifier(c + "_json"),
-                                                                            sql.Identifier(c)))
+        conn.execute(sql.SQL("ALTER TABLE {} RENAME COLUMN {} TO {}").format(
+            t, sql.Identifier(c + "_json"), sql.Identifier(c)))
     for c, default in spec.defaults:
-        conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET DEFAULT ").format(t, sql.Identifier(c))
-                     + sql.SQL(default))  # a literal of this module, not input
+        conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET DEFAULT ").format(
+            t, sql.Identifier(c)) + sql.SQL(default))  # a literal of this module, not input
     for c in spec.not_null:
         # Trusts the validated check: no scan. The check goes after, in a statement of its own
         # (dropped in the same ALTER, it would go first and the NOT NULL would scan).
-        conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET NOT NULL").format(t, sql.Identifier(c)))
+        conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET NOT NULL").format(
+            t, sql.Identifier(c)))
         if checked:
             conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(
                 t, sql.Identifier(f"{spec.table}_{c}_json_not_null")))

@@ -1,0 +1,361 @@
+"""Enqueueing on PostgreSQL, in the backend's own transaction or in the caller's (sync or async),
+and the exactly-once step records.
+
+The enqueue is written once, as a generator of statements (a plan): it yields each statement
+and receives its rows. ``run_plan`` executes a plan on a sync cursor, ``arun_plan`` on an async
+one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+import psycopg
+from psycopg import errors as pgerrors
+from psycopg.pq import TransactionStatus
+from psycopg.rows import dict_row
+
+from ...errors import InvalidName, JobNotFound, StoreError
+from ...payload import NAME_RE
+from ..base import EnqueueResult, NewJob, depth_limits, refuse_overflow
+from .connection import PooledBackend, bounded, translate
+from .queries import CHANNEL, DEPTH_LOCK, ENQUEUE_ONE, Q
+
+UNIQUE_RACE_TRIES = 3  # a unique key that changes hands between insert and lookup is tried again
+
+
+class Enqueuing(PooledBackend):
+    """The producer's side of PostgresBackend."""
+
+    def enqueue_many(
+        self, jobs: Sequence[NewJob], *, now: float | None = None,
+        connection: psycopg.Connection[Any] | None = None,
+    ) -> list[EnqueueResult]:
+        """With ``connection``, the jobs are written in the caller's transaction (a savepoint
+        inside it): rolled back, there are no jobs; committed, there is exactly one each."""
+        if not jobs:
+            return []
+        if connection is not None:
+            try:
+                with bounded(connection):
+                    _join_transaction(connection)
+                    # A savepoint: the batch is all or nothing.
+                    with connection.transaction(), \
+                            connection.cursor(row_factory=dict_row) as cur:
+                        return run_plan(cur, _enqueue_plan(jobs, now))
+            except psycopg.Error as exc:
+                raise translate(exc) from exc
+        if len(jobs) == 1 and _plain(jobs[0]):
+            # The common case in one autocommit statement: the insert and its wake-up commit
+            # together (the notification is delivered at that commit), one round trip instead
+            # of BEGIN, insert, notify and COMMIT.
+            params = {**_insert_params(jobs[0], now, None), "channel": CHANNEL}
+            try:
+                with self._live_connection() as conn:
+                    row = conn.execute(ENQUEUE_ONE, params).fetchone()
+            except psycopg.Error as exc:
+                raise translate(exc) from exc
+            assert row is not None  # no unique key: the insert always writes its row
+            return [EnqueueResult(row["id"], True, row["at"], row["uid"])]
+        with self._tx() as conn, conn.cursor() as cur:
+            return run_plan(cur, _enqueue_plan(jobs, now))
+
+    async def aenqueue_many(
+        self, jobs: Sequence[NewJob], *, connection: psycopg.AsyncConnection[Any],
+        now: float | None = None,
+    ) -> list[EnqueueResult]:
+        """``enqueue_many`` inside the caller's transaction on an async connection."""
+        if not jobs:
+            return []
+        try:
+            with bounded(connection):
+                if (not connection.autocommit
+                        and connection.info.transaction_status == TransactionStatus.IDLE):
+                    await connection.execute("BEGIN")
+                async with connection.transaction(), \
+                        connection.cursor(row_factory=dict_row) as cur:
+                    return await arun_plan(cur, _enqueue_plan(jobs, now))
+        except psycopg.Error as exc:
+            raise translate(exc) from exc
+
+    def cron_enqueue(self, schedule: str, tick: float, job: NewJob | None, *,
+                     now: float | None = None) -> EnqueueResult | None:
+        with self._tx() as conn:
+            taken = conn.execute(Q["cron_take"], {"name": schedule, "tick": tick, "now": now})
+            if taken.fetchone() is None:
+                return None  # this tick or a later one was taken already
+            if job is None:
+                return None
+            with conn.cursor() as cur:
+                # QueueFull raised here rolls the whole transaction back: the tick is not taken.
+                [result] = run_plan(cur, _enqueue_plan([job], now))
+        return result
+
+    def cron_ticks(self) -> dict[str, float]:
+        with self._tx() as conn:
+            return {r["name"]: float(r["last_tick"]) for r in conn.execute(Q["cron_ticks"])}
+
+    def record_step(self, job_id: int, step: str, result: str | None, *, uid: str | None,
+                    connection: psycopg.Connection[Any] | None = None,
+                    ) -> tuple[bool, str | None]:
+        """With ``connection``, the record joins that connection's open transaction (the caller
+        commits): with the task's own writes, it happens exactly once."""
+        _check_step_name(step)
+        if connection is not None:
+            try:
+                with bounded(connection), connection.cursor(row_factory=dict_row) as cur:
+                    return _record_step(cur, job_id, step, result, uid)
+            except psycopg.Error as exc:
+                raise translate(exc) from exc
+        with self._tx() as conn, conn.cursor() as cur:
+            return _record_step(cur, job_id, step, result, uid)
+
+
+def _join_transaction(conn: psycopg.Connection[Any]) -> None:
+    """Open the caller's transaction if none is open yet, so the caller's commit or rollback
+    decides. (``conn.transaction()`` on an idle connection would commit on its own.)"""
+    if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+        conn.execute("BEGIN")
+
+
+def _plain(job: NewJob) -> bool:
+    """A job whose enqueue is the insert alone: no unique key to look up, no queue depth to
+    check under a lock, no fair tag to reserve."""
+    return job.unique_key is None and job.max_depth is None and job.fair_key is None
+
+
+def _plain_values(job: NewJob) -> tuple[Any, ...]:
+    """What a plain job shares with its run in insert_plain's JSON document, in that order."""
+    return (job.queue, job.task, job.priority, job.run_at, max(job.delay, 0.0), job.max_attempts,
+            job.timeout, job.meta, job.concurrency_key, job.concurrency_limit, job.rate_key,
+            job.rate_limit, job.rate_period)
+
+
+def _plain_runs(jobs: Sequence[NewJob]) -> list[list[Any]]:
+    """insert_plain's document: consecutive jobs with the same _plain_values as one run,
+    ``[*values, [args, ...]]``, in batch order."""
+    runs: list[list[Any]] = []
+    last: tuple[Any, ...] | None = None
+    for job in jobs:
+        values = _plain_values(job)
+        if values != last:
+            runs.append([*values, []])
+            last = values
+        runs[-1][-1].append(job.args)
+    return runs
+
+
+def _insert_params(job: NewJob, now: float | None, fair_tag: int | None) -> dict[str, Any]:
+    return {
+        "queue": job.queue, "task": job.task, "args": job.args, "priority": job.priority,
+        "run_at": job.run_at, "delay": max(job.delay, 0.0), "max_attempts": job.max_attempts,
+        "timeout_s": job.timeout, "unique_key": job.unique_key, "meta": job.meta, "now": now,
+        "fair_key": job.fair_key, "fair_tag": fair_tag, "unique_for": job.unique_for,
+        "concurrency_key": job.concurrency_key, "concurrency_limit": job.concurrency_limit,
+        "rate_key": job.rate_key, "rate_limit": job.rate_limit, "rate_period": job.rate_period,
+    }
+
+
+# -- plans ----------------------------------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class _Stmt:
+    """One statement of a plan. ``fetch``: "none", "one" (a row or None), "all" (the rows) or
+    "many" (executemany of ``params``, a list: one RETURNING row or None per parameter set)."""
+
+    fetch: str
+    sql: str
+    params: Any
+
+
+Plan = Generator[_Stmt, Any, T]
+
+
+def run_plan(cur: psycopg.Cursor[dict[str, Any]], plan: Plan[T]) -> T:
+    reply: Any = None
+    try:
+        while True:
+            stmt = plan.send(reply)
+            if stmt.fetch == "many":
+                cur.executemany(stmt.sql, stmt.params, returning=True)
+                rows: list[dict[str, Any] | None] = []
+                while True:
+                    rows.append(cur.fetchone())
+                    if not cur.nextset():
+                        break
+                reply = rows
+                continue
+            cur.execute(stmt.sql, stmt.params)
+            if stmt.fetch == "one":
+                reply = cur.fetchone()
+            elif stmt.fetch == "all":
+                reply = cur.fetchall()
+            else:
+                reply = None
+    except StopIteration as done:
+        return cast(T, done.value)
+
+
+async def arun_plan(cur: psycopg.AsyncCursor[dict[str, Any]], plan: Plan[T]) -> T:
+    reply: Any = None
+    try:
+        while True:
+            stmt = plan.send(reply)
+            if stmt.fetch == "many":
+                await cur.executemany(stmt.sql, stmt.params, returning=True)
+                rows: list[dict[str, Any] | None] = []
+                while True:
+                    rows.append(await cur.fetchone())
+                    if not cur.nextset():
+                        break
+                reply = rows
+                continue
+            await cur.execute(stmt.sql, stmt.params)
+            if stmt.fetch == "one":
+                reply = await cur.fetchone()
+            elif stmt.fetch == "all":
+                reply = await cur.fetchall()
+            else:
+                reply = None
+    except StopIteration as done:
+        return cast(T, done.value)
+
+
+def _enqueue_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[EnqueueResult]]:
+    """Write a batch in the open transaction; raising (QueueFull) lets the caller roll it back."""
+    limits = depth_limits(jobs)
+    for queue in sorted(limits):
+        # Serialise enqueuers of a limited queue (sorted: no deadlock between batches), so
+        # two of them cannot both see room for the last slot.
+        yield _Stmt("none", DEPTH_LOCK, [queue])
+    if len(jobs) > 1 and all(_plain(job) for job in jobs):
+        return (yield from _plain_batch_plan(jobs, now))
+    tags = yield from _fair_tags_plan(jobs, now)
+    params = [_insert_params(job, now, tag) for job, tag in zip(jobs, tags, strict=True)]
+    rows: list[dict[str, Any] | None] = yield _Stmt("many", Q["insert"], params)
+    results: list[EnqueueResult] = []
+    for job, param, row in zip(jobs, params, rows, strict=True):
+        for _ in range(UNIQUE_RACE_TRIES):
+            if row is not None:
+                results.append(EnqueueResult(row["id"], True, row["at"], row["uid"]))
+                break
+            found = yield _Stmt("one", Q["find_unique"],
+                                {"unique_key": job.unique_key, "now": now})
+            if found is not None:
+                results.append(EnqueueResult(found["id"], False, found["at"]))
+                break
+            # The holder finished (or its window closed) between the insert and this read.
+            row = yield _Stmt("one", Q["insert"], param)
+        else:
+            raise StoreError(
+                f"unique key {job.unique_key!r} keeps changing hands during enqueue; retry")
+    for queue, limit in sorted(limits.items()):
+        depth = yield _Stmt("one", Q["depth"], {"queue": queue})
+        refuse_overflow(queue, limit, depth["n"], jobs, results)
+    queues = sorted({j.queue for j, r in zip(jobs, results, strict=True) if r.created})
+    if queues:
+        # Delivered at commit, so a woken worker always finds the job.
+        yield _Stmt("none", Q["notify"], {"channel": CHANNEL, "queues": queues})
+    return results
+
+
+def _plain_batch_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[EnqueueResult]]:
+    """A batch of plain jobs (see _plain) in one statement, instead of one insert per job."""
+    doc = json.dumps(_plain_runs(jobs), allow_nan=False)
+    row = yield _Stmt("one", Q["insert_plain"], {"jobs": doc, "now": now})
+    yield _Stmt("none", Q["notify"],
+                {"channel": CHANNEL, "queues": sorted({j.queue for j in jobs})})
+    at = row["at"]
+    return [EnqueueResult(i, True, at, uid) for i, uid in zip(row["ids"], row["uids"], strict=True)]
+
+
+def _fair_tags_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[int | None]]:
+    """The fair tag of each job with a fair key that will be new. None for the others: the
+    insert gives a job without a fair key its round's ``vtime + 1``. A job whose unique key is
+    held returns the holder and takes no tag (should the key change hands meanwhile, the
+    insert still gives it one: its round's ``vtime + 1``)."""
+    tags: list[int | None] = [None] * len(jobs)
+    if all(job.fair_key is None for job in jobs):
+        return tags
+    keys = sorted({j.unique_key for j in jobs
+                   if j.fair_key is not None and j.unique_key is not None})
+    taken: set[str] = set()
+    if keys:
+        held = yield _Stmt("all", Q["unique_held"], {"keys": keys, "now": now})
+        taken = {r["unique_key"] for r in held}
+    new: list[tuple[int, tuple[str, int, str]]] = []
+    for i, job in enumerate(jobs):
+        if job.unique_key is not None:
+            if job.unique_key in taken:  # held, or taken by an earlier job of this batch
+                continue
+            taken.add(job.unique_key)
+        if job.fair_key is not None:
+            new.append((i, (job.queue, job.priority, job.fair_key)))
+    reserved = yield from _take_tags_plan([slot for _, slot in new])
+    for (i, _), tag in zip(new, reserved, strict=True):
+        tags[i] = tag
+    return tags
+
+
+def _take_tags_plan(slots: Sequence[tuple[str, int, str]]) -> Plan[list[int]]:
+    """Tags for new jobs at these (queue, priority, fair key) slots, in order: each slot's jobs
+    take consecutive tags from ``max(last_tag, vtime) + 1`` (backends/base.py)."""
+    counts = Counter(slots)
+    if not counts:
+        return []
+    order = sorted(counts)
+    rows = yield _Stmt("all", Q["take_fair_tags"], {
+        "queues": [q for q, _, _ in order], "priorities": [p for _, p, _ in order],
+        "keys": [k for _, _, k in order], "counts": [counts[x] for x in order]})
+    next_tag: dict[tuple[str, int, str], int] = {}
+    for r in rows:
+        slot = (r["queue"], r["priority"], r["fair_key"])
+        next_tag[slot] = r["last_tag"] - counts[slot] + 1
+    tags: list[int] = []
+    for slot in slots:
+        tags.append(next_tag[slot])
+        next_tag[slot] += 1
+    return tags
+
+
+def retag_plan(rows: Sequence[dict[str, Any]]) -> Plan[None]:
+    """Fresh fair tags for redriven jobs (rows of id, queue, priority, fair_key), in order."""
+    fair = [r for r in rows if r["fair_key"] is not None]
+    tags = yield from _take_tags_plan([(r["queue"], r["priority"], r["fair_key"]) for r in fair])
+    tag_of = {r["id"]: tag for r, tag in zip(fair, tags, strict=True)}
+    yield _Stmt("none", Q["retag"], {"ids": [r["id"] for r in rows],
+                                     "tags": [tag_of.get(r["id"]) for r in rows]})
+
+
+# -- exactly-once steps ---------------------------------------------------------------------------
+
+def _check_step_name(step: str) -> None:
+    if not isinstance(step, str) or not NAME_RE.fullmatch(step):
+        raise InvalidName(f"step name must match {NAME_RE.pattern}, got {step!r}")
+
+
+def _record_step(cur: psycopg.Cursor[dict[str, Any]], job_id: int, step: str,
+                 result: str | None, uid: str | None) -> tuple[bool, str | None]:
+    params = {"id": job_id, "step": step, "result": result, "uid": uid}
+    try:
+        if cur.execute(Q["record_step"], params).fetchone() is not None:
+            return True, result
+    except pgerrors.ForeignKeyViolation:
+        raise JobNotFound(f"no job with id {job_id}") from None  # deleted while we recorded
+    row = cur.execute(Q["read_step"], params).fetchone()
+    assert row is not None
+    if not row["job_found"]:
+        # No such job, or the id names another job now (the store lost data and its sequence
+        # handed the id out again): either way not this job.
+        raise JobNotFound(f"no job with id {job_id} and uid {uid}")
+    if not row["found"]:
+        raise StoreError(f"step {step!r} of job {job_id}: record neither written nor found; retry")
+    value = row["result"]  # the stored JSON text; SQL NULL is a step that returned None
+    return False, None if value in (None, "null") else value
