@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from pgrig import PgRig, fresh_schema, read_marker, runs_per_job
 
-from conveyor.backends.postgres import Q
+from conveyor.backends.postgres.queries import ack_claim_sql
 
 JOBS = int(os.environ.get("CONVEYOR_SCALE_JOBS", "10000"))
 WORKERS = 4
@@ -40,9 +40,10 @@ def pg_rig(tmp_path: Path) -> Iterator[PgRig]:
 
 def claim_plan(rig: PgRig) -> str:
     """EXPLAIN of the backend's own claim statement, as the worker runs it (without executing it)."""
-    params = {"queue": "default", "limit": CONCURRENCY, "now": None, "worker_id": "explain", "lease_s": 30.0,
-              "claim_id": "0" * 24, "start": CONCURRENCY}
-    return "\n".join(str(r[0]) for r in rig.sql("EXPLAIN " + Q["claim"], params))
+    params = {"queue": "default", "now": None, "worker_id": "explain", "lease_s": 30.0,
+              "claim_id": "0" * 24, "start": CONCURRENCY, "ids": [], "tokens": [], "results": []}
+    statement = ack_claim_sql(CONCURRENCY).decode()
+    return "\n".join(str(r[0]) for r in rig.sql("EXPLAIN " + statement, params))
 
 
 @pytest.mark.timeout(300)

@@ -131,59 +131,6 @@ UPDATE conveyor_jobs AS j SET state = 'available'
 FROM due WHERE j.id = due.id
 RETURNING j.queue;
 
--- name: claim
--- The fast path, one statement: pick, lease, and raise the vtime of each (queue, priority) it
--- claimed at to the largest tag it handed out there. MATERIALIZED fences the planner so it
--- cannot update more rows than LIMIT. A clock row is only touched when this claim moves it
--- forward as the statement's snapshot sees it (the usual claim, within the current round,
--- takes no lock on it); then the upsert locks it (in priority order: no deadlock between
--- claims), re-checks against the latest committed vtime, and inserts the row on a first claim.
--- If any picked job has a concurrency or rate key, nothing is claimed: the statement returns
--- one row of NULLs with head_limited true, and the caller takes the limited path
--- (claim_candidates ... claim_ids). Otherwise rows come back unordered, head_limited false (a
--- queue with nothing to claim gives one row of NULLs): the caller sorts them into claim order.
--- Lease tokens are the caller's claim id and the job's id (see Backend.claim); the jobs after
--- the first %(start)s in claim order are held (a worker's prefetch), not started. (A window
--- function cannot share a SELECT with FOR UPDATE: the rank is a CTE of its own.)
-WITH picked AS MATERIALIZED (
-    SELECT id, priority, fair_tag, run_at, concurrency_key IS NOT NULL OR rate_key IS NOT NULL AS limited
-    FROM conveyor_jobs
-    WHERE state = 'available' AND queue = %(queue)s
-    ORDER BY priority, fair_tag, run_at, id
-    LIMIT %(limit)s
-    FOR NO KEY UPDATE SKIP LOCKED
-), head AS MATERIALIZED (
-    SELECT coalesce(bool_or(limited), false) AS limited FROM picked
-), ranked AS MATERIALIZED (
-    SELECT id, row_number() OVER (ORDER BY priority, fair_tag, run_at, id) AS n FROM picked
-), claimed AS (
-    UPDATE conveyor_jobs AS j
-    SET state = 'running',
-        attempt = j.attempt + 1,
-        attempted_at = :NOW,
-        worker_id = %(worker_id)s,
-        lease_token = %(claim_id)s || j.id::text,
-        lease_expires_at = :NOW + make_interval(secs => %(lease_s)s::float8),
-        held = ranked.n > %(start)s
-    FROM ranked
-    WHERE j.id = ranked.id AND NOT (SELECT h.limited FROM head AS h)
-    RETURNING :JOB(j)
-), tops AS MATERIALIZED (
-    SELECT priority, max(fair_tag) AS tag FROM claimed GROUP BY priority
-), raised AS (
-    INSERT INTO conveyor_queue_clock AS c (queue, priority, vtime)
-    SELECT %(queue)s, t.priority, t.tag FROM tops AS t
-    WHERE NOT EXISTS (SELECT 1 FROM conveyor_queue_clock AS o
-                      WHERE o.queue = %(queue)s AND o.priority = t.priority AND o.vtime >= t.tag)
-    ORDER BY t.priority
-    ON CONFLICT (queue, priority) DO UPDATE SET vtime = excluded.vtime WHERE c.vtime < excluded.vtime
-)
-SELECT claimed.*,
-       (SELECT coalesce(json_object_agg(s.step, s.result), '{}'::json)
-        FROM conveyor_steps AS s WHERE s.job_id = claimed.id) AS steps,
-       head.limited AS head_limited
-FROM head LEFT JOIN claimed ON true;
-
 -- name: claim_candidates
 -- The limited path's walk: waiting jobs in claim order, read without locks (locking every job
 -- looked at would write each one); claim_ids locks and re-checks the chosen ones.
@@ -335,11 +282,24 @@ WHERE j.id = locked.id AND j.id = l.id AND j.lease_token = l.token AND j.state =
 RETURNING j.id, j.queue, j.concurrency_key;
 
 -- name: ack_claim
--- What a worker runs: the claim statement above with ack_many in front (a worker's finished
--- jobs and its next claim in one round trip), and the acked jobs as a column of every row
--- (the claim always returns at least one row): acked, a JSON array of {id, concurrency_key,
--- queue}. Acked jobs are running, never candidates of the claim. A plain claim sends no acks
--- (empty arrays). Keep the two in step: every change to claim or ack_many belongs here too.
+-- What a worker runs (and Backend.claim, with no acks: empty arrays): ack_many in front (a
+-- worker's finished jobs and its next claim in one round trip), then the claim, and the acked
+-- jobs as a column of every row (the claim always returns at least one row): acked, a JSON
+-- array of {id, concurrency_key, queue}. Acked jobs are running, never candidates of the
+-- claim. Keep the ack part in step with ack_many.
+-- The claim, the fast path: pick, lease, and raise the vtime of each (queue, priority) it
+-- claimed at to the largest tag it handed out there. MATERIALIZED fences the planner so it
+-- cannot update more rows than LIMIT. A clock row is only touched when this claim moves it
+-- forward as the statement's snapshot sees it (the usual claim, within the current round,
+-- takes no lock on it); then the upsert locks it (in priority order: no deadlock between
+-- claims), re-checks against the latest committed vtime, and inserts the row on a first claim.
+-- If any picked job has a concurrency or rate key, nothing is claimed: the statement returns
+-- one row of NULLs with head_limited true, and the caller takes the limited path
+-- (claim_candidates ... claim_ids). Otherwise rows come back unordered, head_limited false (a
+-- queue with nothing to claim gives one row of NULLs): the caller sorts them into claim order.
+-- Lease tokens are the caller's claim id and the job's id (see Backend.claim); the jobs after
+-- the first %(start)s in claim order are held (a worker's prefetch), not started. (A window
+-- function cannot share a SELECT with FOR UPDATE: the rank is a CTE of its own.)
 WITH acked AS (
     WITH locked AS MATERIALIZED (
         SELECT id FROM conveyor_jobs WHERE id = ANY(%(ids)s::bigint[])
