@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import datetime as dt
+import enum
 import functools
 import traceback
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
@@ -31,12 +32,20 @@ MAX_TRACEBACK_CHARS = 16_000
 MAX_TYPE_CHARS = 300
 
 
+class OutcomeKind(enum.StrEnum):
+    """What becomes of an attempt. A str enum: spans and logs show the same words as before."""
+
+    SUCCEEDED = "succeeded"  # with result JSON: the worker acks it
+    RETRY = "retry"  # after ``delay`` (the store makes it dead on the last attempt)
+    DEAD = "dead"
+    COMPLETED = "completed"  # the task committed its success through JobContext.transaction
+
+
 @dataclass(frozen=True)
 class Outcome:
-    """``succeeded`` (with result JSON), ``retry`` (after ``delay``), ``dead``, or ``completed``
-    (the task already committed its success through ``JobContext.transaction``)."""
+    """An attempt's outcome: its kind, and the result (JSON) or the error that goes with it."""
 
-    kind: str
+    kind: OutcomeKind
     result: str | None = None
     error: ErrorInfo | None = None
     delay: float = 0.0
@@ -289,7 +298,7 @@ class Execution:
             outcome = replace(outcome, error=bounded(outcome.error))
         if self.context is not None and self.context.completed:
             # Whatever happened after the transaction committed, the job is done.
-            outcome = Outcome("completed")
+            outcome = Outcome(OutcomeKind.COMPLETED)
         tracing.finish(self.span, outcome)
         return outcome
 
@@ -300,25 +309,25 @@ class Execution:
             # Checked before the task is looked up or anything of the job is used.
             problem = self.signer.problem(job.task, job.queue, job.args, job.meta)
             if problem is not None:
-                return Outcome("dead", error=ErrorInfo(
+                return Outcome(OutcomeKind.DEAD, error=ErrorInfo(
                     kind="bad_signature", type="conveyor.errors.SignatureInvalid", message=problem))
         task = self.tasks.get(job.task)
         if task is None:
-            return Outcome("dead", error=ErrorInfo(
+            return Outcome(OutcomeKind.DEAD, error=ErrorInfo(
                 kind="unknown_task", type="conveyor.errors.UnknownTask",
                 message=f"no task named {job.task!r} is registered in this worker; "
                         "deploy the code that defines it, then redrive the job",
             ))
         stored: object = job.args  # written by another process or version: check, don't trust
         if not isinstance(stored, dict):
-            return Outcome("dead", error=ErrorInfo(
+            return Outcome(OutcomeKind.DEAD, error=ErrorInfo(
                 kind="bad_arguments", type="conveyor.errors.ArgumentsError",
                 message=f"stored arguments are a {type(stored).__name__}, not an object",
             ))
         try:
             args, kwargs = task.rebuild_call(stored)
         except ArgumentsError as exc:
-            return Outcome("dead", error=error_from(exc, "bad_arguments"))
+            return Outcome(OutcomeKind.DEAD, error=error_from(exc, "bad_arguments"))
         ctx = self._base.copy() if self._base is not None else contextvars.copy_context()
         self.context = JobContext(job, self.backend, self.max_result_bytes)
         ctx.run(_current.set, self.context)
@@ -342,32 +351,32 @@ class Execution:
                 result = await thread.future  # fails with CallTimedOut when its timeout runs out
         except Retry as exc:
             delay = exc.delay if exc.delay is not None else task.retry_policy.delay(job.attempts)
-            return Outcome("retry", error=error_from(exc, "retry"), delay=delay)
+            return Outcome(OutcomeKind.RETRY, error=error_from(exc, "retry"), delay=delay)
         except Reject as exc:
-            return Outcome("dead", error=error_from(exc, "rejected"))
+            return Outcome(OutcomeKind.DEAD, error=error_from(exc, "rejected"))
         except (TimeoutError, CallTimedOut) as exc:
             if isinstance(exc, CallTimedOut) or (deadline is not None and deadline.expired()):
                 context.cancel()  # a sync task that checks current_job().cancelled stops now
-                return Outcome("retry", delay=task.retry_policy.delay(job.attempts), error=ErrorInfo(
+                return Outcome(OutcomeKind.RETRY, delay=task.retry_policy.delay(job.attempts), error=ErrorInfo(
                     kind="timeout", type="TimeoutError",
                     message=f"task {job.task} did not finish within its timeout of {job.timeout:g}s"
                             + ("; its thread was left running" if self.thread and not self.thread.done() else ""),
                 ))
-            return Outcome("retry", error=error_from(exc), delay=task.retry_policy.delay(job.attempts))
+            return Outcome(OutcomeKind.RETRY, error=error_from(exc), delay=task.retry_policy.delay(job.attempts))
         except asyncio.CancelledError:
             raise
         except ResultTooLarge as exc:  # from ctx.once(): the step would return the same again
-            return Outcome("dead", error=error_from(exc, "result_too_large"))
+            return Outcome(OutcomeKind.DEAD, error=error_from(exc, "result_too_large"))
         except Exception as exc:
-            return Outcome("retry", error=error_from(exc), delay=task.retry_policy.delay(job.attempts))
+            return Outcome(OutcomeKind.RETRY, error=error_from(exc), delay=task.retry_policy.delay(job.attempts))
         try:
             encoded = "null" if result is None else payload.encode_result(
                 result, what=f"result of {job.task}", limit=self.max_result_bytes)
         except ResultTooLarge as exc:
             # Dead, not retried: it would return as much again. No traceback: it is ours.
-            return Outcome("dead", error=ErrorInfo(
+            return Outcome(OutcomeKind.DEAD, error=ErrorInfo(
                 kind="result_too_large", type="conveyor.errors.ResultTooLarge", message=str(exc)))
         except PayloadError as exc:
             # Running it again would produce the same unstorable result.
-            return Outcome("dead", error=error_from(exc, "bad_result"))
-        return Outcome("succeeded", result=encoded)
+            return Outcome(OutcomeKind.DEAD, error=error_from(exc, "bad_result"))
+        return Outcome(OutcomeKind.SUCCEEDED, result=encoded)

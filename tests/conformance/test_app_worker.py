@@ -309,7 +309,7 @@ def test_a_stop_during_a_claim_gives_back_only_the_jobs_not_yet_started(app: Con
     jobs = [note.enqueue(i) for i in range(4)]
     wt = WorkerThread(app, concurrency=2, prefetch=2)
     worker = wt.worker
-    real = worker._prepare
+    real = worker.runner.start_early
     calls: list[int] = []
 
     def prepare(claimed: Any, startable: int) -> None:
@@ -328,7 +328,7 @@ def test_a_stop_during_a_claim_gives_back_only_the_jobs_not_yet_started(app: Con
         if when == "before":
             real(claimed, startable)
 
-    worker._prepare = prepare  # type: ignore[method-assign]
+    worker.runner.start_early = prepare  # type: ignore[method-assign]
     wt.start()
     wt.join()
 
