@@ -54,7 +54,8 @@ class Outcome:
 class JobContext:
     """What a running task may know about its own job, and its transactional completion."""
 
-    def __init__(self, job: Job, backend: Backend | None = None, max_result_bytes: int | None = None) -> None:
+    def __init__(self, job: Job, backend: Backend | None = None,
+                 max_result_bytes: int | None = None) -> None:
         self.job = job
         self._backend = backend
         self._max_result_bytes = max_result_bytes  # of a step's result
@@ -99,11 +100,13 @@ class JobContext:
 
     @property
     def cron_tick(self) -> dt.datetime | None:
-        """For a job made by a cron schedule: the tick it was meant for, in the schedule's timezone."""
+        """For a job made by a cron schedule: the tick it was meant for, in the schedule's
+        timezone."""
         return tick_of(self.job)
 
     def once(self, step: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run ``fn(*args, **kwargs)`` at most once per job *to completion*, and remember its result.
+        """Run ``fn(*args, **kwargs)`` at most once per job *to completion*, and remember its
+        result.
 
         The first attempt that finishes the step records ``(job id, step) -> result`` in the
         store, bound to the job's ``uid``; a later attempt of the same job (a retry, or a
@@ -125,7 +128,8 @@ class JobContext:
         result = fn(*args, **kwargs)
         return self._record(step, result)  # type: ignore[no-any-return]
 
-    async def aonce(self, step: str, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+    async def aonce(self, step: str, fn: Callable[..., Awaitable[T]], *args: Any,
+                    **kwargs: Any) -> T:
         """``once`` for async code: ``await ctx.aonce("charge", charge_card, order_id)``."""
         if step in self._steps:
             return self._steps[step]  # type: ignore[no-any-return]
@@ -135,7 +139,8 @@ class JobContext:
 
     def _check_step(self, step: str) -> None:
         if not isinstance(step, str) or not payload.NAME_RE.fullmatch(step):
-            raise ConfigurationError(f"step name must match {payload.NAME_RE.pattern}, got {step!r}")
+            raise ConfigurationError(
+                f"step name must match {payload.NAME_RE.pattern}, got {step!r}")
         if self._backend is None:
             raise ConfigurationError("once() needs the job's store: it runs inside a worker")
 
@@ -171,10 +176,12 @@ class JobContext:
                 f"this job runs on {type(backend).__name__}"
             )
         if self.completed:
-            raise ConfigurationError("this job was already completed by an earlier transaction() block")
+            raise ConfigurationError(
+                "this job was already completed by an earlier transaction() block")
         token = self.job.lease_token
         assert token is not None
-        encoded = payload.encode_result(result, what=f"result of {self.job.task}", limit=self._max_result_bytes)
+        encoded = payload.encode_result(result, what=f"result of {self.job.task}",
+                                        limit=self._max_result_bytes)
         with opener() as conn:
             self._connection = conn
             before = dict(self._steps)
@@ -192,7 +199,8 @@ class JobContext:
                 self._connection = None
 
 
-_current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar("conveyor_job", default=None)
+_current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar(
+    "conveyor_job", default=None)
 
 
 def current_job() -> JobContext | None:
@@ -218,13 +226,15 @@ def bounded(error: ErrorInfo) -> ErrorInfo:
     if (len(error.message) <= MAX_MESSAGE_CHARS and len(error.traceback) <= MAX_TRACEBACK_CHARS
             and len(error.type) <= MAX_TYPE_CHARS):
         return error
-    return replace(error, message=_clip(error.message, MAX_MESSAGE_CHARS), type=_clip(error.type, MAX_TYPE_CHARS),
+    return replace(error, message=_clip(error.message, MAX_MESSAGE_CHARS),
+                   type=_clip(error.type, MAX_TYPE_CHARS),
                    traceback=_clip(error.traceback, MAX_TRACEBACK_CHARS, keep_end=True))
 
 
 def error_from(exc: BaseException, kind: str = "exception") -> ErrorInfo:
     cls = type(exc)
-    name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    name = (cls.__qualname__ if cls.__module__ == "builtins"
+            else f"{cls.__module__}.{cls.__qualname__}")
     tb = "".join(traceback.format_exception(exc))
     return bounded(ErrorInfo(kind=kind, type=name, message=str(exc), traceback=tb))
 
@@ -275,8 +285,8 @@ class Execution:
         """Everything of the attempt up to the task's start, callable from any thread; a sync
         task is handed to its thread here. The worker calls it on the thread its claim came
         back on, so the job starts without waiting for the event loop to take the claim's reply
-        (that hop was a fifth of an idle worker's enqueue-to-start latency). ``here``: called
-        on one of the pool's threads, run the task on that thread next (TaskThreads.submit)."""
+        (a thread hop that an idle worker's every job would pay). ``here``: called on one of
+        the pool's threads, run the task on that thread next (TaskThreads.submit)."""
         self._prepared = True
         self.span = tracing.start_attempt(self.job)
         self._early = self._check()
@@ -288,7 +298,8 @@ class Execution:
         if not task.is_async:
             call = functools.partial(_guard_sync, functools.partial(task.fn, *args, **kwargs))
             # Its timeout counts from here: the thread's future fails when it runs out.
-            self.thread = self.pool.submit(functools.partial(ctx.run, call), timeout=self.job.timeout, here=here)
+            self.thread = self.pool.submit(functools.partial(ctx.run, call),
+                                           timeout=self.job.timeout, here=here)
 
     async def run(self) -> Outcome:
         if not self._prepared:
@@ -357,18 +368,23 @@ class Execution:
         except (TimeoutError, CallTimedOut) as exc:
             if isinstance(exc, CallTimedOut) or (deadline is not None and deadline.expired()):
                 context.cancel()  # a sync task that checks current_job().cancelled stops now
-                return Outcome(OutcomeKind.RETRY, delay=task.retry_policy.delay(job.attempts), error=ErrorInfo(
+                left = self.thread is not None and not self.thread.done()
+                timeout = ErrorInfo(
                     kind="timeout", type="TimeoutError",
-                    message=f"task {job.task} did not finish within its timeout of {job.timeout:g}s"
-                            + ("; its thread was left running" if self.thread and not self.thread.done() else ""),
-                ))
-            return Outcome(OutcomeKind.RETRY, error=error_from(exc), delay=task.retry_policy.delay(job.attempts))
+                    message=f"task {job.task} did not finish within its timeout of "
+                            f"{job.timeout:g}s" + ("; its thread was left running" if left else ""),
+                )
+                return Outcome(OutcomeKind.RETRY, delay=task.retry_policy.delay(job.attempts),
+                               error=timeout)
+            return Outcome(OutcomeKind.RETRY, error=error_from(exc),
+                           delay=task.retry_policy.delay(job.attempts))
         except asyncio.CancelledError:
             raise
         except ResultTooLarge as exc:  # from ctx.once(): the step would return the same again
             return Outcome(OutcomeKind.DEAD, error=error_from(exc, "result_too_large"))
         except Exception as exc:
-            return Outcome(OutcomeKind.RETRY, error=error_from(exc), delay=task.retry_policy.delay(job.attempts))
+            return Outcome(OutcomeKind.RETRY, error=error_from(exc),
+                           delay=task.retry_policy.delay(job.attempts))
         try:
             encoded = "null" if result is None else payload.encode_result(
                 result, what=f"result of {job.task}", limit=self.max_result_bytes)

@@ -122,9 +122,11 @@ class Worker:
         self.concurrency = concurrency
         self.prefetch = prefetch
         self.prefetch_hold = float(prefetch_hold)
-        self.lease_s = float(app.visibility_timeout if visibility_timeout is None else visibility_timeout)
+        self.lease_s = float(app.visibility_timeout if visibility_timeout is None
+                             else visibility_timeout)
         if not self.lease_s > 0:
-            raise ConfigurationError(f"visibility_timeout must be > 0 seconds, got {visibility_timeout!r}")
+            raise ConfigurationError(
+                f"visibility_timeout must be > 0 seconds, got {visibility_timeout!r}")
         if not poll_interval > 0:
             raise ConfigurationError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
         if not grace_period >= 0:
@@ -132,7 +134,8 @@ class Worker:
         if not stuck_grace > 0:
             raise ConfigurationError(f"stuck_grace must be > 0 seconds, got {stuck_grace!r}")
         if not maintenance_interval > 0:
-            raise ConfigurationError(f"maintenance_interval must be > 0 seconds, got {maintenance_interval!r}")
+            raise ConfigurationError(
+                f"maintenance_interval must be > 0 seconds, got {maintenance_interval!r}")
         self.heartbeat_interval = self.lease_s / 3
         self.poll_interval = poll_interval
         self.grace_period = grace_period
