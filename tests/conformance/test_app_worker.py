@@ -295,7 +295,7 @@ def test_tasks_see_the_context_the_worker_was_started_in(app: Conveyor) -> None:
 
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_a_stop_during_a_claim_gives_back_only_the_jobs_not_yet_started(app: Conveyor, when: str) -> None:
-    """A claim's first jobs start where the claim came back (Worker._prepare: on a store
+    """A claim's first jobs start where the claim came back (Runner.start_early: on a store
     thread, or on the loop with Backend.loop_claims). A stop that comes before they start
     gives every job of the claim back unrun; one that comes after lets the started ones
     finish (they are running jobs, and a graceful stop waits for those) and gives back the

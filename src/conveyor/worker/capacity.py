@@ -55,9 +55,10 @@ class Running:
     task: asyncio.Task[None] | None = None
     execution: Execution | None = None
     phase: RunPhase = RunPhase.CLAIMED
-    # Not a phase: the lease was found lost (or the stop took the job back) while the job was
-    # in any phase but SETTLED, held, running or writing a retry. It tells the task's own
-    # cancellation from ours, and that the loss was counted already; the phase still moves on.
+    # Not a phase but a flag beside it: the lease was found lost (or the stop took the job
+    # back). That happens in any phase before SETTLED (held, running, or writing a retry) and
+    # the phase still moves on from there. It tells our cancellation from the task's own, and
+    # says the loss was counted already.
     lost: bool = False
     held_at: float = 0.0  # when it was held for a slot (prefetch), time.monotonic()
 
