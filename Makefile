@@ -8,7 +8,7 @@ BIN     = $(VENV)/bin
 # `make demo DEMO_ARGS='--duration 30'`: options of `conveyor demo`.
 DEMO_ARGS ?=
 
-.PHONY: demo test faults lint typecheck check bench docs docs-serve clean
+.PHONY: demo test test-fast faults lint typecheck check bench docs docs-serve clean
 
 # The stamps are separate files: pip writes $(BIN)/conveyor on any install, so its date cannot
 # tell a demo-only .venv from one with the dev tools.
@@ -33,6 +33,14 @@ demo: $(VENV)/.installed-demo
 
 test: $(BIN)/conveyor
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The suite without its two slow tiers, for the edit-test loop: the fault injection
+# (tests/faults: private servers killed, paused and restarted) and the production-shape runs
+# (tests/scale, the `scale` marker). Everything else runs as in `make test`, on every backend;
+# with CI=true a backend whose server is down fails it too.
+FAST_IGNORE = --ignore=tests/faults --ignore=tests/scale
+test-fast: $(BIN)/conveyor
+	$(BIN)/pytest $(FAST_IGNORE) $(PYTEST_ARGS)
 
 # The fault-injection suite at full size (docs/reliability.md): bigger job counts, more worker
 # processes, longer chaos than the CI profile `make test` runs. Each run's report is appended to

@@ -24,11 +24,17 @@ from stores import (
     BackendUnavailable,
     _skipped,
     _unavailable,
+    close_postgres_template,
 )
 
 from conveyor import Conveyor
 from conveyor.backends import open_backend
 from conveyor.backends.base import Backend
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Drop the PostgreSQL template schema of this session and its copies (stores.py)."""
+    close_postgres_template()
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

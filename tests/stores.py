@@ -9,14 +9,19 @@ reached) and add one ``BackendSpec`` line to ``BACKENDS``.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import pytest
+
+if TYPE_CHECKING:
+    from pgtemplate import TemplateSchema
 
 
 class BackendUnavailable(Exception):
@@ -29,7 +34,9 @@ StoreFactory = Callable[[Path], contextlib.AbstractContextManager[str]]
 @dataclass(frozen=True)
 class BackendSpec:
     name: str
-    store: StoreFactory  # yields the URL of a fresh, empty store; cleans it up afterwards
+    # Yields the URL of a fresh store with no jobs (its schema may be there already: see
+    # postgres_migrated_store); cleans it up afterwards.
+    store: StoreFactory
 
 
 @contextlib.contextmanager
@@ -42,7 +49,8 @@ POSTGRES_URL = os.environ.get("CONVEYOR_TEST_POSTGRES_URL", "postgresql://root@1
 
 @contextlib.contextmanager
 def postgres_store(tmp_path: Path) -> Iterator[str]:
-    """A fresh schema per test in the machine's PostgreSQL, dropped afterwards."""
+    """A fresh, empty schema in the machine's PostgreSQL (the first open_backend migrates it),
+    dropped afterwards: for the tests that migrate a store themselves."""
     import uuid
 
     import psycopg
@@ -59,6 +67,48 @@ def postgres_store(tmp_path: Path) -> Iterator[str]:
             yield f"{POSTGRES_URL}{sep}options=-csearch_path%3D{schema}"
         finally:
             admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+_template: TemplateSchema | None = None
+_template_lock = threading.Lock()
+
+
+def _postgres_template() -> TemplateSchema:
+    """The session's template schema, migrated on first use."""
+    global _template
+    import psycopg
+    from pgtemplate import TemplateSchema
+
+    with _template_lock:
+        if _template is None:
+            try:
+                _template = TemplateSchema(POSTGRES_URL).start()
+            except psycopg.OperationalError as exc:
+                raise BackendUnavailable(f"cannot connect to {POSTGRES_URL}: {exc}") from exc
+            atexit.register(close_postgres_template)
+        return _template
+
+
+def close_postgres_template() -> None:
+    """Drop the session's template schema and its copies (conftest.py calls it at the end)."""
+    global _template
+    with _template_lock:
+        template, _template = _template, None
+    if template is not None:
+        template.close()
+
+
+@contextlib.contextmanager
+def postgres_migrated_store(tmp_path: Path) -> Iterator[str]:
+    """A fresh store already migrated: a copy of the session's template schema (see
+    pgtemplate.py), dropped afterwards. The conformance suite's PostgreSQL store; tests of the
+    migrations themselves use ``postgres_store``, which starts empty."""
+    template = _postgres_template()
+    name = template.take()
+    try:
+        yield template.url(name)
+    finally:
+        template.give_back(name)
 
 
 REDIS_URL = os.environ.get("CONVEYOR_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -91,7 +141,7 @@ def redis_store(tmp_path: Path) -> Iterator[str]:
 
 BACKENDS: list[BackendSpec] = [
     BackendSpec("sqlite", sqlite_store),
-    BackendSpec("postgres", postgres_store),
+    BackendSpec("postgres", postgres_migrated_store),
     BackendSpec("redis", redis_store),
 ]
 

@@ -24,6 +24,7 @@ from .app import Conveyor
 from .backends import redact_url, sqlite_path
 from .backends.base import Stats
 from .errors import ConveyorError, InvalidName
+from .health import health_command
 from .job import Job, JobState
 from .payload import check_queue_name, check_task_name
 from .redact import redact, shown_json, shown_text
@@ -254,11 +255,14 @@ def main() -> None:
 @click.option("--metrics-addr", default="127.0.0.1", show_default=True, help="Address for --metrics-port.")
 @click.option("--no-scheduler", is_flag=True,
               help="Don't run the app's cron schedules in this worker (any number of workers may run them).")
+@click.option("--heartbeat-file", envvar="CONVEYOR_HEARTBEAT_FILE", type=click.Path(dir_okay=False),
+              help="Rewrite this file at every heartbeat, for `conveyor health` (a liveness "
+                   "probe; $CONVEYOR_HEARTBEAT_FILE; needs --processes 1).")
 @pass_ctx
 def worker(obj: Ctx, queues: str | None, concurrency: int, prefetch: int, prefetch_hold: float, processes: int,
            visibility_timeout: float | None,
            grace_period: float, poll_interval: float, stuck_grace: float, strict: bool, metrics_port: int | None,
-           metrics_addr: str, no_scheduler: bool) -> None:
+           metrics_addr: str, no_scheduler: bool, heartbeat_file: str | None) -> None:
     """Run jobs. SIGTERM or Ctrl-C stops gracefully; a second one hurries."""
     app = obj.require_tasks("worker")
     if not queues:
@@ -268,7 +272,11 @@ def worker(obj: Ctx, queues: str | None, concurrency: int, prefetch: int, prefet
     # Built here even when children will run it: a bad option fails now, not in a restart loop.
     w = Worker(app, queues=queues, concurrency=concurrency, visibility_timeout=visibility_timeout,
                grace_period=grace_period, poll_interval=poll_interval, strict=strict,
-               scheduler=not no_scheduler, prefetch=prefetch, prefetch_hold=prefetch_hold, stuck_grace=stuck_grace)
+               scheduler=not no_scheduler, prefetch=prefetch, prefetch_hold=prefetch_hold,
+               stuck_grace=stuck_grace, heartbeat_file=heartbeat_file)
+    if processes > 1 and heartbeat_file:
+        raise click.UsageError("--heartbeat-file needs --processes 1: a probe checks one process "
+                               "(run more containers or units instead)")
     if processes > 1:
         from .supervisor import Supervisor
 
@@ -679,8 +687,8 @@ def migrate(obj: Ctx) -> None:
     # Progress is logged: shown whatever --log-level says, since it is what this command is for.
     logging.getLogger("conveyor.postgres.migrate").setLevel(logging.INFO)
     backend = obj.app.backend
-    version = getattr(backend, "schema_version", lambda: "?")()
-    click.echo(f"{redact_url(obj.app.url)}: schema version {version}")
+    version = backend.schema_version()
+    click.echo(f"{redact_url(obj.app.url)}: schema version {'?' if version is None else version}")
 
 
 # -- demo --------------------------------------------------------------------------------
@@ -833,6 +841,7 @@ def alerts(obj: Ctx, dead: bool, depth: int | None, age: float | None, no_worker
         alerting.run()
 
 
+cli.add_command(health_command)
 _add_global_options(cli)
 # Commands that may create a new SQLite file (a first worker, a first job); the rest only read
 # or change what is there. `cron list` shows the schedules without a store.

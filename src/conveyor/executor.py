@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import payload, tracing
-from .backends.base import Backend, ErrorInfo, Lease
+from .backends.base import Backend, ErrorInfo, ErrorKind, Lease, transactional
 from .cron import tick_of
 from .errors import ArgumentsError, ConfigurationError, PayloadError, Reject, ResultTooLarge, Retry
 from .job import Job
@@ -149,8 +149,9 @@ class JobContext:
                                         limit=self._max_result_bytes)
         backend = self._backend
         assert backend is not None
-        if self._connection is not None:
-            _, stored = backend.record_step(  # type: ignore[call-arg]
+        store = transactional(backend) if self._connection is not None else None
+        if store is not None:  # inside transaction(): the record joins its transaction
+            _, stored = store.record_step(
                 self.job.id, step, encoded, uid=self.job.uid, connection=self._connection)
         else:
             _, stored = backend.record_step(self.job.id, step, encoded, uid=self.job.uid)
@@ -169,8 +170,8 @@ class JobContext:
         rolled back and ``LeaseLost`` is raised. An exception in the block rolls back too.
         """
         backend = self._backend
-        opener = getattr(backend, "completion_connection", None)
-        if backend is None or opener is None:
+        store = transactional(backend)
+        if store is None:
             raise ConfigurationError(
                 "transactional completion needs the PostgreSQL backend; "
                 f"this job runs on {type(backend).__name__}"
@@ -182,13 +183,13 @@ class JobContext:
         assert token is not None
         encoded = payload.encode_result(result, what=f"result of {self.job.task}",
                                         limit=self._max_result_bytes)
-        with opener() as conn:
+        with store.completion_connection() as conn:
             self._connection = conn
             before = dict(self._steps)
             try:
                 yield conn
                 self.completing = True
-                backend.ack(Lease(self.job.id, token), encoded, connection=conn)  # type: ignore[call-arg]
+                store.ack(Lease(self.job.id, token), encoded, connection=conn)
                 conn.commit()
                 self.completed = True
             except BaseException:
@@ -231,7 +232,7 @@ def bounded(error: ErrorInfo) -> ErrorInfo:
                    traceback=_clip(error.traceback, MAX_TRACEBACK_CHARS, keep_end=True))
 
 
-def error_from(exc: BaseException, kind: str = "exception") -> ErrorInfo:
+def error_from(exc: BaseException, kind: ErrorKind = "exception") -> ErrorInfo:
     cls = type(exc)
     name = (cls.__qualname__ if cls.__module__ == "builtins"
             else f"{cls.__module__}.{cls.__qualname__}")

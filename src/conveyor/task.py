@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, ParamSpec, TypeVar
 
 from . import payload, signing, tracing
-from .backends.base import EnqueueResult, NewJob
+from .backends.base import Backend, EnqueueResult, NewJob, TransactionalStore, transactional
 from .errors import ArgumentsError, ConfigurationError, JobNotFound, PayloadError, QueueFull
 from .job import Job, JobState, fast_constructor
 from .retry import RetryPolicy
@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 P = ParamSpec("P")
 R = TypeVar("R")
 # The NewJob fields that make a kind of job in _built: the same for every job of one call.
-_JOB_KIND = ("task", "queue", "max_attempts", "priority", "timeout", "unique_key", "fair_key", "concurrency_key",
-             "concurrency_limit", "rate_key", "rate_limit", "rate_period")
+_JOB_KIND = ("task", "queue", "max_attempts", "priority", "timeout", "unique_key", "fair_key",
+             "concurrency_key", "concurrency_limit", "rate_key", "rate_limit", "rate_period")
 
 _kind_of = operator.attrgetter(*_JOB_KIND)
 # An args text as payload.encode wrote it, which starts and ends with its value (no whitespace).
@@ -37,7 +37,8 @@ _raw_decode = json.JSONDecoder().raw_decode
 
 @functools.lru_cache(maxsize=256)
 def _job_maker(kind: tuple[Any, ...]) -> Callable[..., Job]:
-    """A new job's constructor, kept per kind: built per call, it cost a single enqueue 2 us."""
+    """A new job's constructor, kept per kind rather than built per call (see
+    docs/benchmarks.md, "Design measurements")."""
     return fast_constructor(Job, dict(zip(_JOB_KIND, kind, strict=True), attempts=0))
 
 PRIORITY_MIN, PRIORITY_MAX = -32768, 32767
@@ -64,12 +65,15 @@ class EnqueueOptions:
     rate_period: float | None = None
 
 
-def _check_transactional(backend: object) -> None:
-    if not getattr(backend, "supports_transactions", False):
+def _transactional(backend: Backend) -> TransactionalStore:
+    """The app's store as one whose writes can join the caller's transaction, or raise."""
+    store = transactional(backend)
+    if store is None:
         raise ConfigurationError(
-            "enqueue with connection= needs the PostgreSQL backend (the job joins your transaction); "
-            f"this app uses {type(backend).__name__}"
+            "enqueue with connection= needs the PostgreSQL backend (the job joins your "
+            f"transaction); this app uses {type(backend).__name__}"
         )
+    return store
 
 
 def _is_async_connection(connection: object) -> bool:
@@ -78,37 +82,47 @@ def _is_async_connection(connection: object) -> bool:
 
 def _check_options(opts: EnqueueOptions) -> EnqueueOptions:
     payload.check_queue_name(opts.queue)
-    if not isinstance(opts.max_attempts, int) or isinstance(opts.max_attempts, bool) or opts.max_attempts < 1:
+    if (not isinstance(opts.max_attempts, int) or isinstance(opts.max_attempts, bool)
+            or opts.max_attempts < 1):
         raise ConfigurationError(f"max_attempts must be an int >= 1, got {opts.max_attempts!r}")
     if not _finite(opts.timeout) or opts.timeout <= 0:
         raise ConfigurationError(
-            f"timeout must be a positive number of seconds, got {opts.timeout!r} (there is no 'forever')"
+            f"timeout must be a positive number of seconds, got {opts.timeout!r} "
+            "(there is no 'forever')"
         )
     if not isinstance(opts.priority, int) or isinstance(opts.priority, bool) or not (
         PRIORITY_MIN <= opts.priority <= PRIORITY_MAX
     ):
-        raise ConfigurationError(f"priority must be an int in [{PRIORITY_MIN}, {PRIORITY_MAX}], got {opts.priority!r}")
+        raise ConfigurationError(
+            f"priority must be an int in [{PRIORITY_MIN}, {PRIORITY_MAX}], got {opts.priority!r}")
     if not _finite(opts.delay) or opts.delay < 0:
-        raise ConfigurationError(f"delay must be a non-negative number of seconds, got {opts.delay!r}")
+        raise ConfigurationError(
+            f"delay must be a non-negative number of seconds, got {opts.delay!r}")
     if opts.run_at is not None and not _finite(opts.run_at):
         raise ConfigurationError(f"run_at must be a datetime or unix time, got {opts.run_at!r}")
     if opts.unique_for is not None and (not _finite(opts.unique_for) or opts.unique_for <= 0):
-        raise ConfigurationError(f"unique_for must be a positive number of seconds, got {opts.unique_for!r}")
+        raise ConfigurationError(
+            f"unique_for must be a positive number of seconds, got {opts.unique_for!r}")
     if opts.unique_for is not None and opts.unique_key is None:
-        raise ConfigurationError("unique_for needs a unique_key: it is how long that key stays taken after success")
+        raise ConfigurationError(
+            "unique_for needs a unique_key: it is how long that key stays taken after success")
     for what in ("unique_key", "fair_key", "concurrency_key", "rate_key"):
         _check_key(what, getattr(opts, what))
     if (opts.concurrency_key is None) != (opts.concurrency_limit is None):
-        raise ConfigurationError("concurrency_key and concurrency_limit go together (a task's default key is its name)")
+        raise ConfigurationError("concurrency_key and concurrency_limit go together "
+                                 "(a task's default key is its name)")
     if opts.concurrency_limit is not None and (
         not isinstance(opts.concurrency_limit, int) or isinstance(opts.concurrency_limit, bool)
         or opts.concurrency_limit < 1
     ):
-        raise ConfigurationError(f"concurrency_limit must be an int >= 1, got {opts.concurrency_limit!r}")
+        raise ConfigurationError(
+            f"concurrency_limit must be an int >= 1, got {opts.concurrency_limit!r}")
     if not (opts.rate_key is None) == (opts.rate_limit is None) == (opts.rate_period is None):
-        raise ConfigurationError("rate_key and rate_limit go together (a task's default key is its name)")
+        raise ConfigurationError(
+            "rate_key and rate_limit go together (a task's default key is its name)")
     if not _finite(opts.wait_if_full) or opts.wait_if_full < 0:
-        raise ConfigurationError(f"wait_if_full must be a non-negative number of seconds, got {opts.wait_if_full!r}")
+        raise ConfigurationError(
+            f"wait_if_full must be a non-negative number of seconds, got {opts.wait_if_full!r}")
     return opts
 
 
@@ -116,25 +130,30 @@ def _check_key(what: str, key: object) -> None:
     if key is None:
         return
     if not isinstance(key, str) or not 0 < len(key) <= UNIQUE_KEY_MAX:
-        raise ConfigurationError(f"{what} must be a non-empty str of at most {UNIQUE_KEY_MAX} characters")
+        raise ConfigurationError(
+            f"{what} must be a non-empty str of at most {UNIQUE_KEY_MAX} characters")
     payload.encode(key, what=what)
 
 
-_RATE_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d+)?)?\s*(s|sec|second|m|min|minute|h|hour|d|day)s?\s*$")
-_UNIT_SECONDS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600,
-                 "d": 86400, "day": 86400}
+_RATE_RE = re.compile(
+    r"^\s*(\d+)\s*/\s*(\d+(?:\.\d+)?)?\s*(s|sec|second|m|min|minute|h|hour|d|day)s?\s*$")
+_UNIT_SECONDS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60,
+                 "h": 3600, "hour": 3600, "d": 86400, "day": 86400}
 
 
 def parse_rate(rate: str | tuple[int, float | dt.timedelta]) -> tuple[int, float]:
-    """``"100/m"``, ``"5/10s"``, ``"1000/hour"`` or ``(100, 60.0)`` -> (claims, period in seconds)."""
+    """``"100/m"``, ``"5/10s"``, ``"1000/hour"`` or ``(100, 60.0)`` -> (claims, period in
+    seconds)."""
     if isinstance(rate, tuple) and len(rate) == 2:
         n, period = rate[0], _to_seconds(rate[1])
     elif isinstance(rate, str) and (m := _RATE_RE.match(rate)):
         n, period = int(m.group(1)), float(m.group(2) or 1) * _UNIT_SECONDS[m.group(3)]
     else:
-        raise ConfigurationError(f"rate_limit must look like '100/m', '5/10s' or (100, 60.0), got {rate!r}")
+        raise ConfigurationError(
+            f"rate_limit must look like '100/m', '5/10s' or (100, 60.0), got {rate!r}")
     if not isinstance(n, int) or isinstance(n, bool) or n < 1 or not _finite(period) or period <= 0:
-        raise ConfigurationError(f"rate_limit needs a count >= 1 and a period > 0 seconds, got {rate!r}")
+        raise ConfigurationError(
+            f"rate_limit needs a count >= 1 and a period > 0 seconds, got {rate!r}")
     return n, float(period)
 
 
@@ -150,7 +169,8 @@ def _to_timestamp(value: float | dt.datetime) -> float:
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:
             raise ConfigurationError(
-                f"run_at {value!r} has no timezone; pass an aware datetime (e.g. tzinfo=datetime.UTC)"
+                f"run_at {value!r} has no timezone; pass an aware datetime "
+                "(e.g. tzinfo=datetime.UTC)"
             )
         return value.timestamp()
     return value
@@ -158,11 +178,12 @@ def _to_timestamp(value: float | dt.datetime) -> float:
 
 # Celery's per-call options (apply_async) and Conveyor's options() for them; None: none.
 _CELERY_OPTIONS = {"countdown": "delay", "eta": "run_at", "queue": "queue", "priority": "priority",
-                   "expires": None, "retry": None, "retry_policy": None, "link": None, "link_error": None,
-                   "serializer": None, "task_id": None}
+                   "expires": None, "retry": None, "retry_policy": None, "link": None,
+                   "link_error": None, "serializer": None, "task_id": None}
 
 
-def _celery_call(name: str, args: Sequence[Any], kwargs: Mapping[str, Any], options: Mapping[str, Any]) -> str:
+def _celery_call(name: str, args: Sequence[Any], kwargs: Mapping[str, Any],
+                 options: Mapping[str, Any]) -> str:
     """What ``name.apply_async(args, kwargs, **options)`` is written as here."""
     given = [f"{_CELERY_OPTIONS[k]}={'...' if k == 'eta' else repr(v)}" for k, v in options.items()
              if _CELERY_OPTIONS.get(k)]
@@ -181,27 +202,29 @@ class _Enqueuer(Generic[P, R]):
     # (options, max_depth, NewJob constructor) of the last call without a trace: see _new_jobs.
     _kept_maker: tuple[EnqueueOptions, int | None, Callable[..., NewJob]] | None = None
 
-    def _new_job(self, args: Sequence[Any], kwargs: Mapping[str, Any], trace: dict[str, str] | None) -> NewJob:
+    def _new_job(self, args: Sequence[Any], kwargs: Mapping[str, Any],
+                 trace: dict[str, str] | None) -> NewJob:
         """``trace``: ``tracing.carrier()``, the same for every job of one call."""
         return self._new_jobs([(args, kwargs)], trace)[0]
 
     def _new_jobs(self, calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]],
                   trace: dict[str, str] | None) -> list[NewJob]:
-        """The calls' jobs. What every job of one call shares is worked out once, then each
-        call is bound, checked and encoded (a quarter of a bulk enqueue's client time was the
-        shared part worked out again per job)."""
+        """The calls' jobs. What every job of one call shares is worked out once, not per job
+        (see docs/benchmarks.md, "Design measurements"), then each call is bound, checked and
+        encoded."""
         task, app, o = self.task, self.task.app, self._opts
         meta: dict[str, Any] = {tracing.META_KEY: trace} if trace else {}
         max_depth = app.max_depths.get(o.queue)
         # Without a trace, what the jobs share is the same call after call: the constructor is
-        # kept (making it was a sixth of a one-by-one enqueue's client time).
+        # kept, not made again for every one-by-one enqueue.
         kept = self._kept_maker
         if not meta and kept is not None and kept[0] is o and kept[1] == max_depth:
             make = kept[2]
         else:
             shared = {
-                "task": task.name, "queue": o.queue, "max_attempts": o.max_attempts, "timeout": o.timeout,
-                "priority": o.priority, "delay": o.delay, "run_at": o.run_at, "unique_key": o.unique_key,
+                "task": task.name, "queue": o.queue, "max_attempts": o.max_attempts,
+                "timeout": o.timeout, "priority": o.priority, "delay": o.delay,
+                "run_at": o.run_at, "unique_key": o.unique_key,
                 "meta": json.dumps(meta) if meta else "{}",
                 "max_depth": max_depth, "unique_for": o.unique_for, "fair_key": o.fair_key,
                 "concurrency_key": o.concurrency_key, "concurrency_limit": o.concurrency_limit,
@@ -215,33 +238,35 @@ class _Enqueuer(Generic[P, R]):
         new = []
         for args, kwargs in calls:
             try:
-                bound = payload.bind_arguments(fn, args, kwargs, task_name=name, sig=sig, names=names)
+                bound = payload.bind_arguments(fn, args, kwargs, task_name=name, sig=sig,
+                                               names=names)
             except ArgumentsError as exc:
                 celery = [k for k in kwargs if _CELERY_OPTIONS.get(k) and k not in sig.parameters]
                 if celery:
                     hint = ", ".join(f"{_CELERY_OPTIONS[k]}=..." for k in celery)
-                    raise ArgumentsError(f"{exc}; {', '.join(celery)} is an option, not an argument: "
-                                         f"{task.__name__}.options({hint}).enqueue(...)") from None
+                    raise ArgumentsError(
+                        f"{exc}; {', '.join(celery)} is an option, not an argument: "
+                        f"{task.__name__}.options({hint}).enqueue(...)") from None
                 raise
             text = payload.encode(bound, what=what, limit=limit)
             if signer is None:
                 new.append(make(args=text))
             else:
-                new.append(make(args=text, meta=json.dumps({**meta, signing.META_KEY: signer.sign(name, o.queue, bound)})))
+                signature = signer.sign(name, o.queue, bound)
+                new.append(make(args=text, meta=json.dumps({**meta, signing.META_KEY: signature})))
         return new
 
     def _jobs(self, new: Sequence[NewJob], connection: Any = None) -> list[Job]:
         backend = self.task.app.backend
-        if connection is not None:
-            _check_transactional(backend)
+        store = _transactional(backend) if connection is not None else None
         deadline = time.monotonic() + self._opts.wait_if_full
         pause = 0.01
         while True:
             try:
-                if connection is None:
+                if store is None:
                     results = backend.enqueue_many(new)
                 else:
-                    results = backend.enqueue_many(new, connection=connection)  # type: ignore[call-arg]
+                    results = store.enqueue_many(new, connection=connection)
                 break
             except QueueFull as exc:
                 # In a caller's transaction we must not wait: its locks would block the workers.
@@ -258,12 +283,14 @@ class _Enqueuer(Generic[P, R]):
                     metrics.enqueued.labels(item.queue, item.task).inc()
         return self._built(new, results, connection)
 
-    def _built(self, new: Sequence[NewJob], results: Sequence[EnqueueResult], connection: Any) -> list[Job]:
+    def _built(self, new: Sequence[NewJob], results: Sequence[EnqueueResult],
+               connection: Any) -> list[Job]:
         # A bulk enqueue's jobs differ in little but their args: what they share goes into one
-        # constructor per kind of job, and every args text is parsed in one call (per job, the
-        # two took half of a 1,000-job enqueue_many's client time).
+        # constructor per kind of job, and every args text is parsed in one call rather than
+        # one per job (see docs/benchmarks.md, "Design measurements").
         created = [item.args for item, res in zip(new, results, strict=True) if res.created]
-        if len(created) == 1:  # one by one: json.loads' checks for whitespace around were a fifth of this
+        # One by one: raw_decode, without json.loads' checks for whitespace around the value.
+        if len(created) == 1:
             decoded = iter((_raw_decode(created[0])[0],))
         else:
             decoded = iter(json.loads(f"[{','.join(created)}]"))
@@ -273,22 +300,23 @@ class _Enqueuer(Generic[P, R]):
                 backend = self.task.app.backend
                 # Read it where it is visible: it may sit uncommitted in the caller's transaction.
                 existing = (
-                    backend.get(res.id, connection=connection)  # type: ignore[call-arg]
+                    _transactional(backend).get(res.id, connection=connection)
                     if connection is not None else backend.get(res.id)
                 )
                 if existing is None:
-                    raise JobNotFound(f"job {res.id} holding unique key {item.unique_key!r} vanished")
+                    raise JobNotFound(
+                        f"job {res.id} holding unique key {item.unique_key!r} vanished")
                 jobs.append(existing)
                 continue
             make = _job_maker(_kind_of(item))
             run_at = item.run_at if item.run_at is not None else res.at + item.delay
             state = JobState.SCHEDULED if run_at > res.at else JobState.AVAILABLE
             if item.meta == "{}":
-                jobs.append(make(id=res.id, args=next(decoded), state=state, run_at=run_at, created_at=res.at,
-                                 uid=res.uid))
+                jobs.append(make(id=res.id, args=next(decoded), state=state, run_at=run_at,
+                                 created_at=res.at, uid=res.uid))
             else:
-                jobs.append(make(id=res.id, args=next(decoded), state=state, run_at=run_at, created_at=res.at,
-                                 uid=res.uid, meta=payload.decode(item.meta)))
+                jobs.append(make(id=res.id, args=next(decoded), state=state, run_at=run_at,
+                                 created_at=res.at, uid=res.uid, meta=payload.decode(item.meta)))
         return jobs
 
     def _split_connection(self, kwargs: dict[str, Any]) -> Any:
@@ -314,24 +342,25 @@ class _Enqueuer(Generic[P, R]):
         connection = self._split_connection(kwargs)
         new = [self._new_job(args, kwargs, tracing.carrier())]
         if connection is not None and _is_async_connection(connection):
-            backend = self.task.app.backend
-            _check_transactional(backend)
+            store = _transactional(self.task.app.backend)
             try:
-                results = await backend.aenqueue_many(new, connection=connection)  # type: ignore[attr-defined]
+                results = await store.aenqueue_many(new, connection=connection)
             except QueueFull as exc:
                 if self.task.app.metrics is not None:
                     self.task.app.metrics.refused.labels(exc.queue).inc()
                 raise
             if results[0].created:
                 return self._built(new, results, None)[0]
-            existing: Job | None = await backend.aget(results[0].id, connection=connection)  # type: ignore[attr-defined]
+            existing = await store.aget(results[0].id, connection=connection)
             if existing is None:
-                raise JobNotFound(f"job {results[0].id} holding unique key {new[0].unique_key!r} vanished")
+                raise JobNotFound(
+                    f"job {results[0].id} holding unique key {new[0].unique_key!r} vanished")
             return existing
         return (await asyncio.to_thread(self._jobs, new, connection))[0]
 
     def enqueue_many(self, calls: Iterable[Sequence[Any] | Mapping[str, Any]]) -> list[Job]:
-        """Store many jobs in one atomic write: each item is a tuple/list of args or a dict of kwargs.
+        """Store many jobs in one atomic write: each item is a tuple/list of args or a dict of
+        kwargs.
 
         If any item is invalid, nothing is stored.
         """
@@ -355,12 +384,14 @@ class _Enqueuer(Generic[P, R]):
     # Celery's names, so a ported call fails saying what to write instead of a bare AttributeError.
     def delay(self, *args: Any, **kwargs: Any) -> NoReturn:
         """Celery's name: here it is ``enqueue(*args, **kwargs)``."""
-        raise TypeError(f"Conveyor tasks have no .delay(): write {self.task.__name__}.enqueue(*args, **kwargs) "
+        raise TypeError(f"Conveyor tasks have no .delay(): write "
+                        f"{self.task.__name__}.enqueue(*args, **kwargs) "
                         f"(here {_celery_call(self.task.__name__, args, kwargs, {})})")
 
-    def apply_async(self, args: Sequence[Any] | None = None, kwargs: Mapping[str, Any] | None = None,
-                    **options: Any) -> NoReturn:
-        """Celery's name: here it is ``options(delay=..., queue=..., priority=...).enqueue(...)``."""
+    def apply_async(self, args: Sequence[Any] | None = None,
+                    kwargs: Mapping[str, Any] | None = None, **options: Any) -> NoReturn:
+        """Celery's name: here it is
+        ``options(delay=..., queue=..., priority=...).enqueue(...)``."""
         raise TypeError(f"Conveyor tasks have no .apply_async(): write "
                         f"{_celery_call(self.task.__name__, args or (), kwargs or {}, options)}")
 
@@ -432,11 +463,12 @@ class Task(_Enqueuer[P, R]):
         return payload.rebuild_call(self.fn, stored, self.signature)
 
     def options(
-        self, *, delay: float | dt.timedelta | None = None, run_at: float | dt.datetime | None = None,
-        priority: int | None = None, queue: str | None = None, unique_key: str | None = None,
-        max_attempts: int | None = None, timeout: float | None = None, connection: Any = None,
-        wait_if_full: float | None = None, unique_for: float | dt.timedelta | None = None,
-        fair_key: str | None = None, concurrency_key: str | None = None, concurrency_limit: int | None = None,
+        self, *, delay: float | dt.timedelta | None = None,
+        run_at: float | dt.datetime | None = None, priority: int | None = None,
+        queue: str | None = None, unique_key: str | None = None, max_attempts: int | None = None,
+        timeout: float | None = None, connection: Any = None, wait_if_full: float | None = None,
+        unique_for: float | dt.timedelta | None = None, fair_key: str | None = None,
+        concurrency_key: str | None = None, concurrency_limit: int | None = None,
         rate_key: str | None = None, rate_limit: str | tuple[int, float] | None = None,
     ) -> TaskCall[P, R]:
         """Per-call overrides: ``send_email.options(delay=10, priority=1).enqueue(42)``.

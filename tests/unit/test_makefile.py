@@ -54,3 +54,11 @@ def test_after_the_demo_the_tests_still_get_the_dev_tools(venv: Path) -> None:
     os.utime(venv / ".installed-dev", (later, later))
     os.utime(venv / "bin/conveyor", (later + 1, later + 1))
     assert installs(dry_run("test", venv)) == []
+
+
+def test_test_fast_is_the_suite_without_the_fault_and_scale_tiers(venv: Path) -> None:
+    assert installs(dry_run("test-fast", venv)) == ["-e '.[dev]'"]
+    [fast] = [line for line in dry_run("test-fast", venv).splitlines() if "/bin/pytest" in line]
+    assert fast.split()[1:] == ["--ignore=tests/faults", "--ignore=tests/scale"]
+    [full] = [line for line in dry_run("test", venv).splitlines() if "/bin/pytest" in line]
+    assert full.split()[1:] == []  # `make test` stays the whole suite

@@ -68,7 +68,8 @@ def _require(module: str, extra: str) -> None:
     import importlib.util
 
     if importlib.util.find_spec(module) is None:
-        raise ConfigurationError(f"this store needs the {module!r} package: pip install 'conveyor[{extra}]'")
+        raise ConfigurationError(
+            f"this store needs the {module!r} package: pip install 'conveyor[{extra}]'")
 
 
 SECRET_PARAMS = {"password", "sslpassword", "pass", "token"}
@@ -77,7 +78,8 @@ SECRET_PARAMS = {"password", "sslpassword", "pass", "token"}
 def redact_url(url: str) -> str:
     """The URL with any password (in the netloc or the query) replaced, for logs and screens."""
     parts = urlsplit(url)
-    if parts.password is None and not any(k.lower() in SECRET_PARAMS for k, _ in parse_qsl(parts.query)):
+    secret_query = any(k.lower() in SECRET_PARAMS for k, _ in parse_qsl(parts.query))
+    if parts.password is None and not secret_query:
         return url  # untouched: geturl() would normalise sqlite://// away
     if parts.password is not None:
         netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)

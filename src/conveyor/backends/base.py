@@ -39,19 +39,64 @@ claim counts). A job over a limit stays ``available`` with its attempts untouche
 passes over it to the jobs behind, looking at no more than ``CLAIM_SCAN`` waiting jobs in
 all, so its cost stays bounded (a queue whose first ``CLAIM_SCAN`` jobs are all held back
 claims nothing until one frees: give heavily limited work its own queue or a fair key).
+
+Beside this module: ``types.py`` holds the values that cross the seam (NewJob, Lease,
+ErrorInfo, Stats, ...), ``capabilities.py`` what a store can do as protocols (wake-ups, cron,
+steps, transactional completion, loop claims), and ``common.py`` helpers the stores share.
+Every name is importable from here too.
 """
 
 from __future__ import annotations
 
 import abc
-import os
-import re
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Collection, Sequence
 
-from ..errors import LeaseLost, PayloadError, QueueFull
+from ..errors import LeaseLost
 from ..job import Job, JobState
+from .capabilities import (
+    CronStore,
+    LoopClaims,
+    StepStore,
+    TransactionalStore,
+    WakeUps,
+    transactional,
+)
+from .common import (
+    CLAIM_ID_RE,
+    LOCK_NAME_RE,
+    check_claim_id,
+    check_filters,
+    check_lock_name,
+    depth_limits,
+    new_claim_id,
+    new_uids,
+    queue_full,
+    queue_stats_from_rows,
+    refuse_overflow,
+)
+from .types import (
+    ClaimReply,
+    EnqueueResult,
+    ErrorInfo,
+    ErrorKind,
+    Lease,
+    NewJob,
+    Page,
+    QueueStats,
+    ReapResult,
+    Stats,
+    WorkerInfo,
+)
+
+# Existing importers name all of these from here.
+__all__ = [
+    "CLAIM_ID_RE", "CLAIM_SCAN", "LOCK_NAME_RE", "MAX_STALLS", "Backend", "ClaimReply",
+    "CronStore", "EnqueueResult", "ErrorInfo", "ErrorKind", "Lease", "LoopClaims", "NewJob",
+    "Page", "QueueStats", "ReapResult", "Stats", "StepStore", "StoreLock",
+    "TransactionalStore", "WakeUps", "WorkerInfo", "check_claim_id", "check_filters",
+    "check_lock_name", "depth_limits", "new_claim_id", "new_uids", "queue_full",
+    "queue_stats_from_rows", "refuse_overflow", "transactional",
+]
 
 CLAIM_SCAN = 1000  # waiting jobs a claim may look at when limits hold some back
 # Leases that may run out on a job before it started (held in a worker's prefetch, or claimed
@@ -59,263 +104,6 @@ CLAIM_SCAN = 1000  # waiting jobs a claim may look at when limits hold some back
 # counts as an attempt, so a job that keeps getting lost unstarted still ends (as BullMQ's
 # maxStalledCount bounds its stalls).
 MAX_STALLS = 3
-CLAIM_ID_RE = re.compile(r"[0-9a-f]{24}")
-
-
-def check_claim_id(claim_id: str) -> str:
-    """A claim id is 24 lowercase hex digits (96 random bits): the first part of every lease
-    token the claim hands out, so a claimer whose reply was lost can name the claim's leases."""
-    if not isinstance(claim_id, str) or not CLAIM_ID_RE.fullmatch(claim_id):
-        raise ValueError(f"a claim id is 24 lowercase hex digits, got {claim_id!r}")
-    return claim_id
-
-
-def new_claim_id() -> str:
-    return os.urandom(12).hex()
-
-
-@dataclass(frozen=True)
-class NewJob:
-    """A validated job ready to be written. ``args`` is already-encoded JSON text."""
-
-    task: str
-    queue: str
-    args: str
-    max_attempts: int
-    timeout: float
-    priority: int = 0
-    delay: float = 0.0
-    run_at: float | None = None  # absolute unix time; wins over delay
-    unique_key: str | None = None
-    meta: str = "{}"
-    max_depth: int | None = None  # the queue's limit of waiting jobs; past it, QueueFull
-    # Seconds after the job *succeeds* during which its unique_key still returns it (None: the
-    # key is free as soon as the job finishes). Dead and cancelled jobs free the key at once.
-    unique_for: float | None = None
-    # Tenant for fair sharing inside the queue: claims rotate across keys with waiting jobs.
-    fair_key: str | None = None
-    # At most concurrency_limit running jobs with this key, across every queue and worker.
-    concurrency_key: str | None = None
-    concurrency_limit: int | None = None
-    # At most rate_limit claims of jobs with this key in any window of rate_period seconds.
-    rate_key: str | None = None
-    rate_limit: int | None = None
-    rate_period: float | None = None
-
-
-@dataclass(frozen=True)
-class EnqueueResult:
-    id: int
-    created: bool  # False when unique_key matched an unfinished job, whose id is returned
-    at: float  # the store's time of the write; a new job's created_at
-    uid: str | None = None  # the new job's uid (see Job.uid); None when not created
-
-
-def new_uids(n: int) -> list[str]:
-    """``n`` job uids of 32 hex digits (128 random bits each) from one read of the OS's random
-    source. Random, not counted: a store that lost data and counts its ids again from an older
-    value still never repeats one."""
-    raw = os.urandom(16 * n).hex()
-    return [raw[i:i + 32] for i in range(0, 32 * n, 32)]
-
-
-@dataclass(frozen=True)
-class Lease:
-    job_id: int
-    token: str
-
-
-@dataclass(frozen=True)
-class ErrorInfo:
-    """One failed attempt, as stored in the job's ``errors`` list."""
-
-    kind: str  # "exception", "timeout", "rejected", "retry", "unknown_task", "bad_arguments", "lease_expired"
-    message: str
-    type: str = ""
-    traceback: str = ""
-
-    def as_dict(self, attempt: int, at: float, worker_id: str | None) -> dict[str, Any]:
-        return {
-            "attempt": attempt,
-            "at": at,
-            "kind": self.kind,
-            "type": self.type,
-            "message": self.message,
-            "traceback": self.traceback,
-            "worker_id": worker_id,
-        }
-
-
-@dataclass(frozen=True)
-class ReapResult:
-    requeued: list[int] = field(default_factory=list)
-    dead: list[int] = field(default_factory=list)
-
-    @property
-    def count(self) -> int:
-        return len(self.requeued) + len(self.dead)
-
-
-@dataclass(frozen=True)
-class QueueStats:
-    queue: str
-    scheduled: int = 0
-    available: int = 0  # includes scheduled jobs whose run_at has passed: they are waiting too
-    running: int = 0
-    succeeded: int = 0
-    dead: int = 0
-    cancelled: int = 0
-    oldest_available_age: float | None = None  # seconds the oldest waiting job has been due
-    lease_expiries: int = 0  # total leases that expired on this queue since the store was created
-    expired_leases: int = 0  # running jobs whose lease has run out, not yet taken back by a reaper
-
-    @property
-    def depth(self) -> int:
-        return self.available
-
-
-def check_filters(**filters: str | None) -> None:
-    """Refuse filter values a store cannot even encode (a lone surrogate, as a non-UTF-8 byte
-    in argv becomes) with PayloadError rather than a driver's UnicodeEncodeError."""
-    for name, value in filters.items():
-        if value is None:
-            continue
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise PayloadError(f"{name} filter {value!r} is not valid text (lone surrogate)") from None
-
-
-def queue_full(queue: str, depth: int, limit: int) -> QueueFull:
-    return QueueFull(
-        f"queue {queue!r} is full: {depth} job(s) waiting, max_depth is {limit}; nothing was enqueued",
-        queue=queue, depth=depth, limit=limit,
-    )
-
-
-def depth_limits(jobs: Sequence[NewJob]) -> dict[str, int]:
-    """The max_depth of each queue a batch writes to, for queues that have one."""
-    return {j.queue: j.max_depth for j in jobs if j.max_depth is not None}
-
-
-def refuse_overflow(queue: str, limit: int, depth_after: int, jobs: Sequence[NewJob],
-                    results: Sequence[EnqueueResult]) -> None:
-    """Raise QueueFull if the batch, already written in the caller's open transaction, took
-    ``queue`` past ``limit``; the caller's rollback then undoes the whole batch."""
-    if depth_after > limit:
-        added = sum(1 for j, r in zip(jobs, results, strict=True) if r.created and j.queue == queue)
-        raise queue_full(queue, depth_after - added, limit)
-
-
-def queue_stats_from_rows(
-    now: float,
-    counts: Iterable[Mapping[str, Any]],
-    due: Iterable[Mapping[str, Any]],
-    oldest: Iterable[Mapping[str, Any]],
-    counters: Iterable[Mapping[str, Any]],
-    expired: Iterable[Mapping[str, Any]] = (),
-) -> list[QueueStats]:
-    """Assemble per-queue stats from the SQL stores' rows: counts (queue, state, n), due
-    scheduled jobs (queue, n, oldest), oldest available (queue, oldest), counters
-    (queue, name, value) and running jobs past their lease (queue, n). Due scheduled jobs
-    count as available: they are waiting too."""
-    per: dict[str, dict[str, Any]] = {}
-
-    def q(name: str) -> dict[str, Any]:
-        return per.setdefault(name, {"queue": name})
-
-    for row in counts:
-        q(row["queue"])[row["state"]] = row["n"]
-    for row in due:
-        entry = q(row["queue"])
-        entry["scheduled"] = entry.get("scheduled", 0) - row["n"]
-        entry["available"] = entry.get("available", 0) + row["n"]
-        entry["_oldest"] = row["oldest"]
-    for row in oldest:
-        entry = q(row["queue"])
-        prev = entry.get("_oldest")
-        entry["_oldest"] = row["oldest"] if prev is None else min(prev, row["oldest"])
-    for row in counters:
-        if row["name"] == "lease_expired":
-            q(row["queue"])["lease_expiries"] = row["value"]
-    for row in expired:
-        q(row["queue"])["expired_leases"] = row["n"]
-    queues = []
-    for name in sorted(per):
-        entry = per[name]
-        oldest_at = entry.pop("_oldest", None)
-        entry["oldest_available_age"] = max(0.0, now - oldest_at) if oldest_at is not None else None
-        queues.append(QueueStats(**entry))
-    return queues
-
-
-@dataclass(frozen=True)
-class WorkerInfo:
-    id: str
-    queues: list[str]
-    concurrency: int
-    host: str
-    pid: int
-    started_at: float
-    last_seen: float
-    running: int = 0
-    # Slots held by a sync task's thread still running after its job was settled (timed out,
-    # lease lost): threads cannot be killed, so the slot stays taken until the call returns.
-    stuck: int = 0
-
-
-@dataclass(frozen=True)
-class Stats:
-    now: float
-    queues: list[QueueStats]
-    workers: list[WorkerInfo]
-
-
-@dataclass(frozen=True)
-class Page:
-    jobs: list[Job]
-    next_cursor: int | None  # pass back as ``cursor`` for the next page; None at the end
-
-
-ClaimReply = tuple[list[bool], list[Job]]
-
-
-class LoopClaims(Protocol):
-    """``ack_and_claim`` made from the worker's event loop, with the store's reply waking the
-    loop itself: no hand-off to a thread and back, which took a quarter of a busy worker's
-    claim cycle. Only the plain round trip is made on the loop. Anything that could block (no
-    connection yet, a broken one, a reply that needs the careful path) comes back as a
-    function that finishes the call the blocking way, for the worker to run on a thread; its
-    result or error is then the call's, as ``Backend.ack_and_claim`` would give them."""
-
-    async def ack_and_claim(
-        self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *, worker_id: str, lease_s: float,
-        wanted: Callable[[], bool] | None = None, on_reply: Callable[[int], None] | None = None,
-        start: int | None = None,
-    ) -> ClaimReply | Callable[[], ClaimReply]:
-        """``wanted``: the worker's "not stopping". A returned function that has sent nothing
-        yet asks it before it claims; False makes it claim nothing (its acks are still
-        written). One that finishes a call already sent settles what the store did.
-        ``on_reply``: called with the number of jobs claimed once the store's reply is in, before
-        it is read into jobs; it may send the next claim with ``claim_ahead``. ``start``: as
-        ``Backend.claim``'s."""
-        ...
-
-    def claim_ahead(
-        self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *, worker_id: str, lease_s: float,
-    ) -> Any:
-        """Send an ``ack_and_claim`` without waiting for it; None if it could not be sent at
-        once, and then nothing was. ``finish`` takes what it returns, before any other call.
-        Its jobs are claimed held (``start=0``): the worker's slots are busy when it is sent."""
-        ...
-
-    async def finish(self, ahead: Any, on_reply: Callable[[int], None] | None = None,
-                     ) -> ClaimReply | Callable[[], ClaimReply]:
-        """The outcome of a claim ``claim_ahead`` sent, as ``ack_and_claim`` gives it."""
-        ...
-
-    def close(self) -> None:
-        """Close its connection (the worker calls it once its claims are over)."""
 
 
 class StoreLock(abc.ABC):
@@ -331,16 +119,6 @@ class StoreLock(abc.ABC):
     @abc.abstractmethod
     def release(self) -> None:
         """Let go of the lock (nothing happens if it is no longer held)."""
-
-
-LOCK_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-
-
-def check_lock_name(name: str) -> str:
-    """A lock name goes into a file name or a key: keep it to a safe alphabet."""
-    if not LOCK_NAME_RE.fullmatch(name):
-        raise ValueError(f"a lock name is 1-64 characters from A-Z a-z 0-9 _ . -, got {name!r}")
-    return name
 
 
 class _NoLock(StoreLock):
@@ -363,7 +141,8 @@ class Backend(abc.ABC):
 
     # -- producer -----------------------------------------------------------------------
     @abc.abstractmethod
-    def enqueue_many(self, jobs: Sequence[NewJob], *, now: float | None = None) -> list[EnqueueResult]:
+    def enqueue_many(self, jobs: Sequence[NewJob], *,
+                     now: float | None = None) -> list[EnqueueResult]:
         """Write all jobs in one atomic operation and return their ids, in order.
 
         A job with ``max_depth`` may not take its queue's waiting jobs (scheduled and
@@ -402,7 +181,8 @@ class Backend(abc.ABC):
     def ack(self, lease: Lease, result: str | None, *, now: float | None = None) -> None:
         """Mark the job succeeded with ``result`` (JSON text). Raises LeaseLost."""
 
-    def ack_many(self, acks: Sequence[tuple[Lease, str | None]], *, now: float | None = None) -> list[bool]:
+    def ack_many(self, acks: Sequence[tuple[Lease, str | None]], *,
+                 now: float | None = None) -> list[bool]:
         """Ack several jobs, in one transaction where the store allows: True for each ack whose
         lease still held. A refused ack changes nothing and does not stop the others."""
         done = []
@@ -424,7 +204,8 @@ class Backend(abc.ABC):
         the claim. If it raises, write the acks again with ``ack_many``; jobs it may have
         claimed without saying so come back when their leases expire."""
         held = self.ack_many(acks, now=now) if acks else []
-        return held, self.claim(queue, limit, worker_id=worker_id, lease_s=lease_s, now=now, start=start)
+        jobs = self.claim(queue, limit, worker_id=worker_id, lease_s=lease_s, now=now, start=start)
+        return held, jobs
 
     def loop_claims(self) -> LoopClaims | None:
         """An ``ack_and_claim`` the worker's event loop can await itself, or None (the default):
@@ -432,7 +213,8 @@ class Backend(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def retry(self, lease: Lease, error: ErrorInfo, *, delay: float, now: float | None = None) -> JobState:
+    def retry(self, lease: Lease, error: ErrorInfo, *, delay: float,
+              now: float | None = None) -> JobState:
         """Record the failure and make the job due again at ``now + delay``. Raises LeaseLost.
 
         Returns the new state: ``scheduled``/``available``, or ``dead`` if no attempts are left.
@@ -440,7 +222,8 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def kill(self, lease: Lease, error: ErrorInfo, *, now: float | None = None) -> None:
-        """Record the failure and move the job to ``dead`` (the dead-letter queue). Raises LeaseLost."""
+        """Record the failure and move the job to ``dead`` (the dead-letter queue). Raises
+        LeaseLost."""
 
     @abc.abstractmethod
     def release(self, leases: Sequence[Lease], *, now: float | None = None) -> list[int]:
@@ -483,7 +266,8 @@ class Backend(abc.ABC):
         self, *, older_than: float, states: Sequence[JobState] = (JobState.SUCCEEDED,),
         limit: int = 1000, now: float | None = None,
     ) -> int:
-        """Delete up to ``limit`` jobs in ``states`` that finished more than ``older_than`` seconds ago."""
+        """Delete up to ``limit`` jobs in ``states`` that finished more than ``older_than``
+        seconds ago."""
 
     # -- inspection and administration ----------------------------------------------------
     @abc.abstractmethod
@@ -494,11 +278,14 @@ class Backend(abc.ABC):
         self, *, state: JobState | None = None, queue: str | None = None, task: str | None = None,
         cursor: int | None = None, limit: int = 50,
     ) -> Page:
-        """Jobs newest first (descending id); ``cursor`` is the ``next_cursor`` of the previous page."""
+        """Jobs newest first (descending id); ``cursor`` is the ``next_cursor`` of the previous
+        page."""
 
     @abc.abstractmethod
-    def stats(self, *, now: float | None = None, worker_ttl: float = 60.0, finished: bool = True) -> Stats:
-        """Per-queue counts, oldest waiting age and lease expiries; workers seen within ``worker_ttl``.
+    def stats(self, *, now: float | None = None, worker_ttl: float = 60.0,
+              finished: bool = True) -> Stats:
+        """Per-queue counts, oldest waiting age and lease expiries; workers seen within
+        ``worker_ttl``.
 
         ``finished=False`` leaves succeeded and cancelled jobs uncounted (reported as 0): their
         number grows with retention, while everything else is read from indexes over
@@ -508,7 +295,8 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def redrive(self, job_ids: Sequence[int] | None = None, *, queue: str | None = None,
                 now: float | None = None) -> int:
-        """Dead jobs (these ids, or all of ``queue``, or all) back to ``available`` with attempts reset."""
+        """Dead jobs (these ids, or all of ``queue``, or all) back to ``available`` with
+        attempts reset."""
 
     @abc.abstractmethod
     def purge(self, *, state: JobState = JobState.DEAD, queue: str | None = None,
@@ -519,6 +307,7 @@ class Backend(abc.ABC):
     def cancel(self, job_id: int, *, now: float | None = None) -> bool:
         """Cancel an unfinished job. A running job loses its lease, so its worker stops it."""
 
+    # -- waiting for jobs (WakeUps) -------------------------------------------------------
     @abc.abstractmethod
     def wait_for_jobs(self, queues: Sequence[str], timeout: float, *, verify: bool = True) -> bool:
         """Block up to ``timeout`` seconds until jobs may be due on ``queues``; True if woken early.
@@ -559,7 +348,8 @@ class Backend(abc.ABC):
     def now(self) -> float:
         """The store's clock, unix seconds."""
 
-    # -- cron and exactly-once steps --------------------------------------------------------
+    # -- cron and exactly-once steps (CronStore, StepStore) ----------------------------------
+    @abc.abstractmethod
     def cron_enqueue(self, schedule: str, tick: float, job: NewJob | None, *,
                      now: float | None = None) -> EnqueueResult | None:
         """Take ``schedule``'s tick at ``tick`` (unix seconds) and enqueue ``job`` for it, in one
@@ -568,13 +358,14 @@ class Backend(abc.ABC):
         So any number of schedulers enqueue each tick once. ``job=None`` only records the tick
         (a new schedule starts from "now" rather than running a tick from before it existed).
         QueueFull (max_depth) leaves the tick unrecorded, so it is tried again."""
-        raise NotImplementedError(f"{type(self).__name__} has no cron support")
 
+    @abc.abstractmethod
     def cron_ticks(self) -> dict[str, float]:
         """The last tick taken per schedule name (unix seconds)."""
-        raise NotImplementedError(f"{type(self).__name__} has no cron support")
 
-    def record_step(self, job_id: int, step: str, result: str | None, *, uid: str | None) -> tuple[bool, str | None]:
+    @abc.abstractmethod
+    def record_step(self, job_id: int, step: str, result: str | None, *,
+                    uid: str | None) -> tuple[bool, str | None]:
         """Record that ``step`` of job ``job_id`` finished with ``result`` (JSON text), unless a
         record for it exists already. Returns (created, the stored result): the first record
         wins. Not fenced by a lease: an attempt that did the step, even one that has since lost
@@ -582,7 +373,11 @@ class Backend(abc.ABC):
         job stored before uids existed): a job with that id but another uid is another job
         that took the id after the store lost data, so the record is refused as for an unknown
         job, with JobNotFound."""
-        raise NotImplementedError(f"{type(self).__name__} has no step records")
+
+    def schema_version(self) -> int | None:
+        """The last schema migration applied to the store; None for a store without numbered
+        migrations (the default)."""
+        return None
 
     def reserve_connections(self, slots: int) -> list[str]:
         """A worker on this backend runs up to ``slots`` more tasks at once (fewer, if negative:
@@ -592,10 +387,12 @@ class Backend(abc.ABC):
         return []
 
     def startup_warnings(self) -> list[str]:
-        """Settings of the store that put acknowledged jobs at risk; a worker logs them at start."""
+        """Settings of the store that put acknowledged jobs at risk; a worker logs them at
+        start."""
         return []
 
-    def wake(self) -> None:  # noqa: B027 - optional hook: a backend without local waiters has nothing to do
+    # An optional hook: a backend without local waiters has nothing to do.
+    def wake(self) -> None:  # noqa: B027
         """Wake this process's threads blocked in wait_for_jobs (used at shutdown)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 from ..app import Conveyor
 from ..backends.base import Backend, WorkerInfo
 from ..errors import ConfigurationError
+from ..health import HeartbeatFile
 from ..metrics import Metrics
 from ..threads import TaskThreads
 from .capacity import EXIT_STUCK, Capacity, Running, RunPhase
@@ -108,6 +109,7 @@ class Worker:
         prefetch: int = 0,
         prefetch_hold: float = 1.0,
         stuck_grace: float = 60.0,
+        heartbeat_file: str | None = None,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be >= 1, got {concurrency}")
@@ -145,6 +147,9 @@ class Worker:
         self.exit_code = 0  # what a process running only this worker should exit with (EXIT_STUCK)
         self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.install_signal_handlers = install_signal_handlers
+        # Rewritten after each heartbeat, for a liveness probe (`conveyor health`; health.py).
+        self.heartbeat_file = HeartbeatFile(heartbeat_file, worker_id=self.id,
+                                            max_age=self.lease_s)
         self.metrics = metrics if metrics is not None else app.metrics
         self.counters = WorkerCounters()
         self.started_at = time.time()
@@ -225,6 +230,7 @@ class Worker:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._request_stop)
         await self._call(self._store, self.backend.record_worker, self._info())
+        self.heartbeat_file.beat(store_ok=True)
         for text in await self._call(self._store, self.backend.startup_warnings):
             log.warning("%s", text)
         log.info("worker %s started: queues %s, concurrency %d, lease %gs",
@@ -272,6 +278,7 @@ class Worker:
         # when hurried by a second signal: then exiting now matters more.
         if not self._forced:
             await asyncio.to_thread(self._beat.shutdown, wait=True, cancel_futures=True)
+        self.heartbeat_file.remove()
         try:
             await self._call(self._store, self.backend.remove_worker, self.id)
         except Exception:

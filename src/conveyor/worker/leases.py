@@ -53,7 +53,9 @@ class Leases:
             except Exception:
                 log.exception("heartbeat failed; leases run out in %gs unless it recovers",
                               w.lease_s)
+                w.heartbeat_file.beat(store_ok=False)
                 continue
+            w.heartbeat_file.beat(store_ok=True)
             for r in beating:
                 # Refused because the job is done, not because the lease was lost: its task
                 # completed it in its own transaction, or its ack landed meanwhile (while an

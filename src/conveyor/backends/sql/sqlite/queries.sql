@@ -5,7 +5,7 @@
 SELECT (julianday('now') - 2440587.5) * 86400.0;
 
 -- name: insert
--- Positional values, in the order of _insert_values in sqlite.py: a bulk insert binds them from
+-- Positional values, in the order of _insert_values in sqlite/writes.py: a bulk insert binds them from
 -- tuples at about four fifths of the cost of named ones from dicts.
 INSERT INTO conveyor_jobs (queue, task, args, state, priority, run_at, max_attempts, timeout_s,
                            unique_key, meta, created_at, fair_key, fair_tag, unique_for,
