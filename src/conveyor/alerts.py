@@ -113,7 +113,8 @@ class QueueDepth:
     def check(self, stats: Stats, backend: Backend, memory: dict[str, object]) -> list[Finding]:
         """Findings for this snapshot (see ``Rule.check``)."""
         return [
-            Finding(f"{self.name}:{q.queue}", f"queue {q.queue} has {q.depth} waiting jobs (limit {self.max_depth})",
+            Finding(f"{self.name}:{q.queue}",
+                    f"queue {q.queue} has {q.depth} waiting jobs (limit {self.max_depth})",
                     q.depth, self.max_depth, q.queue)
             for q in stats.queues if _wanted(q.queue, self.queues) and q.depth > self.max_depth
         ]
@@ -132,7 +133,8 @@ class OldestJobAge:
         """Findings for this snapshot (see ``Rule.check``)."""
         return [
             Finding(f"{self.name}:{q.queue}",
-                    f"oldest job on queue {q.queue} has waited {q.oldest_available_age:.0f}s (limit {self.max_age:g}s)",
+                    f"oldest job on queue {q.queue} has waited {q.oldest_available_age:.0f}s "
+                    f"(limit {self.max_age:g}s)",
                     q.oldest_available_age, self.max_age, q.queue)
             for q in stats.queues
             if _wanted(q.queue, self.queues) and q.oldest_available_age is not None
@@ -152,9 +154,11 @@ class NoLiveWorkers:
         """Findings for this snapshot (see ``Rule.check``)."""
         served = {q for w in stats.workers for q in w.queues}
         return [
-            Finding(f"{self.name}:{q.queue}", f"queue {q.queue} has {q.depth} waiting job(s) and no live worker",
+            Finding(f"{self.name}:{q.queue}",
+                    f"queue {q.queue} has {q.depth} waiting job(s) and no live worker",
                     q.depth, 0, q.queue)
-            for q in stats.queues if _wanted(q.queue, self.queues) and q.depth > 0 and q.queue not in served
+            for q in stats.queues
+            if _wanted(q.queue, self.queues) and q.depth > 0 and q.queue not in served
         ]
 
 
@@ -181,9 +185,10 @@ class LeaseExpiryRate:
         for queue, total in current.items():
             rate = (total - counts.get(queue, 0)) / minutes
             if _wanted(queue, self.queues) and rate > self.per_minute:
-                findings.append(Finding(f"{self.name}:{queue}",
-                                        f"{rate:.1f} lease expiries/min on queue {queue} (limit {self.per_minute:g})",
-                                        rate, self.per_minute, queue))
+                summary = (f"{rate:.1f} lease expiries/min on queue {queue} "
+                           f"(limit {self.per_minute:g})")
+                findings.append(Finding(f"{self.name}:{queue}", summary, rate, self.per_minute,
+                                        queue))
         return findings
 
 
@@ -203,11 +208,13 @@ class JobsPastTimeout:
         stuck: dict[str, list[int]] = {}
         page = backend.list_jobs(state=JobState.RUNNING, limit=self.limit)
         for job in page.jobs:
-            if job.attempted_at is not None and stats.now > job.attempted_at + job.timeout + self.grace:
+            if job.attempted_at is None:
+                continue
+            if stats.now > job.attempted_at + job.timeout + self.grace:
                 stuck.setdefault(job.worker_id or "?", []).append(job.id)
         return [
-            Finding(f"{self.name}:{worker}", f"worker {worker} runs job(s) {ids[:10]} past their timeout",
-                    len(ids), 0)
+            Finding(f"{self.name}:{worker}",
+                    f"worker {worker} runs job(s) {ids[:10]} past their timeout", len(ids), 0)
             for worker, ids in stuck.items()
         ]
 
@@ -227,8 +234,8 @@ class StuckSlots:
         """Findings for this snapshot (see ``Rule.check``)."""
         return [
             Finding(f"{self.name}:{w.id}",
-                    f"worker {w.id} has {w.stuck} of {w.concurrency} slot(s) stuck on tasks running past "
-                    "their timeout", w.stuck, self.threshold)
+                    f"worker {w.id} has {w.stuck} of {w.concurrency} slot(s) stuck on tasks "
+                    "running past their timeout", w.stuck, self.threshold)
             for w in stats.workers if w.stuck > self.threshold
         ]
 
@@ -237,7 +244,8 @@ Action = Callable[[Incident], None]
 
 
 def log_action(incident: Incident) -> None:
-    """Log the incident on ``conveyor.alerts``: ERROR for critical, WARNING otherwise, INFO when resolved."""
+    """Log the incident on ``conveyor.alerts``: ERROR for critical, WARNING otherwise, INFO when
+    resolved."""
     level = logging.INFO if incident.status == "resolved" else (
         logging.ERROR if incident.severity == "critical" else logging.WARNING)
     log.log(level, "alert %s %s: %s", incident.status, incident.key, incident.summary)
@@ -256,16 +264,19 @@ class Webhook:
 
     def __call__(self, incident: Incident) -> None:
         """Deliver in the background (see ``deliver``) and return at once."""
-        threading.Thread(target=self.deliver, args=(incident,), name="conveyor-webhook", daemon=True).start()
+        threading.Thread(target=self.deliver, args=(incident,), name="conveyor-webhook",
+                         daemon=True).start()
 
     def deliver(self, incident: Incident) -> bool:
-        """POST ``{"status": ..., "alert": {...}}`` now, retrying with backoff; True if a try got a 2xx."""
+        """POST ``{"status": ..., "alert": {...}}`` now, retrying with backoff; True if a try got
+        a 2xx."""
         body = json.dumps({"status": incident.status, "alert": incident.to_dict()}).encode()
         delay = self.backoff
         for attempt in range(1, self.retries + 2):
             request = urllib.request.Request(
                 self.url, data=body, method="POST",
-                headers={"Content-Type": "application/json", "User-Agent": "conveyor-alerts", **self.headers},
+                headers={"Content-Type": "application/json", "User-Agent": "conveyor-alerts",
+                         **self.headers},
             )
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout) as response:
@@ -275,19 +286,21 @@ class Webhook:
             except (urllib.error.URLError, OSError, TimeoutError) as exc:
                 reason = str(exc)
             if attempt <= self.retries:
-                log.warning("alert webhook try %d failed (%s); retrying in %.1fs", attempt, reason, delay)
+                log.warning("alert webhook try %d failed (%s); retrying in %.1fs",
+                            attempt, reason, delay)
                 time.sleep(delay)
                 delay *= 2
             else:
-                log.error("alert webhook gave up after %d tries for %s: %s", attempt, incident.key, reason)
+                log.error("alert webhook gave up after %d tries for %s: %s",
+                          attempt, incident.key, reason)
         return False
 
 
 class Alerting:
     """Evaluate rules against the store every ``interval`` seconds and notify on changes."""
 
-    def __init__(self, backend: Backend, rules: Sequence[Rule], actions: Sequence[Action] = (log_action,),
-                 *, interval: float = 15.0) -> None:
+    def __init__(self, backend: Backend, rules: Sequence[Rule],
+                 actions: Sequence[Action] = (log_action,), *, interval: float = 15.0) -> None:
         self.backend = backend
         self.rules = list(rules)
         self.actions = list(actions)
@@ -313,9 +326,9 @@ class Alerting:
                 current = self.firing[key]
                 current.value, current.summary = finding.value, finding.summary
                 continue
-            incident = Incident(key=key, rule=rule.name, summary=finding.summary, value=finding.value,
-                                threshold=finding.threshold, queue=finding.queue, severity=rule.severity,
-                                started_at=stats.now)
+            incident = Incident(key=key, rule=rule.name, summary=finding.summary,
+                                value=finding.value, threshold=finding.threshold,
+                                queue=finding.queue, severity=rule.severity, started_at=stats.now)
             self.firing[key] = incident
             changes.append(incident)
         for key in list(self.firing):

@@ -32,8 +32,9 @@ class Conveyor:
 
     ``url`` is ``sqlite:///file.db``, ``postgresql://...`` or ``redis://...``; without it,
     ``$CONVEYOR_URL``, then ``sqlite:///conveyor.db``; a relative SQLite path is made absolute
-    against the current directory when the app is created. ``visibility_timeout`` is the lease length in seconds:
-    a worker that stops heartbeating for that long loses its jobs to other workers.
+    against the current directory when the app is created. ``visibility_timeout`` is the lease
+    length in seconds: a worker that stops heartbeating for that long loses its jobs to other
+    workers.
     ``max_payload_bytes`` caps a job's arguments as JSON (enqueue raises PayloadTooLarge);
     ``max_result_bytes`` caps a result or a step's (the job goes dead, ``result_too_large``).
     ``signing_key`` (16+ bytes) signs every job it enqueues; a worker of an app with a key
@@ -66,7 +67,8 @@ class Conveyor:
             raise ConfigurationError(f"pool_size must be an int >= 1 or None, got {pool_size!r}")
         self.pool_size = pool_size
         if not visibility_timeout > 0:
-            raise ConfigurationError(f"visibility_timeout must be > 0 seconds, got {visibility_timeout!r}")
+            raise ConfigurationError(
+                f"visibility_timeout must be > 0 seconds, got {visibility_timeout!r}")
         if max_payload_bytes <= 0:
             raise ConfigurationError(f"max_payload_bytes must be > 0, got {max_payload_bytes!r}")
         if max_result_bytes <= 0:
@@ -80,12 +82,14 @@ class Conveyor:
         self.max_result_bytes = max_result_bytes  # of a result or a step's, as JSON
         self.result_ttl = result_ttl  # seconds succeeded/cancelled jobs are kept (0: forever)
         if dead_ttl is not None and not dead_ttl > 0:
-            raise ConfigurationError(f"dead_ttl must be > 0 seconds or None (keep), got {dead_ttl!r}")
+            raise ConfigurationError(
+                f"dead_ttl must be > 0 seconds or None (keep), got {dead_ttl!r}")
         self.dead_ttl = dead_ttl  # seconds dead jobs are kept; None: until purged
         # HMAC of every job's task, queue and arguments; workers then run only signed jobs.
         self.signer = Signer(signing_key, verify_keys) if signing_key is not None else None
         if verify_keys and signing_key is None:
-            raise ConfigurationError("verify_keys needs a signing_key (the key new jobs are signed with)")
+            raise ConfigurationError(
+                "verify_keys needs a signing_key (the key new jobs are signed with)")
         self.tasks: dict[str, Task[Any, Any]] = {}
         self.max_depths: dict[str, int] = {}
         self.schedules: dict[str, Schedule] = {}
@@ -122,12 +126,14 @@ class Conveyor:
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
-        self, fn: Callable[..., Any] | None = None, *, name: str | None = None, queue: str | None = None,
-        max_attempts: int | None = None, timeout: float | None = None, priority: int = 0,
+        self, fn: Callable[..., Any] | None = None, *, name: str | None = None,
+        queue: str | None = None, max_attempts: int | None = None, timeout: float | None = None,
+        priority: int = 0,
         retry: RetryPolicy | None = None, concurrency_limit: int | None = None,
         rate_limit: str | tuple[int, float] | None = None,
     ) -> Any:
-        """Register a function as a task: ``@app.task`` or ``@app.task(queue="emails", max_attempts=5)``.
+        """Register a function as a task: ``@app.task`` or
+        ``@app.task(queue="emails", max_attempts=5)``.
 
         ``concurrency_limit=N``: at most N of its jobs run at once across all workers;
         ``rate_limit="100/m"``: at most 100 start per minute. Both are kept by the store and
@@ -138,10 +144,12 @@ class Conveyor:
         def register(f: Callable[..., Any]) -> Task[Any, Any]:
             task_name = name if name is not None else f"{f.__module__}.{f.__qualname__}"
             if task_name in self.tasks and self.tasks[task_name].fn is not f:
-                raise ConfigurationError(f"a different function is already registered as task {task_name!r}")
+                raise ConfigurationError(
+                    f"a different function is already registered as task {task_name!r}")
             t = Task(
                 self, f, name=task_name, queue=queue if queue is not None else self.default_queue,
-                max_attempts=max_attempts if max_attempts is not None else self.default_max_attempts,
+                max_attempts=(max_attempts if max_attempts is not None
+                              else self.default_max_attempts),
                 timeout=timeout if timeout is not None else self.default_timeout,
                 priority=priority, retry=retry or self.retry_policy,
                 concurrency_limit=concurrency_limit, rate_limit=rate_limit,
@@ -154,7 +162,8 @@ class Conveyor:
     def cron(
         self, expression: str, *, name: str | None = None, timezone: str = "UTC",
         kwargs: dict[str, Any] | None = None, priority: int = 0, queue: str | None = None,
-        max_attempts: int | None = None, timeout: float | None = None, retry: RetryPolicy | None = None,
+        max_attempts: int | None = None, timeout: float | None = None,
+        retry: RetryPolicy | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]:
         """Register a function as a task and enqueue it at every tick of a cron expression:
         ``@app.cron("*/5 * * * *", timezone="Europe/Paris")``. The schedule is named after the
@@ -163,9 +172,11 @@ class Conveyor:
 
         def register(f: Callable[P, R]) -> Task[P, R]:
             t = f if isinstance(f, Task) else self.task(
-                queue=queue, max_attempts=max_attempts, timeout=timeout, priority=priority, retry=retry,
+                queue=queue, max_attempts=max_attempts, timeout=timeout, priority=priority,
+                retry=retry,
             )(f)
-            self.schedule(t, expression, name=name, timezone=timezone, kwargs=kwargs, priority=priority)
+            self.schedule(t, expression, name=name, timezone=timezone, kwargs=kwargs,
+                          priority=priority)
             return t
 
         return register
@@ -178,8 +189,10 @@ class Conveyor:
         """Enqueue an already registered task at every tick of ``expression`` (see ``cron``)."""
         t = self.get_task(task) if isinstance(task, str) else task
         call = dict(kwargs or {})
-        payload.bind_arguments(t.fn, (), call, task_name=t.name, sig=t.signature)  # fail now, not at 3 am
-        payload.encode(call, what=f"kwargs of cron schedule for {t.name}", limit=self.max_payload_bytes)
+        # Bound and encoded now: a bad schedule fails when it is declared, not at 3 am.
+        payload.bind_arguments(t.fn, (), call, task_name=t.name, sig=t.signature)
+        payload.encode(call, what=f"kwargs of cron schedule for {t.name}",
+                       limit=self.max_payload_bytes)
         sched = Schedule(
             name=name or t.name, expression=expression, task=t.name, queue=queue or t.queue,
             timezone=timezone, kwargs=call, priority=priority,
@@ -187,7 +200,8 @@ class Conveyor:
         existing = self.schedules.get(sched.name)
         if existing is not None and existing != sched:
             raise ConfigurationError(
-                f"a different cron schedule is already named {sched.name!r}; pass name= to tell them apart"
+                f"a different cron schedule is already named {sched.name!r}; "
+                "pass name= to tell them apart"
             )
         self.schedules[sched.name] = sched
         return sched
@@ -200,7 +214,8 @@ class Conveyor:
             self.max_depths.pop(name, None)
             return
         if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
-            raise ConfigurationError(f"max_depth of queue {name!r} must be an int >= 1, got {max_depth!r}")
+            raise ConfigurationError(
+                f"max_depth of queue {name!r} must be an int >= 1, got {max_depth!r}")
         self.max_depths[name] = max_depth
 
     def enable_metrics(self, *, store: bool = True) -> Metrics:

@@ -54,7 +54,8 @@ def tick_of(job: Job) -> dt.datetime | None:
     if not isinstance(info, dict):
         return None
     try:
-        return dt.datetime.fromtimestamp(float(info["tick"]), ZoneInfo(str(info.get("timezone", "UTC"))))
+        tick = float(info["tick"])
+        return dt.datetime.fromtimestamp(tick, ZoneInfo(str(info.get("timezone", "UTC"))))
     except (KeyError, TypeError, ValueError, ZoneInfoNotFoundError):
         return None  # meta written by hand or by another version: no tick to show
 
@@ -74,11 +75,13 @@ class Schedule:
     def __post_init__(self) -> None:
         payload.check_queue_name(self.name)
         if not isinstance(self.expression, str) or not croniter.is_valid(self.expression):
-            raise ConfigurationError(f"cron schedule {self.name!r}: {self.expression!r} is not a valid cron expression")
+            raise ConfigurationError(f"cron schedule {self.name!r}: {self.expression!r} is not a "
+                                     "valid cron expression")
         try:
             ZoneInfo(self.timezone)
         except (ZoneInfoNotFoundError, ValueError, TypeError):
-            raise ConfigurationError(f"cron schedule {self.name!r}: unknown timezone {self.timezone!r}") from None
+            raise ConfigurationError(
+                f"cron schedule {self.name!r}: unknown timezone {self.timezone!r}") from None
 
     @property
     def tz(self) -> ZoneInfo:
@@ -94,9 +97,17 @@ class Schedule:
         """True for the second occurrence of a wall-clock time repeated when clocks go back."""
         return not self._follows_real_time and dt.datetime.fromtimestamp(ts, self.tz).fold == 1
 
+    def _instant(self, ts: float) -> dt.datetime:
+        """``ts`` as a datetime, rounded *down* to the microsecond. fromtimestamp rounds to the
+        nearest one, so an instant a fraction of a microsecond before a tick became the tick."""
+        secs = math.floor(ts)
+        micros = min(999_999, math.floor((ts - secs) * 1_000_000))
+        return dt.datetime.fromtimestamp(secs, self.tz).replace(microsecond=micros)
+
     def latest_tick(self, now: float) -> float:
         """The latest tick at or before ``now`` (unix seconds)."""
-        it = croniter(self.expression, dt.datetime.fromtimestamp(now, self.tz) + dt.timedelta(microseconds=1))
+        just_after = self._instant(now) + dt.timedelta(microseconds=1)
+        it = croniter(self.expression, just_after)
         for _ in range(_SEARCH_LIMIT):
             ts = float(it.get_prev(float))
             if not self._is_repeat(ts):
@@ -114,7 +125,7 @@ class Schedule:
 
     def next_tick(self, after: float) -> float:
         """The first tick strictly after ``after`` (unix seconds)."""
-        it = croniter(self.expression, dt.datetime.fromtimestamp(after, self.tz))
+        it = croniter(self.expression, self._instant(after))
         for _ in range(_SEARCH_LIMIT):
             ts = float(it.get_next(float))
             if not self._is_repeat(ts):
@@ -137,7 +148,9 @@ class Schedule:
         opts = task._opts
         args = payload.encode(dict(self.kwargs), what=f"kwargs of cron schedule {self.name}",
                               limit=app.max_payload_bytes)
-        meta: dict[str, Any] = {"cron": {"schedule": self.name, "tick": tick, "timezone": self.timezone}}
+        meta: dict[str, Any] = {
+            "cron": {"schedule": self.name, "tick": tick, "timezone": self.timezone},
+        }
         if app.signer is not None:
             meta[signing.META_KEY] = app.signer.sign(task.name, self.queue, dict(self.kwargs))
         return NewJob(

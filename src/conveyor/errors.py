@@ -71,10 +71,12 @@ class Retry(Exception):
 
     def __init__(self, delay: float | None = None, reason: str = "") -> None:
         if delay is not None and not (0 <= delay < float("inf")):
-            raise ValueError(f"Retry delay must be a finite, non-negative number of seconds, got {delay!r}")
+            raise ValueError(
+                f"Retry delay must be a finite, non-negative number of seconds, got {delay!r}")
         self.delay = delay
         self.reason = reason
-        super().__init__(reason or (f"retry requested in {delay}s" if delay is not None else "retry requested"))
+        default = f"retry requested in {delay}s" if delay is not None else "retry requested"
+        super().__init__(reason or default)
 
 
 class Reject(Exception):

@@ -29,13 +29,15 @@ class JobState(StrEnum):
     SUCCEEDED = "succeeded"
     """Done; ``result`` holds the task's return value. Kept for the app's ``result_ttl``."""
     DEAD = "dead"
-    """Failed for good (the dead-letter queue): kept with every attempt's error until redriven or purged."""
+    """Failed for good (the dead-letter queue): kept with every attempt's error until redriven
+    or purged."""
     CANCELLED = "cancelled"
     """Cancelled before it finished; it will not run (again)."""
 
     @property
     def is_final(self) -> bool:
-        """True for ``succeeded``, ``dead`` and ``cancelled``: nothing moves the job on by itself."""
+        """True for ``succeeded``, ``dead`` and ``cancelled``: nothing moves the job on by
+        itself."""
         return self in FINAL_STATES
 
 
@@ -46,7 +48,8 @@ UNFINISHED_STATES = frozenset({JobState.SCHEDULED, JobState.AVAILABLE, JobState.
 
 @dataclass(frozen=True)
 class Job:
-    """A snapshot of one job as the store holds it. Times are unix seconds from the store's clock."""
+    """A snapshot of one job as the store holds it. Times are unix seconds from the store's
+    clock."""
 
     id: int
     """The store's id for the job, unique and never reused."""
@@ -125,7 +128,8 @@ class Job:
 
 
 @functools.cache
-def _layout(cls: Any) -> tuple[frozenset[str], dict[str, Any], list[tuple[str, Callable[[], Any]]], frozenset[str]]:
+def _layout(cls: Any) -> tuple[frozenset[str], dict[str, Any],
+                               list[tuple[str, Callable[[], Any]]], frozenset[str]]:
     """A dataclass's field names, defaults, default factories and required fields, read once
     (``fields()`` is most of what building a constructor costs, and a single enqueue builds one)."""
     fs = fields(cls)
@@ -140,8 +144,8 @@ def _layout(cls: Any) -> tuple[frozenset[str], dict[str, Any], list[tuple[str, C
 def fast_constructor(cls: type[T], shared: Mapping[str, Any] | None = None) -> Callable[..., T]:
     """``cls(**shared, **values)`` for a frozen dataclass on a hot path (a row or hash turned
     into a Job, a call turned into a NewJob). The generated ``__init__`` of a frozen dataclass
-    sets each field through ``object.__setattr__``; with Job's 29 fields that was 6 us of the
-    20 us it took to turn a claimed Redis hash into a Job. This fills the instance's
+    sets each field through ``object.__setattr__``, a large share of turning a claimed Redis
+    hash into a Job (docs/benchmarks.md, "Design measurements"). This fills the instance's
     ``__dict__`` at once, which is what that ``__init__`` ends up with. ``shared``: values
     every instance of a batch has (a bulk enqueue's jobs differ in little but their args),
     merged with the defaults once instead of passed again per instance. A call that misses a

@@ -42,8 +42,9 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         """The record as one line of JSON."""
+        created = dt.datetime.fromtimestamp(record.created, tz=dt.UTC)
         entry: dict[str, object] = {
-            "time": dt.datetime.fromtimestamp(record.created, tz=dt.UTC).isoformat(timespec="milliseconds"),
+            "time": created.isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),

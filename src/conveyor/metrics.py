@@ -30,7 +30,8 @@ log = logging.getLogger("conveyor.metrics")
 RUN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600)
 # Succeeded and cancelled counts grow with retention; the scrape leaves them out (see stats()).
 COUNTED_STATES = (JobState.SCHEDULED, JobState.AVAILABLE, JobState.RUNNING, JobState.DEAD)
-LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300,
+               900, 3600)
 
 
 class StoreCollector(Collector):
@@ -43,7 +44,8 @@ class StoreCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         """Read the store once and yield the gauges (``conveyor_store_up`` is 0 if it failed)."""
         started = time.perf_counter()
-        up = GaugeMetricFamily("conveyor_store_up", "1 if the store answered the last scrape, else 0")
+        up = GaugeMetricFamily("conveyor_store_up",
+                               "1 if the store answered the last scrape, else 0")
         try:
             stats = self.backend.stats(worker_ttl=self.worker_ttl, finished=False)
         except Exception as exc:  # a scrape must not fail because the store is away: say so instead
@@ -54,22 +56,27 @@ class StoreCollector(Collector):
         up.add_metric([], 1)
         yield up
         depth = GaugeMetricFamily(
-            "conveyor_queue_jobs", "Unfinished and dead jobs in the store by queue and state", labels=["queue", "state"]
+            "conveyor_queue_jobs", "Unfinished and dead jobs in the store by queue and state",
+            labels=["queue", "state"],
         )
-        waiting = GaugeMetricFamily("conveyor_queue_depth", "Jobs due and waiting for a worker", labels=["queue"])
+        waiting = GaugeMetricFamily("conveyor_queue_depth", "Jobs due and waiting for a worker",
+                                    labels=["queue"])
         age = GaugeMetricFamily(
             "conveyor_queue_oldest_job_age_seconds",
             "How long the oldest due job has waited (0 when none waits)", labels=["queue"],
         )
-        dead = GaugeMetricFamily("conveyor_dead_jobs", "Jobs in the dead-letter queue", labels=["queue"])
+        dead = GaugeMetricFamily("conveyor_dead_jobs", "Jobs in the dead-letter queue",
+                                 labels=["queue"])
         expiries = CounterMetricFamily(
-            "conveyor_lease_expiries", "Leases that expired (worker died or stalled), store-wide", labels=["queue"]
-        )
-        expired = GaugeMetricFamily(
-            "conveyor_expired_leases", "Running jobs whose lease ran out, not yet taken back by a reaper",
+            "conveyor_lease_expiries", "Leases that expired (worker died or stalled), store-wide",
             labels=["queue"],
         )
-        workers = GaugeMetricFamily("conveyor_workers_live", "Workers with a recent heartbeat serving the queue",
+        expired = GaugeMetricFamily(
+            "conveyor_expired_leases",
+            "Running jobs whose lease ran out, not yet taken back by a reaper", labels=["queue"],
+        )
+        workers = GaugeMetricFamily("conveyor_workers_live",
+                                    "Workers with a recent heartbeat serving the queue",
                                     labels=["queue"])
         serving: dict[str, int] = {}
         for w in stats.workers:
@@ -87,7 +94,8 @@ class StoreCollector(Collector):
         for queue, n in serving.items():  # workers on queues that have never held a job
             workers.add_metric([queue], n)
         yield from (depth, waiting, age, dead, expiries, expired, workers)
-        took = GaugeMetricFamily("conveyor_store_scrape_seconds", "Time the store took to answer this scrape")
+        took = GaugeMetricFamily("conveyor_store_scrape_seconds",
+                                 "Time the store took to answer this scrape")
         took.add_metric([], time.perf_counter() - started)
         yield took
 
@@ -115,17 +123,20 @@ class Metrics:
             ["queue"], buckets=LAG_BUCKETS, registry=r,
         )
         self.leases_lost = Counter(
-            "conveyor_leases_lost", "Jobs this process was running whose lease it lost", ["queue"], registry=r,
+            "conveyor_leases_lost", "Jobs this process was running whose lease it lost",
+            ["queue"], registry=r,
         )
         self.reaped = Counter(
-            "conveyor_reaped_jobs", "Expired leases this process's reaper returned or killed", ["outcome"],
-            registry=r,
+            "conveyor_reaped_jobs", "Expired leases this process's reaper returned or killed",
+            ["outcome"], registry=r,
         )
         self.enqueued = Counter(
-            "conveyor_jobs_enqueued", "Jobs enqueued by this process", ["queue", "task"], registry=r,
+            "conveyor_jobs_enqueued", "Jobs enqueued by this process", ["queue", "task"],
+            registry=r,
         )
         self.refused = Counter(
-            "conveyor_enqueue_refused", "Enqueues refused because the queue was at its max_depth (QueueFull)",
+            "conveyor_enqueue_refused",
+            "Enqueues refused because the queue was at its max_depth (QueueFull)",
             ["queue"], registry=r,
         )
         self.stuck_slots = Gauge(

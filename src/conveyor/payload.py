@@ -31,13 +31,15 @@ def _not_json(value: object) -> Any:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-# JSONEncoder.encode still builds its C encoder anew on every call (over half of encoding a
-# small payload); this is that same C encoder with _ENCODER's options, built once. Without the
-# circular-reference check: _check_value's depth limit has refused a cycle before it runs.
+# JSONEncoder.encode still builds its C encoder anew on every call (a large share of encoding a
+# small payload: docs/benchmarks.md, "Design measurements"); this is that same C encoder with
+# _ENCODER's options, built once. Without the circular-reference check: _check_value's depth
+# limit has refused a cycle before it runs.
+_c_json: Any = json.encoder  # its C helpers are private (and absent without the C module)
 _C_ENCODE = (
-    json.encoder.c_make_encoder(None, _not_json, json.encoder.c_encode_basestring, None, ":", ",",  # type: ignore[attr-defined]
-                                False, False, False)
-    if getattr(json.encoder, "c_make_encoder", None) and getattr(json.encoder, "c_encode_basestring", None)
+    _c_json.c_make_encoder(None, _not_json, _c_json.c_encode_basestring, None, ":", ",",
+                           False, False, False)
+    if getattr(_c_json, "c_make_encoder", None) and getattr(_c_json, "c_encode_basestring", None)
     else None
 )
 
@@ -52,7 +54,8 @@ TASK_NAME_RE = re.compile(r"^[A-Za-z0-9_.:<>-]{1,255}$")
 
 
 def check_queue_name(name: object) -> str:
-    """Return ``name`` if it is a valid queue name (1-128 of ``A-Z a-z 0-9 _ . : -``); else raise InvalidName."""
+    """Return ``name`` if it is a valid queue name (1-128 of ``A-Z a-z 0-9 _ . : -``); else
+    raise InvalidName."""
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise InvalidName(
             f"invalid queue name {name!r}: use 1-128 characters from A-Z a-z 0-9 _ . : -"
@@ -61,7 +64,8 @@ def check_queue_name(name: object) -> str:
 
 
 def check_task_name(name: object) -> str:
-    """Return ``name`` if it is a valid task name (1-255 of ``A-Z a-z 0-9 _ . : < > -``); else raise InvalidName."""
+    """Return ``name`` if it is a valid task name (1-255 of ``A-Z a-z 0-9 _ . : < > -``); else
+    raise InvalidName."""
     if not isinstance(name, str) or not TASK_NAME_RE.fullmatch(name):
         raise InvalidName(
             f"invalid task name {name!r}: use 1-255 characters from A-Z a-z 0-9 _ . : < > -"
@@ -77,7 +81,8 @@ def _check_value(value: object, path: str, depth: int) -> None:
         return
     if isinstance(value, int):
         if value.bit_length() > MAX_INT_BITS:
-            raise PayloadError(f"{path} is an integer of {value.bit_length()} bits, too large to store as JSON")
+            raise PayloadError(f"{path} is an integer of {value.bit_length()} bits, too large to "
+                               "store as JSON")
         return
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -94,7 +99,8 @@ def _check_value(value: object, path: str, depth: int) -> None:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise PayloadError(
-                    f"{path} has a key {key!r} of type {type(key).__name__}; JSON object keys must be str"
+                    f"{path} has a key {key!r} of type {type(key).__name__}; "
+                    "JSON object keys must be str"
                 )
             _check_str(key, f"{path} key")
             _check_value(item, f"{path}[{key!r}]", depth + 1)
@@ -112,7 +118,8 @@ def _check_str(value: str, path: str) -> None:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise PayloadError(f"{path} is not valid Unicode text (lone surrogate?): {exc.reason}") from None
+        raise PayloadError(
+            f"{path} is not valid Unicode text (lone surrogate?): {exc.reason}") from None
 
 
 def encode(value: object, *, what: str = "args", limit: int | None = None) -> str:
@@ -159,7 +166,8 @@ def decode(text: str | bytes | None) -> Any:
 def plain_parameters(sig: inspect.Signature) -> tuple[str, ...] | None:
     """The parameter names if every parameter is an ordinary one (positional or keyword, no
     ``*args``, ``**kwargs``, keyword-only or positional-only): then a call giving each of them
-    positionally binds by zipping, which is what ``Signature.bind`` returns, at a tenth of its cost."""
+    positionally binds by zipping, which is what ``Signature.bind`` returns, for much less
+    (docs/benchmarks.md, "Design measurements")."""
     params = sig.parameters.values()
     if all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params):
         return tuple(p.name for p in params)
@@ -190,7 +198,8 @@ def bind_arguments(
 def rebuild_call(
     fn: Callable[..., Any], stored: Mapping[str, Any], sig: inspect.Signature | None = None
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Turn stored named arguments back into (args, kwargs) for ``fn``; raise ArgumentsError if they no longer fit."""
+    """Turn stored named arguments back into (args, kwargs) for ``fn``; raise ArgumentsError if
+    they no longer fit."""
     sig = sig or inspect.signature(fn)
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
@@ -225,12 +234,14 @@ def rebuild_call(
     return tuple(args), kwargs
 
 
-def _all_before_present(params: Mapping[str, inspect.Parameter], name: str, stored: Mapping[str, Any]) -> bool:
+def _all_before_present(params: Mapping[str, inspect.Parameter], name: str,
+                        stored: Mapping[str, Any]) -> bool:
     # A positional-or-keyword parameter may go positionally only if every one before it did,
     # which is what lets a following *args still receive its values.
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     for other, param in params.items():
         if other == name:
             return True
-        if param.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) and other not in stored:
+        if param.kind in positional and other not in stored:
             return False
     return True

@@ -28,8 +28,9 @@ MASK = "***"
 # passwordless and secretary are not secrets.
 # Each alternative starts with a literal letter, so the engine jumps from one possible first
 # letter to the next instead of trying every position (text is lowercased for KEY_VALUE).
-_STRONG = (r"pass(?:word|wd|phrase)s?", "secrets?", "token", "credentials?", "cookies?", "session[_-]?id",
-           "authorization", "jwt", "api[_-]?key", "access[_-]?key", "secret[_-]?key", "private[_-]?key")
+_STRONG = (r"pass(?:word|wd|phrase)s?", "secrets?", "token", "credentials?", "cookies?",
+           "session[_-]?id", "authorization", "jwt", "api[_-]?key", "access[_-]?key",
+           "secret[_-]?key", "private[_-]?key")
 _WEAK = tuple(rf"{name}(?<![a-z0-9]{name})" for name in ("pwd", "pass", "auth", "session", "sig"))
 _SUFFIX = r"(?:[_.-]?(?:confirm(?:ation)?|again|repeat|old|new|[0-9]{1,2}))?"
 _NAME = f"(?:{'|'.join(_WEAK + _STRONG)}){_SUFFIX}"
@@ -57,6 +58,9 @@ KEY_VALUE = re.compile(
     )""",
     re.VERBOSE,
 )
+# KEY_VALUE's groups for a value: (its scheme's group, the value's group), double-quoted,
+# single-quoted, bare.
+_VALUE_GROUPS = (("scheme1", "dq"), ("scheme2", "sq"), ("scheme3", "bare"))
 _LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 # A bearer token on its own ("-H 'Bearer eyJ...'"): long enough not to be prose.
 BEARER = re.compile(r"Bearer[ \t]+(?P<value>[A-Za-z0-9._~+/=-]{16,})")
@@ -101,8 +105,7 @@ def _mask_pairs(text: str) -> str:
     out: list[str] = []
     done = 0
     for m in KEY_VALUE.finditer(text.translate(_LOWER)):
-        scheme, value = next((s, v) for s, v in (("scheme1", "dq"), ("scheme2", "sq"), ("scheme3", "bare"))
-                             if m.start(v) >= 0)
+        scheme, value = next((s, v) for s, v in _VALUE_GROUPS if m.start(v) >= 0)
         start, end = m.span(value)
         if start == end or text.startswith(MASK, start):
             continue  # empty, or masked already (token:***@host after _mask_urls)

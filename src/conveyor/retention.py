@@ -67,7 +67,8 @@ class PruneOutcome:
     skipped: bool = False  # another pruner holds the lock
 
 
-def next_pass_in(outcome: PruneOutcome, since_last: float, *, batch: int, shortest: float, longest: float) -> float:
+def next_pass_in(outcome: PruneOutcome, since_last: float, *, batch: int, shortest: float,
+                 longest: float) -> float:
     """Seconds until the next pass: at once if this one stopped with more; else about when a
     batch will have come due again at the rate this pass found (``since_last`` is the time
     since the previous pass started), within [shortest, longest]."""
@@ -110,7 +111,8 @@ class Pruner:
         call off the event loop."""
         if not self.rules:
             return PruneOutcome()
-        taking = asyncio.ensure_future(call(functools.partial(self.backend.try_lock, PRUNE_LOCK, ttl=self.lock_ttl)))
+        try_lock = functools.partial(self.backend.try_lock, PRUNE_LOCK, ttl=self.lock_ttl)
+        taking = asyncio.ensure_future(call(try_lock))
         try:
             lock: StoreLock | None = await asyncio.shield(taking)
         except asyncio.CancelledError:
@@ -134,7 +136,8 @@ class Pruner:
             while True:
                 started = time.monotonic()
                 n: int = await call(functools.partial(
-                    self.backend.prune, older_than=rule.older_than, states=rule.states, limit=self.batch, now=now))
+                    self.backend.prune, older_than=rule.older_than, states=rule.states,
+                    limit=self.batch, now=now))
                 deleted += n
                 if n < self.batch:
                     break

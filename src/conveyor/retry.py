@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """``delay(n)`` for failed attempt ``n`` (1-based) is uniform in ``[0, min(cap, base * factor**(n-1))]``."""
+    """``delay(n)`` for failed attempt ``n`` (1-based) is uniform in
+    ``[0, min(cap, base * factor**(n-1))]``."""
 
     base: float = 1.0
     """Seconds: the ceiling of the first retry's delay."""
@@ -29,9 +30,8 @@ class RetryPolicy:
         if not all(math.isfinite(v) for v in values) or not (
             self.base >= 0 and self.factor >= 1 and self.cap >= 0
         ):
-            raise ValueError(
-                f"invalid retry policy {self!r}: need finite base >= 0, factor >= 1, cap >= 0 (seconds)"
-            )
+            raise ValueError(f"invalid retry policy {self!r}: need finite base >= 0, factor >= 1, "
+                             "cap >= 0 (seconds)")
 
     def ceiling(self, attempt: int) -> float:
         """The largest delay for this attempt, without jitter."""
@@ -39,7 +39,8 @@ class RetryPolicy:
         if self.base == 0 or self.cap == 0:
             return 0.0
         # Compare exponents first: factor**n overflows a float long before n reaches 2000.
-        if self.factor > 1 and n * math.log(self.factor) >= math.log(self.cap) - math.log(self.base):
+        room = math.log(self.cap) - math.log(self.base)
+        if self.factor > 1 and n * math.log(self.factor) >= room:
             return self.cap
         try:
             return min(self.cap, self.base * self.factor**n)

@@ -30,7 +30,8 @@ _DOMAIN = b"conveyor-job-v1\n"
 def _key_bytes(key: str | bytes) -> bytes:
     raw = key.encode("utf-8") if isinstance(key, str) else key
     if not isinstance(raw, bytes) or len(raw) < 16:
-        raise ConfigurationError("a signing key must be at least 16 bytes (use secrets.token_hex(32))")
+        raise ConfigurationError(
+            "a signing key must be at least 16 bytes (use secrets.token_hex(32))")
     return raw
 
 
@@ -40,7 +41,8 @@ def key_id(key: bytes) -> str:
 
 
 def _message(task: str, queue: str, args: Mapping[str, Any]) -> bytes:
-    canonical = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    canonical = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                           allow_nan=False)
     return _DOMAIN + task.encode() + b"\n" + queue.encode() + b"\n" + canonical.encode()
 
 
@@ -60,7 +62,8 @@ class Signer:
     def problem(self, task: str, queue: str, args: object, meta: Mapping[str, Any]) -> str | None:
         """None if the job's signature is valid, else why not (for the dead-letter record)."""
         sig = meta.get(META_KEY)
-        if not isinstance(sig, dict) or not isinstance(sig.get("mac"), str) or not isinstance(sig.get("kid"), str):
+        if not (isinstance(sig, dict) and isinstance(sig.get("mac"), str)
+                and isinstance(sig.get("kid"), str)):
             return "the job carries no signature, and this worker runs only signed jobs"
         key = self._keys.get(sig["kid"])
         if key is None:
@@ -72,5 +75,6 @@ class Signer:
         except (TypeError, ValueError):
             return "the job's arguments cannot be put in canonical form"
         if not hmac.compare_digest(expected, sig["mac"]):
-            return "the signature does not match the job's task, queue and arguments (altered or forged)"
+            return ("the signature does not match the job's task, queue and arguments "
+                    "(altered or forged)")
         return None

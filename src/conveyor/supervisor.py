@@ -49,7 +49,8 @@ class Supervisor:
         argv = list(self.argv)
         if self.metrics_port is not None:
             # One port per slot, stable across restarts, so scrape targets stay put.
-            argv += ["--metrics-port", str(self.metrics_port + slot), "--metrics-addr", self.metrics_addr]
+            argv += ["--metrics-port", str(self.metrics_port + slot),
+                     "--metrics-addr", self.metrics_addr]
         child = subprocess.Popen(argv, process_group=0, preexec_fn=_die_with_parent)
         self.children[slot] = child
         log.info("started worker process %d (pid %d)", slot, child.pid)

@@ -81,7 +81,8 @@ class _Deadlines:
             while calls and calls[0][1]._finished:
                 calls.popleft()
             if len(calls) > self._compact_at.get(timeout, 64):
-                calls = self._queues[timeout] = collections.deque(c for c in calls if not c[1]._finished)
+                live = (c for c in calls if not c[1]._finished)
+                calls = self._queues[timeout] = collections.deque(live)
                 self._compact_at[timeout] = max(64, 2 * len(calls))
             calls.append((deadline, call))
             sooner = deadline < self._at
@@ -126,19 +127,23 @@ class TaskThreads:
     """``size`` daemon threads (a task stuck past shutdown must not keep the process alive;
     its job's lease was released or runs out)."""
 
-    def __init__(self, size: int, loop: asyncio.AbstractEventLoop, name: str = "conveyor-task") -> None:
+    def __init__(self, size: int, loop: asyncio.AbstractEventLoop,
+                 name: str = "conveyor-task") -> None:
         self._loop = loop
         self._deadlines = _Deadlines(loop)
         self._calls: queue.SimpleQueue[ThreadCall | None] = queue.SimpleQueue()
         self._finished: collections.deque[ThreadCall] = collections.deque()
         self._wake_pending = False
         self._closed = False
-        self._local = threading.local()  # on each of these threads: its call to run next (here=True)
-        self._threads = [threading.Thread(target=self._serve, name=f"{name}_{i}", daemon=True) for i in range(size)]
+        # On each of these threads: its call to run next (here=True).
+        self._local = threading.local()
+        self._threads = [threading.Thread(target=self._serve, name=f"{name}_{i}", daemon=True)
+                         for i in range(size)]
         for t in self._threads:
             t.start()
 
-    def submit(self, fn: Callable[[], Any], timeout: float | None = None, *, here: bool = False) -> ThreadCall:
+    def submit(self, fn: Callable[[], Any], timeout: float | None = None, *,
+               here: bool = False) -> ThreadCall:
         """Run ``fn`` on a free thread; await ``.future`` for its result, which fails with
         CallTimedOut if ``timeout`` seconds pass first (the thread runs on). Callable from the
         loop and from other threads (the future is the loop's).

@@ -15,6 +15,7 @@ from conveyor import Conveyor
 from conveyor.backends.base import ErrorInfo, Lease, WorkerInfo
 from conveyor.dashboard import DashboardApp
 from conveyor.dashboard import app as dashapp
+from conveyor.dashboard import search as dashsearch
 from conveyor.job import JobState
 
 
@@ -171,8 +172,8 @@ def test_search_by_id_and_by_text(app: Conveyor, client: TestClient) -> None:
 
 def test_text_search_scans_a_bounded_window_and_can_go_on(app: Conveyor, client: TestClient,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dashapp, "SEARCH_WINDOW", 4)
-    monkeypatch.setattr(dashapp, "SEARCH_BATCH", 2)
+    monkeypatch.setattr(dashsearch, "SEARCH_WINDOW", 4)
+    monkeypatch.setattr(dashsearch, "SEARCH_BATCH", 2)
     b = app.backend
     [old] = enqueue(b, "a", args={"needle": "found-me"})
     enqueue(b, "a", args={"x": 1}, n=6)

@@ -16,6 +16,7 @@ import datetime as dt
 import itertools
 from zoneinfo import ZoneInfo
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -96,3 +97,14 @@ def test_every_minute_of_a_repeated_hour_is_skipped_to_the_next_day() -> None:
     assert s.next_tick(at_0159_edt) == dt.datetime(2026, 11, 2, 1, 0, tzinfo=ny).timestamp()
     # And while the repeated hour runs, the latest tick is still 01:59 EDT.
     assert s.latest_tick(at_0159_edt + 1800) == at_0159_edt
+
+
+@pytest.mark.parametrize("expression", ["* * * * *", "0 * * * *"])
+def test_an_instant_a_fraction_of_a_microsecond_before_a_tick_is_before_it(expression: str) -> None:
+    """datetime.fromtimestamp rounds to the nearest microsecond: 0.2 us before a tick became the
+    tick itself, so latest_tick returned a tick after ``now`` and next_tick skipped that tick
+    (found by the property above)."""
+    s = schedule(expression, "UTC")
+    t = 1924991999.9999998  # 2030-12-31 23:59:59.9999998 UTC; a tick at 1924992000
+    assert s.latest_tick(t) <= t
+    assert s.next_tick(t) == 1924992000.0

@@ -121,7 +121,8 @@ def layout(chart: Chart) -> Chart:
         s.segments = [" ".join(f"{px},{py}" for px, py in run) for run in runs]
         if s.area:
             s.area_paths = [
-                f"M{run[0][0]},{y0} " + " ".join(f"L{px},{py}" for px, py in run) + f" L{run[-1][0]},{y0} Z"
+                f"M{run[0][0]},{y0} " + " ".join(f"L{px},{py}" for px, py in run)
+                + f" L{run[-1][0]},{y0} Z"
                 for run in runs if len(run) > 1
             ]
         s.last = next((v for _, v in reversed(s.points) if v is not None), None)
@@ -148,7 +149,8 @@ def _total(sample: Sample, pick: Pick, queue: str | None) -> float | None:
     return sum(pick(q) for q in sample.queues.values())
 
 
-def rate(samples: Sequence[Sample], pick: Pick, queue: str | None = None, per: float = 1.0) -> list[Point]:
+def rate(samples: Sequence[Sample], pick: Pick, queue: str | None = None,
+         per: float = 1.0) -> list[Point]:
     """Per-``per``-seconds increase of a counter between consecutive samples. A decrease (pruning
     deleted finished jobs) is a gap, not a negative rate."""
     points: list[Point] = []
@@ -181,21 +183,25 @@ def failures_chart(samples: Sequence[Sample], queue: str | None = None) -> Chart
     dead = rate(samples, lambda q: float(q.dead), queue, per=60.0)
     expired = rate(samples, lambda q: float(q.lease_expiries), queue, per=60.0)
     chart = Chart("Failures", "per minute",
-                  [Series("went dead", "bad", dead, area=True), Series("lease expired", "warn", expired)])
+                  [Series("went dead", "bad", dead, area=True),
+                   Series("lease expired", "warn", expired)])
     return _finish(chart, samples)
 
 
-def backlog_chart(samples: Sequence[Sample], queue: str | None = None, max_series: int = 5) -> Chart:
+def backlog_chart(samples: Sequence[Sample], queue: str | None = None,
+                  max_series: int = 5) -> Chart:
     if queue is not None:
-        series = [Series("waiting", "s1", level(samples, lambda q: float(q.depth), queue), area=True),
-                  Series("running", "s2", level(samples, lambda q: float(q.running), queue))]
+        waiting = level(samples, lambda q: float(q.depth), queue)
+        running = level(samples, lambda q: float(q.running), queue)
+        series = [Series("waiting", "s1", waiting, area=True), Series("running", "s2", running)]
         return _finish(Chart("Backlog", "jobs", series), samples)
     names: dict[str, float] = {}
     for s in samples:
         for name, q in s.queues.items():
             names[name] = max(names.get(name, 0.0), float(q.depth))
     top = sorted(names, key=lambda n: (-names[n], n))[:max_series]
-    series = [Series(name, PALETTE[i % len(PALETTE)], level(samples, lambda q: float(q.depth), name))
+    series = [Series(name, PALETTE[i % len(PALETTE)],
+                     level(samples, lambda q: float(q.depth), name))
               for i, name in enumerate(sorted(top))]
     if len(names) > max_series:
         series.append(Series("all queues", "total", level(samples, lambda q: float(q.depth))))

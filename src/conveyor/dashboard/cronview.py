@@ -41,23 +41,17 @@ def _next_after(schedule: Any, ts: float) -> float | None:
 
 def cron_rows(app: Conveyor, backend: Backend, now: float) -> tuple[list[CronRow], str]:
     schedules = getattr(app, "schedules", None) or {}
-    note = ""
-    ticks: dict[str, float] = {}
-    reader = getattr(backend, "cron_ticks", None)
-    if callable(reader):
-        try:
-            ticks = dict(reader())
-        except NotImplementedError:
-            note = "This store does not record cron ticks, so last runs are unknown."
-    elif schedules:
-        note = "This store does not record cron ticks, so last runs are unknown."
+    note = ""  # every store records cron ticks (Backend.cron_ticks is abstract)
+    ticks: dict[str, float] = dict(backend.cron_ticks())
     rows = []
     for name in sorted(schedules):
         s = schedules[name]
         last = ticks.get(name)
-        row = CronRow(name=str(getattr(s, "name", name)), expression=str(getattr(s, "expression", "?")),
-                      timezone=str(getattr(s, "timezone", "UTC")), task=str(getattr(s, "task", "?")),
-                      queue=str(getattr(s, "queue", "?")), last_tick=last, next_run=None, late=False)
+        row = CronRow(name=str(getattr(s, "name", name)),
+                      expression=str(getattr(s, "expression", "?")),
+                      timezone=str(getattr(s, "timezone", "UTC")),
+                      task=str(getattr(s, "task", "?")), queue=str(getattr(s, "queue", "?")),
+                      last_tick=last, next_run=None, late=False)
         try:
             row.next_run = _next_after(s, now)
             if last is not None:
@@ -68,6 +62,6 @@ def cron_rows(app: Conveyor, backend: Backend, now: float) -> tuple[list[CronRow
             row.problem = f"{type(exc).__name__}: {exc}"
         rows.append(row)
     if not schedules:
-        note = ("No cron schedules are registered on this app. The dashboard shows the schedules of the "
-                "app it runs with (conveyor --app module:app dashboard).")
+        note = ("No cron schedules are registered on this app. The dashboard shows the schedules "
+                "of the app it runs with (conveyor --app module:app dashboard).")
     return rows, note

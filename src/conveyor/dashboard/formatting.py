@@ -35,7 +35,8 @@ def mask(text: str, limit: int = SHOWN_CHARS) -> str:
 
 
 def call_preview(args: dict[str, Any], limit: int = 90) -> str:
-    text = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in redact_keys(args).items())
+    shown = redact_keys(args)
+    text = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in shown.items())
     return shorten(shown_text(text, 4 * limit, say_cut=False), limit)
 
 

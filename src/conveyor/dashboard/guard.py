@@ -36,7 +36,8 @@ class Throttle:
         with self._lock:
             count, _ = self.failures.pop(client, (0, 0.0))
             if len(self.failures) >= MAX_TRACKED_CLIENTS:  # bounded memory: forget the quiet ones
-                self.failures = {c: v for c, v in self.failures.items() if now - v[1] < 2 * MAX_DELAY}
+                self.failures = {c: v for c, v in self.failures.items()
+                                 if now - v[1] < 2 * MAX_DELAY}
                 while len(self.failures) >= MAX_TRACKED_CLIENTS:
                     del self.failures[next(iter(self.failures))]
             self.failures[client] = (count + 1, now)

@@ -69,7 +69,8 @@ class Sampler:
             return
         with self._lock:
             if self._thread is None and not self._stop.is_set():
-                self._thread = threading.Thread(target=self._run, name="conveyor-dashboard-sampler", daemon=True)
+                self._thread = threading.Thread(target=self._run,
+                                                name="conveyor-dashboard-sampler", daemon=True)
                 self._thread.start()
 
     def stop(self) -> None:
@@ -107,7 +108,8 @@ class Sampler:
                 return
             if self.samples and stats.now < self.samples[-1].at:
                 return  # a slower reader finishing after a newer sample
-            self.samples.append(Sample(stats.now, {q.queue: q for q in stats.queues}, len(stats.workers)))
+            queues = {q.queue: q for q in stats.queues}
+            self.samples.append(Sample(stats.now, queues, len(stats.workers)))
 
     def snapshot(self) -> list[Sample]:
         with self._lock:
@@ -133,4 +135,5 @@ class Sampler:
     def alerts(self) -> list[Firing]:
         order = {"critical": 0, "warning": 1}
         with self._lock:
-            return sorted(self.firing.values(), key=lambda f: (order.get(f.severity, 2), f.since, f.finding.key))
+            return sorted(self.firing.values(),
+                          key=lambda f: (order.get(f.severity, 2), f.since, f.finding.key))

@@ -119,15 +119,16 @@ class AuthConfig:
 
 def make_auth(*, token: str | None = None, basic_auth: str | tuple[str, str] | None = None,
               secret: str | bytes | None = None, allowed_hosts: Iterable[str] = ()) -> AuthConfig:
-    """Validate the settings and build the config. Weak credentials are refused, not warned about."""
+    """Validate the settings and build the config. Weak credentials are refused, not warned
+    about."""
     if token is not None:
         token = token.strip()
         bits = token_bits(token)
         if bits < MIN_TOKEN_BITS:
             raise ConfigurationError(
-                f"the dashboard token is too weak: about {bits:.0f} bits of entropy, {MIN_TOKEN_BITS} needed "
-                f"(a random token of 22+ letters and digits; no words, repeats or runs). Generate one with: "
-                f"{MAKE_TOKEN}")
+                f"the dashboard token is too weak: about {bits:.0f} bits of entropy, "
+                f"{MIN_TOKEN_BITS} needed (a random token of 22+ letters and digits; no words, "
+                f"repeats or runs). Generate one with: {MAKE_TOKEN}")
     basic: tuple[str, str] | None = None
     if basic_auth is not None:
         if isinstance(basic_auth, str):
@@ -140,7 +141,8 @@ def make_auth(*, token: str | None = None, basic_auth: str | tuple[str, str] | N
             raise ConfigurationError("basic auth needs a user name without ':'")
         if len(password) < MIN_PASSWORD_CHARS:
             raise ConfigurationError(
-                f"the basic-auth password must be at least {MIN_PASSWORD_CHARS} characters (got {len(password)})")
+                f"the basic-auth password must be at least {MIN_PASSWORD_CHARS} characters "
+                f"(got {len(password)})")
         basic = (user, password)
     if isinstance(secret, str):
         secret = secret.encode()
@@ -155,9 +157,9 @@ def make_auth(*, token: str | None = None, basic_auth: str | tuple[str, str] | N
     beyond = [h for h in hosts if not is_loopback(h)]
     if beyond and token is None and basic is None:
         raise ConfigurationError(
-            f"refusing to answer to {', '.join(beyond)} without authentication: a proxy forwarding that name "
-            "would serve anyone who reaches it. Set a token (--token or $CONVEYOR_DASHBOARD_TOKEN) or basic "
-            "auth (--basic-auth USER:PASSWORD).")
+            f"refusing to answer to {', '.join(beyond)} without authentication: a proxy "
+            "forwarding that name would serve anyone who reaches it. Set a token (--token or "
+            "$CONVEYOR_DASHBOARD_TOKEN) or basic auth (--basic-auth USER:PASSWORD).")
     return AuthConfig(token=token, basic=basic, secret=derived, allowed_hosts=hosts)
 
 
@@ -165,10 +167,11 @@ def check_bind(host: str, auth: AuthConfig) -> None:
     """Refuse to listen beyond loopback without credentials."""
     if not is_loopback(host) and not auth.enabled:
         raise ConfigurationError(
-            f"refusing to serve the dashboard on {host!r} without authentication: anyone who can reach "
-            "that address could redrive, purge and cancel jobs. Set a token (--token or "
+            f"refusing to serve the dashboard on {host!r} without authentication: anyone who can "
+            "reach that address could redrive, purge and cancel jobs. Set a token (--token or "
             "$CONVEYOR_DASHBOARD_TOKEN) or basic auth (--basic-auth USER:PASSWORD or "
-            "$CONVEYOR_DASHBOARD_BASIC_AUTH), or bind 127.0.0.1 and reach it through an SSH tunnel.")
+            "$CONVEYOR_DASHBOARD_BASIC_AUTH), or bind 127.0.0.1 and reach it through an SSH "
+            "tunnel.")
 
 
 def _sign(secret: bytes, purpose: str, value: str) -> str:
@@ -198,7 +201,8 @@ def session_id(secret: bytes, value: str, now: float | None = None) -> str | Non
 
 
 def encode_flash(secret: bytes, data: dict[str, Any]) -> str:
-    body = base64.urlsafe_b64encode(json.dumps(data, separators=(",", ":")).encode()).decode().rstrip("=")
+    raw = json.dumps(data, separators=(",", ":")).encode()
+    body = base64.urlsafe_b64encode(raw).decode().rstrip("=")
     return f"{body}.{_sign(secret, 'flash', body)[:32]}"
 
 
@@ -242,7 +246,8 @@ def cookie_header(name: str, value: str, *, path: str, secure: bool, max_age: in
 
 
 def parse_form(body: bytes) -> dict[str, list[str]]:
-    return parse_qs(body.decode("utf-8", errors="replace"), keep_blank_values=True, max_num_fields=5000)
+    return parse_qs(body.decode("utf-8", errors="replace"), keep_blank_values=True,
+                    max_num_fields=5000)
 
 
 class SecurityMiddleware:
@@ -273,9 +278,11 @@ class SecurityMiddleware:
 
         public = path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
         client = client_of(scope)
-        if self.auth.enabled and headers.get("authorization") and (wait := self.auth.guard.throttle.wait(client)):
-            await too_many_attempts(send, wait)
-            return
+        if self.auth.enabled and headers.get("authorization"):
+            wait = self.auth.guard.throttle.wait(client)
+            if wait:
+                await too_many_attempts(send, wait)
+                return
         authenticated = not self.auth.enabled or self._authenticated(headers, cookies, client)
         if not public and not authenticated:
             await self._challenge(scope, send, method, root, path)
@@ -291,14 +298,16 @@ class SecurityMiddleware:
         state["auth_enabled"] = self.auth.enabled
         state["authenticated"] = authenticated  # the login page shows strangers no store details
         session = cookies.get(SESSION_COOKIE)
-        state["logged_in"] = bool(self.auth.token is not None and session and self.auth.session_valid(session))
+        state["logged_in"] = bool(self.auth.token is not None and session
+                                  and self.auth.session_valid(session))
         state["cookie_path"] = cookie_path
         state["secure_cookies"] = secure
         flash = cookies.get(FLASH_COOKIE)
         state["flash"] = decode_flash(self.auth.secret, flash) if flash else None
 
         if method in UNSAFE_METHODS:
-            problem, body = await self._check_unsafe(scope, receive, headers, cookies.get(CSRF_COOKIE, ""))
+            problem, body = await self._check_unsafe(scope, receive, headers,
+                                                     cookies.get(CSRF_COOKIE, ""))
             if problem is not None:
                 await _plain(send, problem[0], problem[1])
                 return
@@ -311,18 +320,21 @@ class SecurityMiddleware:
                 if not path.startswith(PUBLIC_PREFIXES):
                     hdrs.append((b"cache-control", b"no-store"))
                 if new_csrf:
-                    hdrs.append((b"set-cookie", cookie_header(CSRF_COOKIE, new_csrf, path=cookie_path,
-                                                              secure=secure, same_site="Strict")))
-                if flash and not any(k == b"set-cookie" and v.startswith(FLASH_COOKIE.encode() + b"=")
+                    hdrs.append((b"set-cookie", cookie_header(
+                        CSRF_COOKIE, new_csrf, path=cookie_path, secure=secure,
+                        same_site="Strict")))
+                flash_set = FLASH_COOKIE.encode() + b"="
+                if flash and not any(k == b"set-cookie" and v.startswith(flash_set)
                                      for k, v in hdrs):
-                    hdrs.append((b"set-cookie", cookie_header(FLASH_COOKIE, "", path=cookie_path,
-                                                              secure=secure, max_age=0)))
+                    hdrs.append((b"set-cookie", cookie_header(
+                        FLASH_COOKIE, "", path=cookie_path, secure=secure, max_age=0)))
                 message = {**message, "headers": hdrs}
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
 
-    def _refuse_host_or_client(self, scope: Scope, headers: dict[str, str]) -> tuple[int, str] | None:
+    def _refuse_host_or_client(self, scope: Scope,
+                               headers: dict[str, str]) -> tuple[int, str] | None:
         """Without credentials: loopback clients and loopback Host names only."""
         # With credentials any Host is fine unless allowed_hosts narrows it; without, only
         # loopback names (and allowed_hosts) are.
@@ -352,11 +364,14 @@ class SecurityMiddleware:
 
     async def _challenge(self, scope: Scope, send: Send, method: str, root: str, path: str) -> None:
         if self.auth.token is not None and method in ("GET", "HEAD"):
-            target = path + ("?" + scope["query_string"].decode("latin-1") if scope.get("query_string") else "")
+            query = scope.get("query_string")
+            target = path + ("?" + query.decode("latin-1") if query else "")
             location = f"{root}/login?next={quote(target, safe='')}"
             await _plain(send, 303, "Log in first.\n", [(b"location", location.encode("latin-1"))])
             return
-        extra = [(b"www-authenticate", b'Basic realm="Conveyor", charset="UTF-8"')] if self.auth.basic else []
+        extra: list[tuple[bytes, bytes]] = []
+        if self.auth.basic:
+            extra = [(b"www-authenticate", b'Basic realm="Conveyor", charset="UTF-8"')]
         await _plain(send, 401, "Authentication required.\n", extra)
 
     async def _check_unsafe(self, scope: Scope, receive: Receive, headers: dict[str, str],
@@ -417,7 +432,8 @@ def client_of(scope: Scope) -> str:
 
 async def too_many_attempts(send: Send, wait: float) -> None:
     seconds = max(1, math.ceil(wait))
-    await _plain(send, 429, f"Too many failed attempts from your address: try again in {seconds} s.\n",
+    await _plain(send, 429,
+                 f"Too many failed attempts from your address: try again in {seconds} s.\n",
                  [(b"retry-after", str(seconds).encode())])
 
 
@@ -452,9 +468,11 @@ def _replay(body: bytes) -> Receive:
     return receive
 
 
-async def _plain(send: Send, status: int, text: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+async def _plain(send: Send, status: int, text: str,
+                 extra: list[tuple[bytes, bytes]] | None = None) -> None:
     body = text.encode()
-    headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode()),
+    headers = [(b"content-type", b"text/plain; charset=utf-8"),
+               (b"content-length", str(len(body)).encode()),
                (b"cache-control", b"no-store"), *SECURITY_HEADERS, *(extra or [])]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -49,11 +49,13 @@ def tls_of(cert: str | None, key: str | None) -> TLS | None:
     if cert is None and key is None:
         return None
     if cert is None or key is None:
-        raise ConfigurationError("TLS needs both a certificate and its key (--tls-cert and --tls-key)")
+        raise ConfigurationError(
+            "TLS needs both a certificate and its key (--tls-cert and --tls-key)")
     try:
         ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
     except (OSError, ssl.SSLError) as exc:
-        raise ConfigurationError(f"cannot use the TLS certificate {cert!r} with the key {key!r}: {exc}") from None
+        raise ConfigurationError(
+            f"cannot use the TLS certificate {cert!r} with the key {key!r}: {exc}") from None
     return TLS(cert, key)
 
 
@@ -85,12 +87,15 @@ def prepare(conveyor: Conveyor, *, host: str, port: int, token: str | None, basi
     return app, _listen(host, port)
 
 
-def serve(conveyor: Conveyor, *, host: str = "127.0.0.1", port: int = 8000, token: str | None = None,
-          basic_auth: str | None = None, log_level: str = "warning", on_ready: Any = None,
-          tls_cert: str | None = None, tls_key: str | None = None, **options: Any) -> None:
-    """Serve in the foreground until SIGINT/SIGTERM; over https with ``tls_cert`` and ``tls_key``."""
+def serve(conveyor: Conveyor, *, host: str = "127.0.0.1", port: int = 8000,
+          token: str | None = None, basic_auth: str | None = None, log_level: str = "warning",
+          on_ready: Any = None, tls_cert: str | None = None, tls_key: str | None = None,
+          **options: Any) -> None:
+    """Serve in the foreground until SIGINT/SIGTERM; over https with ``tls_cert`` and
+    ``tls_key``."""
     tls = tls_of(tls_cert, tls_key)
-    app, sock = prepare(conveyor, host=host, port=port, token=token, basic_auth=basic_auth, **options)
+    app, sock = prepare(conveyor, host=host, port=port, token=token, basic_auth=basic_auth,
+                        **options)
     if on_ready is not None:
         on_ready(url_of(sock, host, https=tls is not None))
     server = _server(app, log_level=log_level, tls=tls)
@@ -123,20 +128,22 @@ class RunningDashboard:
 
 def start_in_thread(conveyor: Conveyor, *, host: str = "127.0.0.1", port: int = 8000,
                     fallback_to_any_port: bool = False, token: str | None = None,
-                    basic_auth: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
-                    **options: Any) -> RunningDashboard:
+                    basic_auth: str | None = None, tls_cert: str | None = None,
+                    tls_key: str | None = None, **options: Any) -> RunningDashboard:
     """Serve on a daemon thread; returns once it accepts connections. With
     ``fallback_to_any_port``, a busy ``port`` makes it pick a free one instead of failing."""
     tls = tls_of(tls_cert, tls_key)
     try:
-        app, sock = prepare(conveyor, host=host, port=port, token=token, basic_auth=basic_auth, **options)
+        app, sock = prepare(conveyor, host=host, port=port, token=token, basic_auth=basic_auth,
+                            **options)
     except ConfigurationError:
         if not fallback_to_any_port or port == 0:
             raise
-        app, sock = prepare(conveyor, host=host, port=0, token=token, basic_auth=basic_auth, **options)
+        app, sock = prepare(conveyor, host=host, port=0, token=token, basic_auth=basic_auth,
+                            **options)
     server = _server(app, log_level="error", tls=tls)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="conveyor-dashboard",
-                              daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
+                              name="conveyor-dashboard", daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
     while not server.started and thread.is_alive() and time.monotonic() < deadline:

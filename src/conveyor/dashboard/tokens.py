@@ -28,11 +28,14 @@ def token_bits(token: str) -> float:
         pool = 16
     else:
         symbols = {c for c in token if not c.isalnum()}
+        symbol_pool = 2 if symbols <= {"-", "_"} else 33
         pool = (26 * any(c.islower() for c in token) + 26 * any(c.isupper() for c in token)
-                + 10 * any(c.isdigit() for c in token) + (2 if symbols <= {"-", "_"} else 33) * bool(symbols))
+                + 10 * any(c.isdigit() for c in token) + symbol_pool * bool(symbols))
     per_char = math.log2(max(pool, 2))
     one_case = token.lower() == token or token.upper() == token
-    words = {i for m in _WORD.finditer(token) for i in range(m.start(), m.end())} if one_case and pool != 16 else set()
+    words: set[int] = set()
+    if one_case and pool != 16:
+        words = {i for m in _WORD.finditer(token) for i in range(m.start(), m.end())}
     bits, i, run, step = 0.0, 0, 0, None
     while i < len(token):
         repeat = _repeat_length(token, i)

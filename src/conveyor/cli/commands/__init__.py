@@ -1,0 +1,2 @@
+"""The commands of ``conveyor``, one module per command or command group; ``conveyor.cli``
+registers them on the root group."""
