@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import datetime as dt
+import enum
 import functools
 import traceback
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
@@ -31,12 +32,20 @@ MAX_TRACEBACK_CHARS = 16_000
 MAX_TYPE_CHARS = 300
 
 
+class OutcomeKind(enum.StrEnum):
+    """What becomes of an attempt. A str enum: spans and logs show the same words as before."""
+
+    SUCCEEDED = "succeeded"  # with result JSON: the worker acks it
+    RETRY = "retry"  # after ``delay`` (the store makes it dead on the last attempt)
+    DEAD = "dead"
+    COMPLETED = "completed"  # the task committed its success through JobContext.transaction
+
+
 @dataclass(frozen=True)
 class Outcome:
-    """``succeeded`` (with result JSON), ``retry`` (after ``delay``), ``dead``, or ``completed``
-    (the task already committed its success through ``JobContext.transaction``)."""
+    """An attempt's outcome: its kind, and the result (JSON) or the error that goes with it."""
 
-    kind: str
+    kind: OutcomeKind
     result: str | None = None
     error: ErrorInfo | None = None
     delay: float = 0.0
@@ -45,7 +54,8 @@ class Outcome:
 class JobContext:
     """What a running task may know about its own job, and its transactional completion."""
 
-    def __init__(self, job: Job, backend: Backend | None = None, max_result_bytes: int | None = None) -> None:
+    def __init__(self, job: Job, backend: Backend | None = None,
+                 max_result_bytes: int | None = None) -> None:
         self.job = job
         self._backend = backend
         self._max_result_bytes = max_result_bytes  # of a step's result
@@ -90,11 +100,13 @@ class JobContext:
 
     @property
     def cron_tick(self) -> dt.datetime | None:
-        """For a job made by a cron schedule: the tick it was meant for, in the schedule's timezone."""
+        """For a job made by a cron schedule: the tick it was meant for, in the schedule's
+        timezone."""
         return tick_of(self.job)
 
     def once(self, step: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run ``fn(*args, **kwargs)`` at most once per job *to completion*, and remember its result.
+        """Run ``fn(*args, **kwargs)`` at most once per job *to completion*, and remember its
+        result.
 
         The first attempt that finishes the step records ``(job id, step) -> result`` in the
         store, bound to the job's ``uid``; a later attempt of the same job (a retry, or a
@@ -116,7 +128,8 @@ class JobContext:
         result = fn(*args, **kwargs)
         return self._record(step, result)  # type: ignore[no-any-return]
 
-    async def aonce(self, step: str, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+    async def aonce(self, step: str, fn: Callable[..., Awaitable[T]], *args: Any,
+                    **kwargs: Any) -> T:
         """``once`` for async code: ``await ctx.aonce("charge", charge_card, order_id)``."""
         if step in self._steps:
             return self._steps[step]  # type: ignore[no-any-return]
@@ -126,7 +139,8 @@ class JobContext:
 
     def _check_step(self, step: str) -> None:
         if not isinstance(step, str) or not payload.NAME_RE.fullmatch(step):
-            raise ConfigurationError(f"step name must match {payload.NAME_RE.pattern}, got {step!r}")
+            raise ConfigurationError(
+                f"step name must match {payload.NAME_RE.pattern}, got {step!r}")
         if self._backend is None:
             raise ConfigurationError("once() needs the job's store: it runs inside a worker")
 
@@ -163,10 +177,12 @@ class JobContext:
                 f"this job runs on {type(backend).__name__}"
             )
         if self.completed:
-            raise ConfigurationError("this job was already completed by an earlier transaction() block")
+            raise ConfigurationError(
+                "this job was already completed by an earlier transaction() block")
         token = self.job.lease_token
         assert token is not None
-        encoded = payload.encode_result(result, what=f"result of {self.job.task}", limit=self._max_result_bytes)
+        encoded = payload.encode_result(result, what=f"result of {self.job.task}",
+                                        limit=self._max_result_bytes)
         with store.completion_connection() as conn:
             self._connection = conn
             before = dict(self._steps)
@@ -184,7 +200,8 @@ class JobContext:
                 self._connection = None
 
 
-_current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar("conveyor_job", default=None)
+_current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar(
+    "conveyor_job", default=None)
 
 
 def current_job() -> JobContext | None:
@@ -210,13 +227,15 @@ def bounded(error: ErrorInfo) -> ErrorInfo:
     if (len(error.message) <= MAX_MESSAGE_CHARS and len(error.traceback) <= MAX_TRACEBACK_CHARS
             and len(error.type) <= MAX_TYPE_CHARS):
         return error
-    return replace(error, message=_clip(error.message, MAX_MESSAGE_CHARS), type=_clip(error.type, MAX_TYPE_CHARS),
+    return replace(error, message=_clip(error.message, MAX_MESSAGE_CHARS),
+                   type=_clip(error.type, MAX_TYPE_CHARS),
                    traceback=_clip(error.traceback, MAX_TRACEBACK_CHARS, keep_end=True))
 
 
 def error_from(exc: BaseException, kind: ErrorKind = "exception") -> ErrorInfo:
     cls = type(exc)
-    name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    name = (cls.__qualname__ if cls.__module__ == "builtins"
+            else f"{cls.__module__}.{cls.__qualname__}")
     tb = "".join(traceback.format_exception(exc))
     return bounded(ErrorInfo(kind=kind, type=name, message=str(exc), traceback=tb))
 
@@ -267,8 +286,8 @@ class Execution:
         """Everything of the attempt up to the task's start, callable from any thread; a sync
         task is handed to its thread here. The worker calls it on the thread its claim came
         back on, so the job starts without waiting for the event loop to take the claim's reply
-        (that hop was a fifth of an idle worker's enqueue-to-start latency). ``here``: called
-        on one of the pool's threads, run the task on that thread next (TaskThreads.submit)."""
+        (a thread hop that an idle worker's every job would pay). ``here``: called on one of
+        the pool's threads, run the task on that thread next (TaskThreads.submit)."""
         self._prepared = True
         self.span = tracing.start_attempt(self.job)
         self._early = self._check()
@@ -280,7 +299,8 @@ class Execution:
         if not task.is_async:
             call = functools.partial(_guard_sync, functools.partial(task.fn, *args, **kwargs))
             # Its timeout counts from here: the thread's future fails when it runs out.
-            self.thread = self.pool.submit(functools.partial(ctx.run, call), timeout=self.job.timeout, here=here)
+            self.thread = self.pool.submit(functools.partial(ctx.run, call),
+                                           timeout=self.job.timeout, here=here)
 
     async def run(self) -> Outcome:
         if not self._prepared:
@@ -290,7 +310,7 @@ class Execution:
             outcome = replace(outcome, error=bounded(outcome.error))
         if self.context is not None and self.context.completed:
             # Whatever happened after the transaction committed, the job is done.
-            outcome = Outcome("completed")
+            outcome = Outcome(OutcomeKind.COMPLETED)
         tracing.finish(self.span, outcome)
         return outcome
 
@@ -301,25 +321,25 @@ class Execution:
             # Checked before the task is looked up or anything of the job is used.
             problem = self.signer.problem(job.task, job.queue, job.args, job.meta)
             if problem is not None:
-                return Outcome("dead", error=ErrorInfo(
+                return Outcome(OutcomeKind.DEAD, error=ErrorInfo(
                     kind="bad_signature", type="conveyor.errors.SignatureInvalid", message=problem))
         task = self.tasks.get(job.task)
         if task is None:
-            return Outcome("dead", error=ErrorInfo(
+            return Outcome(OutcomeKind.DEAD, error=ErrorInfo(
                 kind="unknown_task", type="conveyor.errors.UnknownTask",
                 message=f"no task named {job.task!r} is registered in this worker; "
                         "deploy the code that defines it, then redrive the job",
             ))
         stored: object = job.args  # written by another process or version: check, don't trust
         if not isinstance(stored, dict):
-            return Outcome("dead", error=ErrorInfo(
+            return Outcome(OutcomeKind.DEAD, error=ErrorInfo(
                 kind="bad_arguments", type="conveyor.errors.ArgumentsError",
                 message=f"stored arguments are a {type(stored).__name__}, not an object",
             ))
         try:
             args, kwargs = task.rebuild_call(stored)
         except ArgumentsError as exc:
-            return Outcome("dead", error=error_from(exc, "bad_arguments"))
+            return Outcome(OutcomeKind.DEAD, error=error_from(exc, "bad_arguments"))
         ctx = self._base.copy() if self._base is not None else contextvars.copy_context()
         self.context = JobContext(job, self.backend, self.max_result_bytes)
         ctx.run(_current.set, self.context)
@@ -343,32 +363,37 @@ class Execution:
                 result = await thread.future  # fails with CallTimedOut when its timeout runs out
         except Retry as exc:
             delay = exc.delay if exc.delay is not None else task.retry_policy.delay(job.attempts)
-            return Outcome("retry", error=error_from(exc, "retry"), delay=delay)
+            return Outcome(OutcomeKind.RETRY, error=error_from(exc, "retry"), delay=delay)
         except Reject as exc:
-            return Outcome("dead", error=error_from(exc, "rejected"))
+            return Outcome(OutcomeKind.DEAD, error=error_from(exc, "rejected"))
         except (TimeoutError, CallTimedOut) as exc:
             if isinstance(exc, CallTimedOut) or (deadline is not None and deadline.expired()):
                 context.cancel()  # a sync task that checks current_job().cancelled stops now
-                return Outcome("retry", delay=task.retry_policy.delay(job.attempts), error=ErrorInfo(
+                left = self.thread is not None and not self.thread.done()
+                timeout = ErrorInfo(
                     kind="timeout", type="TimeoutError",
-                    message=f"task {job.task} did not finish within its timeout of {job.timeout:g}s"
-                            + ("; its thread was left running" if self.thread and not self.thread.done() else ""),
-                ))
-            return Outcome("retry", error=error_from(exc), delay=task.retry_policy.delay(job.attempts))
+                    message=f"task {job.task} did not finish within its timeout of "
+                            f"{job.timeout:g}s" + ("; its thread was left running" if left else ""),
+                )
+                return Outcome(OutcomeKind.RETRY, delay=task.retry_policy.delay(job.attempts),
+                               error=timeout)
+            return Outcome(OutcomeKind.RETRY, error=error_from(exc),
+                           delay=task.retry_policy.delay(job.attempts))
         except asyncio.CancelledError:
             raise
         except ResultTooLarge as exc:  # from ctx.once(): the step would return the same again
-            return Outcome("dead", error=error_from(exc, "result_too_large"))
+            return Outcome(OutcomeKind.DEAD, error=error_from(exc, "result_too_large"))
         except Exception as exc:
-            return Outcome("retry", error=error_from(exc), delay=task.retry_policy.delay(job.attempts))
+            return Outcome(OutcomeKind.RETRY, error=error_from(exc),
+                           delay=task.retry_policy.delay(job.attempts))
         try:
             encoded = "null" if result is None else payload.encode_result(
                 result, what=f"result of {job.task}", limit=self.max_result_bytes)
         except ResultTooLarge as exc:
             # Dead, not retried: it would return as much again. No traceback: it is ours.
-            return Outcome("dead", error=ErrorInfo(
+            return Outcome(OutcomeKind.DEAD, error=ErrorInfo(
                 kind="result_too_large", type="conveyor.errors.ResultTooLarge", message=str(exc)))
         except PayloadError as exc:
             # Running it again would produce the same unstorable result.
-            return Outcome("dead", error=error_from(exc, "bad_result"))
-        return Outcome("succeeded", result=encoded)
+            return Outcome(OutcomeKind.DEAD, error=error_from(exc, "bad_result"))
+        return Outcome(OutcomeKind.SUCCEEDED, result=encoded)

@@ -295,7 +295,7 @@ def test_tasks_see_the_context_the_worker_was_started_in(app: Conveyor) -> None:
 
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_a_stop_during_a_claim_gives_back_only_the_jobs_not_yet_started(app: Conveyor, when: str) -> None:
-    """A claim's first jobs start where the claim came back (Worker._prepare: on a store
+    """A claim's first jobs start where the claim came back (Runner.start_early: on a store
     thread, or on the loop with Backend.loop_claims). A stop that comes before they start
     gives every job of the claim back unrun; one that comes after lets the started ones
     finish (they are running jobs, and a graceful stop waits for those) and gives back the
@@ -309,7 +309,7 @@ def test_a_stop_during_a_claim_gives_back_only_the_jobs_not_yet_started(app: Con
     jobs = [note.enqueue(i) for i in range(4)]
     wt = WorkerThread(app, concurrency=2, prefetch=2)
     worker = wt.worker
-    real = worker._prepare
+    real = worker.runner.start_early
     calls: list[int] = []
 
     def prepare(claimed: Any, startable: int) -> None:
@@ -328,7 +328,7 @@ def test_a_stop_during_a_claim_gives_back_only_the_jobs_not_yet_started(app: Con
         if when == "before":
             real(claimed, startable)
 
-    worker._prepare = prepare  # type: ignore[method-assign]
+    worker.runner.start_early = prepare  # type: ignore[method-assign]
     wt.start()
     wt.join()
 

@@ -39,7 +39,7 @@ def test_a_heartbeat_refused_because_the_ack_landed_is_not_a_lost_lease(
     caplog.set_level(logging.DEBUG, logger="conveyor")
     with running_worker(app, concurrency=2) as wt:
         worker = wt.worker
-        real_acked_all = worker._acked_all
+        real_acked_all = worker.completer.acks_done
 
         def acked_all(batch: Sequence[Any], held: Sequence[bool]) -> None:
             seen = beats["n"]
@@ -51,7 +51,7 @@ def test_a_heartbeat_refused_because_the_ack_landed_is_not_a_lost_lease(
 
             asyncio.get_running_loop().create_task(later())
 
-        worker._acked_all = acked_all  # type: ignore[method-assign]
+        worker.completer.acks_done = acked_all  # type: ignore[method-assign]
         jobs = [quick.enqueue(n) for n in range(3)]
         done = [wait_for_job(app, j.id, timeout=30) for j in jobs]
         wait_until(lambda: worker.counters.succeeded + worker.counters.lease_lost >= 3, timeout=30,

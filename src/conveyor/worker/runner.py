@@ -1,0 +1,152 @@
+"""Starting and running claimed jobs: a claimed job is admitted (started in a free slot, or held
+for one), its attempt starts (early, on the thread its claim came back on, where it can), its
+task runs, and its outcome goes to the completer."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, assert_never
+
+from .. import faultpoints
+from ..backends.base import Lease
+from ..executor import Execution, OutcomeKind
+from ..job import Job
+from .capacity import Running, RunPhase
+from .completer import log_job
+
+if TYPE_CHECKING:
+    from . import Worker
+
+log = logging.getLogger("conveyor.worker")
+
+
+class Runner:
+    """Admits claimed jobs, starts their attempts and runs them to an outcome."""
+
+    def __init__(self, w: Worker) -> None:
+        self.w = w
+        # Jobs whose attempt the claim's thread started (start_early), until admit takes them.
+        self.started_early: dict[int, Execution] = {}
+
+    def _execution(self, job: Job) -> Execution:
+        w = self.w
+        app = w.app
+        return Execution(job, app.tasks, w._pool, w.backend, app.signer, w._context,
+                         max_result_bytes=app.max_result_bytes)
+
+    def start_early(self, jobs: Sequence[Job], startable: int) -> None:
+        """Where a claim came back (a store thread, the idle waiter's task thread, or the loop
+        itself with Backend.loop_claims): start the first ``startable`` jobs' attempts (a sync
+        task is handed to a thread: on the idle wait's task thread, the first of them to that
+        very thread, which runs it when the wait returns), so a job does not wait for the loop
+        to take the claim's reply (a thread hop). The loop then finishes starting them first
+        thing (admit). A kill here is the same kill point as on the loop: the claim returned
+        jobs."""
+        if not jobs or startable <= 0:
+            return
+        faultpoints.hit("after_claim")
+        for job in jobs[:startable]:
+            if self.w.stopping:
+                return  # the loop gives the rest back unrun
+            execution = self._execution(job)
+            try:
+                # On a task thread (the idle wait's), the first sync task runs on it next.
+                execution.prepare(here=True)
+            except Exception:  # the loop's own start of the job meets it again and reports it
+                log.exception("job %d: could not start it on the claim's thread", job.id)
+                return
+            self.started_early[job.id] = execution
+
+    def admit(self, job: Job) -> None:
+        """Take a claimed job in: heartbeated from now on, started in a free slot or held."""
+        w = self.w
+        assert job.lease_token is not None
+        w.counters.claimed += 1
+        running = Running(job=job, lease=Lease(job.id, job.lease_token))
+        w.leases.jobs[job.id] = running  # heartbeated from now on, held or running
+        running.execution = self.started_early.pop(job.id, None)
+        if running.execution is not None:
+            self.start(running)  # already started; Capacity.startable kept it within concurrency
+        elif w.capacity.has_slot():
+            self.start(running)
+        else:
+            w.capacity.hold(running)
+
+    def start(self, running: Running) -> None:
+        """Give a job a slot and run its task there."""
+        w = self.w
+        assert w._loop is not None
+        w.capacity.busy += 1
+        running.move(RunPhase.RUNNING)
+        running.task = w._loop.create_task(self._run(running),
+                                           name=f"conveyor-job-{running.job.id}")
+
+    async def _run(self, running: Running) -> None:
+        w = self.w
+        job = running.job
+        execution = running.execution
+        if execution is None:
+            execution = self._execution(job)
+            running.execution = execution
+        log_job(w, logging.DEBUG, job, "started", "job %d %s attempt %d/%d started",
+                job.id, job.task, job.attempts, job.max_attempts)
+        if w.metrics is not None and job.attempted_at is not None:
+            w.metrics.lag_seconds.labels(job.queue).observe(max(0.0, job.attempted_at - job.run_at))
+        started = time.perf_counter()
+        # Its slot went back when the task finished, before the outcome landed.
+        slot_freed = False
+        try:
+            outcome = await execution.run()
+            running.move(RunPhase.FINISHING)  # only its outcome is left to write
+            if execution.thread is None or execution.thread.done():
+                # The slot is free for the next job while this one's outcome is written (the
+                # job counts as done only once that write is durable).
+                slot_freed = True
+                w.capacity.free_slot()
+            if w.metrics is not None:
+                w.metrics.run_seconds.labels(job.queue, job.task).observe(
+                    time.perf_counter() - started)
+            kind = outcome.kind
+            if kind is OutcomeKind.SUCCEEDED:
+                # Its ack is queued; the ack's answer settles the job (it stays heartbeated
+                # until then).
+                faultpoints.hit("before_ack")
+                w.completer.ack(running, outcome.result)
+                return
+            if (kind is OutcomeKind.COMPLETED or kind is OutcomeKind.RETRY
+                    or kind is OutcomeKind.DEAD):
+                await w.completer.write_outcome(running, outcome)
+            else:
+                assert_never(kind)
+            # Before anything else runs: no heartbeat may count it lost now.
+            running.move(RunPhase.SETTLED)
+        except asyncio.CancelledError:
+            if not running.lost and not w.stopping:
+                raise
+        except Exception:
+            log.exception("job %d: unexpected error in the worker", job.id)
+        finally:
+            if not running.acking:
+                w.completer.settle(running)
+            thread = execution.thread
+            if slot_freed:
+                pass
+            elif thread is not None and not thread.done():
+                # A sync task can't be stopped (timeout, lost lease, shutdown): its slot stays
+                # busy until the thread returns, so capacity shown is capacity real.
+                log.warning("job %d: its thread is still running (%s); the slot stays busy "
+                            "until it returns", job.id,
+                            "lease lost" if running.lost else "timed out")
+                w.capacity.stuck_changed(job.id, stuck=True)
+
+                def returned(_: object, job_id: int = job.id) -> None:
+                    loop = w._loop
+                    if loop and not loop.is_closed():
+                        loop.call_soon_threadsafe(w.capacity.unstuck, job_id)
+
+                thread.add_done_callback(returned)
+            else:
+                w.capacity.free_slot()
