@@ -60,6 +60,9 @@ DESCRIPTIONS: dict[str, str] = {
     "Conveyor.__init__.dead_ttl": "Seconds dead jobs are kept; `None` keeps them until purged.",
     "Conveyor.__init__.pool_size": "PostgreSQL only: fixes the connection pool's size (as "
     "`?pool_max_size=` in the URL). Default: 10 plus the concurrency of the workers in the process.",
+    "Conveyor.__init__.include": "Modules that define the app's tasks, e.g. `[\"myapp.tasks\"]`: "
+    "imported by workers and by the commands that need the tasks (`enqueue`, `cron list`, the "
+    "dashboard). See [tasks in several modules](../concepts.md#tasks-in-several-modules).",
     # @app.task(...)
     "Conveyor.task.name": "Name stored in each job. Default `module.function`; set it to keep jobs "
     "runnable when the function moves.",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
@@ -11,7 +13,7 @@ from . import payload
 from .backends import absolute_url, open_backend, redact_url
 from .backends.base import Backend
 from .cron import Schedule
-from .errors import ConfigurationError, InvalidName, JobNotFound, UnknownTask
+from .errors import ConfigurationError, IncludeError, InvalidName, JobNotFound, UnknownTask
 from .job import Job
 from .payload import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_RESULT_BYTES, check_queue_name
 from .retry import RetryPolicy
@@ -25,6 +27,21 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 DEFAULT_URL = "sqlite:///conveyor.db"
+# What ``include`` accepts: a dotted module name, as ``import`` takes it.
+_MODULE_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def _check_include(include: Sequence[str]) -> tuple[str, ...]:
+    # A bare string would be iterated as one module per character.
+    if isinstance(include, str) or not isinstance(include, Sequence):
+        raise ConfigurationError(
+            f"include must be a list of module names, e.g. ['myapp.tasks'], got {include!r}")
+    for module in include:
+        if not isinstance(module, str) or not _MODULE_RE.fullmatch(module):
+            raise ConfigurationError(
+                f"include: {module!r} is not a module name (dotted, as `import` takes it, "
+                "e.g. 'myapp.tasks')")
+    return tuple(include)
 
 
 class Conveyor:
@@ -42,6 +59,10 @@ class Conveyor:
     ``pool_size`` fixes PostgreSQL's connection pool (default: 10 plus the concurrency of the
     workers running in the process; ``?pool_max_size=`` in the URL does the same); only
     PostgreSQL has one to size.
+    ``include`` names the modules that define the app's tasks (``["myapp.tasks",
+    "myapp.billing.tasks"]``): a worker, and the commands that need the tasks (``enqueue``,
+    ``cron list``), import them (:meth:`import_includes`), so tasks may live in any module
+    without the app module importing them all.
     """
 
     def __init__(
@@ -60,7 +81,9 @@ class Conveyor:
         signing_key: str | bytes | None = None,
         verify_keys: Sequence[str | bytes] = (),
         pool_size: int | None = None,
+        include: Sequence[str] = (),
     ) -> None:
+        self.include = _check_include(include)
         self.url = url or os.environ.get("CONVEYOR_URL") or DEFAULT_URL
         if pool_size is not None and (isinstance(pool_size, bool) or not isinstance(pool_size, int)
                                       or pool_size < 1):
@@ -114,6 +137,35 @@ class Conveyor:
                 if self._backend is None:
                     self._backend = open_backend(self.url, pool_size=self.pool_size)
         return self._backend
+
+    def import_includes(self) -> dict[str, list[str]]:
+        """Import the modules of ``include`` (each once, as ``import`` does) and return the
+        tasks each defines, by name. A module that fails to import raises IncludeError (a
+        ConfigurationError) naming it, with the module's exception as its ``__cause__``."""
+        for module in self.include:
+            try:
+                importlib.import_module(module)
+            except Exception as exc:
+                raise IncludeError(module, exc) from exc
+        by_module = self.tasks_by_module()
+        return {module: by_module.get(module, []) for module in self.include}
+
+    def tasks_by_module(self) -> dict[str, list[str]]:
+        """The registered tasks' names, sorted, by the module that defines each function."""
+        out: dict[str, list[str]] = {}
+        for name, t in sorted(self.tasks.items()):
+            out.setdefault(getattr(t.fn, "__module__", None) or "?", []).append(name)
+        return out
+
+    def task_listing(self) -> list[str]:
+        """``tasks from <module>: <names>`` per module (names shown without the module's prefix),
+        an ``include`` module without tasks too: what a worker logs when it starts."""
+        by_module = self.tasks_by_module()
+        for module in self.include:
+            by_module.setdefault(module, [])
+        return [f"tasks from {module}: "
+                + (", ".join(n.removeprefix(f"{module}.") for n in names) or "none")
+                for module, names in by_module.items()]
 
     @overload
     def task(self, fn: Callable[P, R]) -> Task[P, R]: ...
