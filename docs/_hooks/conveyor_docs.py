@@ -71,6 +71,11 @@ DESCRIPTIONS: dict[str, str] = {
     "Conveyor.task.timeout": "Seconds one attempt may run (default: the app's `default_timeout`).",
     "Conveyor.task.priority": "Default priority of its jobs: lower runs first (-32768..32767).",
     "Conveyor.task.retry": "Its `RetryPolicy` (default: the app's).",
+    "*.retry_on": "Exception classes that are retried (and their subclasses); any other goes dead "
+    "at once (a timeout counts as a `TimeoutError`). Default: every exception is retried. See "
+    "the Retries page.",
+    "*.dead_on": "Exception classes that go dead at once, whatever `retry_on` says. See the "
+    "Retries page.",
     # .options(...)
     "Task.options.delay": "Run no earlier than this many seconds (or a `timedelta`) from now.",
     "Task.options.run_at": "Run no earlier than this aware `datetime` (or unix time).",

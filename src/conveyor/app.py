@@ -16,7 +16,7 @@ from .cron import Schedule
 from .errors import ConfigurationError, IncludeError, InvalidName, JobNotFound, UnknownTask
 from .job import Job
 from .payload import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_RESULT_BYTES, check_queue_name
-from .retry import RetryPolicy
+from .retry import ExceptionFilter, RetryPolicy, exception_classes
 from .signing import Signer
 from .task import Task
 
@@ -175,6 +175,7 @@ class Conveyor:
         self, *, name: str | None = None, queue: str | None = None, max_attempts: int | None = None,
         timeout: float | None = None, priority: int = 0, retry: RetryPolicy | None = None,
         concurrency_limit: int | None = None, rate_limit: str | tuple[int, float] | None = None,
+        retry_on: ExceptionFilter | None = None, dead_on: ExceptionFilter | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -183,6 +184,7 @@ class Conveyor:
         priority: int = 0,
         retry: RetryPolicy | None = None, concurrency_limit: int | None = None,
         rate_limit: str | tuple[int, float] | None = None,
+        retry_on: ExceptionFilter | None = None, dead_on: ExceptionFilter | None = None,
     ) -> Any:
         """Register a function as a task: ``@app.task`` or
         ``@app.task(queue="emails", max_attempts=5)``.
@@ -191,7 +193,14 @@ class Conveyor:
         ``rate_limit="100/m"``: at most 100 start per minute. Both are kept by the store and
         keyed by the task's name; per call, ``options(concurrency_key=..., rate_key=...)``
         limits by another key (a customer, an API) instead.
+
+        ``retry_on=(ConnectionError, TimeoutError)``: only these exceptions (and their
+        subclasses) are retried, any other goes dead at once; ``dead_on=(ValueError,)``: these
+        go dead at once whatever ``retry_on`` says. A timeout counts as a TimeoutError;
+        ``raise Retry`` is always retried. Exception classes only, checked here.
         """
+        retry_filter = exception_classes(retry_on, "retry_on") if retry_on is not None else None
+        dead_filter = exception_classes(dead_on, "dead_on") if dead_on is not None else ()
 
         def register(f: Callable[..., Any]) -> Task[Any, Any]:
             task_name = name if name is not None else f"{f.__module__}.{f.__qualname__}"
@@ -205,6 +214,7 @@ class Conveyor:
                 timeout=timeout if timeout is not None else self.default_timeout,
                 priority=priority, retry=retry or self.retry_policy,
                 concurrency_limit=concurrency_limit, rate_limit=rate_limit,
+                retry_on=retry_filter, dead_on=dead_filter,
             )
             self.tasks[task_name] = t
             return t
@@ -215,18 +225,18 @@ class Conveyor:
         self, expression: str, *, name: str | None = None, timezone: str = "UTC",
         kwargs: dict[str, Any] | None = None, priority: int = 0, queue: str | None = None,
         max_attempts: int | None = None, timeout: float | None = None,
-        retry: RetryPolicy | None = None,
+        retry: RetryPolicy | None = None, retry_on: ExceptionFilter | None = None,
+        dead_on: ExceptionFilter | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]:
         """Register a function as a task and enqueue it at every tick of a cron expression:
         ``@app.cron("*/5 * * * *", timezone="Europe/Paris")``. The schedule is named after the
         task unless ``name`` is given; ``kwargs`` are passed to every run. Workers run the
         scheduler; see :mod:`conveyor.cron` for the misfire and daylight-saving rules."""
+        as_task = self.task(queue=queue, max_attempts=max_attempts, timeout=timeout,
+                            priority=priority, retry=retry, retry_on=retry_on, dead_on=dead_on)
 
         def register(f: Callable[P, R]) -> Task[P, R]:
-            t = f if isinstance(f, Task) else self.task(
-                queue=queue, max_attempts=max_attempts, timeout=timeout, priority=priority,
-                retry=retry,
-            )(f)
+            t = f if isinstance(f, Task) else as_task(f)
             self.schedule(t, expression, name=name, timezone=timezone, kwargs=kwargs,
                           priority=priority)
             return t
