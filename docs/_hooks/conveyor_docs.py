@@ -60,6 +60,9 @@ DESCRIPTIONS: dict[str, str] = {
     "Conveyor.__init__.dead_ttl": "Seconds dead jobs are kept; `None` keeps them until purged.",
     "Conveyor.__init__.pool_size": "PostgreSQL only: fixes the connection pool's size (as "
     "`?pool_max_size=` in the URL). Default: 10 plus the concurrency of the workers in the process.",
+    "Conveyor.__init__.include": "Modules that define the app's tasks, e.g. `[\"myapp.tasks\"]`: "
+    "imported by workers and by the commands that need the tasks (`enqueue`, `cron list`, the "
+    "dashboard). See [tasks in several modules](../concepts.md#tasks-in-several-modules).",
     # @app.task(...)
     "Conveyor.task.name": "Name stored in each job. Default `module.function`; set it to keep jobs "
     "runnable when the function moves.",
@@ -68,6 +71,11 @@ DESCRIPTIONS: dict[str, str] = {
     "Conveyor.task.timeout": "Seconds one attempt may run (default: the app's `default_timeout`).",
     "Conveyor.task.priority": "Default priority of its jobs: lower runs first (-32768..32767).",
     "Conveyor.task.retry": "Its `RetryPolicy` (default: the app's).",
+    "*.retry_on": "Exception classes that are retried (and their subclasses); any other goes dead "
+    "at once (a timeout counts as a `TimeoutError`). Default: every exception is retried. See "
+    "the Retries page.",
+    "*.dead_on": "Exception classes that go dead at once, whatever `retry_on` says. See the "
+    "Retries page.",
     # .options(...)
     "Task.options.delay": "Run no earlier than this many seconds (or a `timedelta`) from now.",
     "Task.options.run_at": "Run no earlier than this aware `datetime` (or unix time).",

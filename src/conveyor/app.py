@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
@@ -11,10 +13,10 @@ from . import payload
 from .backends import absolute_url, open_backend, redact_url
 from .backends.base import Backend
 from .cron import Schedule
-from .errors import ConfigurationError, InvalidName, JobNotFound, UnknownTask
+from .errors import ConfigurationError, IncludeError, InvalidName, JobNotFound, UnknownTask
 from .job import Job
 from .payload import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_RESULT_BYTES, check_queue_name
-from .retry import RetryPolicy
+from .retry import ExceptionFilter, RetryPolicy, exception_classes
 from .signing import Signer
 from .task import Task
 
@@ -25,6 +27,21 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 DEFAULT_URL = "sqlite:///conveyor.db"
+# What ``include`` accepts: a dotted module name, as ``import`` takes it.
+_MODULE_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def _check_include(include: Sequence[str]) -> tuple[str, ...]:
+    # A bare string would be iterated as one module per character.
+    if isinstance(include, str) or not isinstance(include, Sequence):
+        raise ConfigurationError(
+            f"include must be a list of module names, e.g. ['myapp.tasks'], got {include!r}")
+    for module in include:
+        if not isinstance(module, str) or not _MODULE_RE.fullmatch(module):
+            raise ConfigurationError(
+                f"include: {module!r} is not a module name (dotted, as `import` takes it, "
+                "e.g. 'myapp.tasks')")
+    return tuple(include)
 
 
 class Conveyor:
@@ -42,6 +59,10 @@ class Conveyor:
     ``pool_size`` fixes PostgreSQL's connection pool (default: 10 plus the concurrency of the
     workers running in the process; ``?pool_max_size=`` in the URL does the same); only
     PostgreSQL has one to size.
+    ``include`` names the modules that define the app's tasks (``["myapp.tasks",
+    "myapp.billing.tasks"]``): a worker, and the commands that need the tasks (``enqueue``,
+    ``cron list``), import them (:meth:`import_includes`), so tasks may live in any module
+    without the app module importing them all.
     """
 
     def __init__(
@@ -60,7 +81,9 @@ class Conveyor:
         signing_key: str | bytes | None = None,
         verify_keys: Sequence[str | bytes] = (),
         pool_size: int | None = None,
+        include: Sequence[str] = (),
     ) -> None:
+        self.include = _check_include(include)
         self.url = url or os.environ.get("CONVEYOR_URL") or DEFAULT_URL
         if pool_size is not None and (isinstance(pool_size, bool) or not isinstance(pool_size, int)
                                       or pool_size < 1):
@@ -115,6 +138,35 @@ class Conveyor:
                     self._backend = open_backend(self.url, pool_size=self.pool_size)
         return self._backend
 
+    def import_includes(self) -> dict[str, list[str]]:
+        """Import the modules of ``include`` (each once, as ``import`` does) and return the
+        tasks each defines, by name. A module that fails to import raises IncludeError (a
+        ConfigurationError) naming it, with the module's exception as its ``__cause__``."""
+        for module in self.include:
+            try:
+                importlib.import_module(module)
+            except Exception as exc:
+                raise IncludeError(module, exc) from exc
+        by_module = self.tasks_by_module()
+        return {module: by_module.get(module, []) for module in self.include}
+
+    def tasks_by_module(self) -> dict[str, list[str]]:
+        """The registered tasks' names, sorted, by the module that defines each function."""
+        out: dict[str, list[str]] = {}
+        for name, t in sorted(self.tasks.items()):
+            out.setdefault(getattr(t.fn, "__module__", None) or "?", []).append(name)
+        return out
+
+    def task_listing(self) -> list[str]:
+        """``tasks from <module>: <names>`` per module (names shown without the module's prefix),
+        an ``include`` module without tasks too: what a worker logs when it starts."""
+        by_module = self.tasks_by_module()
+        for module in self.include:
+            by_module.setdefault(module, [])
+        return [f"tasks from {module}: "
+                + (", ".join(n.removeprefix(f"{module}.") for n in names) or "none")
+                for module, names in by_module.items()]
+
     @overload
     def task(self, fn: Callable[P, R]) -> Task[P, R]: ...
 
@@ -123,6 +175,7 @@ class Conveyor:
         self, *, name: str | None = None, queue: str | None = None, max_attempts: int | None = None,
         timeout: float | None = None, priority: int = 0, retry: RetryPolicy | None = None,
         concurrency_limit: int | None = None, rate_limit: str | tuple[int, float] | None = None,
+        retry_on: ExceptionFilter | None = None, dead_on: ExceptionFilter | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -131,6 +184,7 @@ class Conveyor:
         priority: int = 0,
         retry: RetryPolicy | None = None, concurrency_limit: int | None = None,
         rate_limit: str | tuple[int, float] | None = None,
+        retry_on: ExceptionFilter | None = None, dead_on: ExceptionFilter | None = None,
     ) -> Any:
         """Register a function as a task: ``@app.task`` or
         ``@app.task(queue="emails", max_attempts=5)``.
@@ -139,7 +193,14 @@ class Conveyor:
         ``rate_limit="100/m"``: at most 100 start per minute. Both are kept by the store and
         keyed by the task's name; per call, ``options(concurrency_key=..., rate_key=...)``
         limits by another key (a customer, an API) instead.
+
+        ``retry_on=(ConnectionError, TimeoutError)``: only these exceptions (and their
+        subclasses) are retried, any other goes dead at once; ``dead_on=(ValueError,)``: these
+        go dead at once whatever ``retry_on`` says. A timeout counts as a TimeoutError;
+        ``raise Retry`` is always retried. Exception classes only, checked here.
         """
+        retry_filter = exception_classes(retry_on, "retry_on") if retry_on is not None else None
+        dead_filter = exception_classes(dead_on, "dead_on") if dead_on is not None else ()
 
         def register(f: Callable[..., Any]) -> Task[Any, Any]:
             task_name = name if name is not None else f"{f.__module__}.{f.__qualname__}"
@@ -153,6 +214,7 @@ class Conveyor:
                 timeout=timeout if timeout is not None else self.default_timeout,
                 priority=priority, retry=retry or self.retry_policy,
                 concurrency_limit=concurrency_limit, rate_limit=rate_limit,
+                retry_on=retry_filter, dead_on=dead_filter,
             )
             self.tasks[task_name] = t
             return t
@@ -163,18 +225,18 @@ class Conveyor:
         self, expression: str, *, name: str | None = None, timezone: str = "UTC",
         kwargs: dict[str, Any] | None = None, priority: int = 0, queue: str | None = None,
         max_attempts: int | None = None, timeout: float | None = None,
-        retry: RetryPolicy | None = None,
+        retry: RetryPolicy | None = None, retry_on: ExceptionFilter | None = None,
+        dead_on: ExceptionFilter | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]:
         """Register a function as a task and enqueue it at every tick of a cron expression:
         ``@app.cron("*/5 * * * *", timezone="Europe/Paris")``. The schedule is named after the
         task unless ``name`` is given; ``kwargs`` are passed to every run. Workers run the
         scheduler; see :mod:`conveyor.cron` for the misfire and daylight-saving rules."""
+        as_task = self.task(queue=queue, max_attempts=max_attempts, timeout=timeout,
+                            priority=priority, retry=retry, retry_on=retry_on, dead_on=dead_on)
 
         def register(f: Callable[P, R]) -> Task[P, R]:
-            t = f if isinstance(f, Task) else self.task(
-                queue=queue, max_attempts=max_attempts, timeout=timeout, priority=priority,
-                retry=retry,
-            )(f)
+            t = f if isinstance(f, Task) else as_task(f)
             self.schedule(t, expression, name=name, timezone=timezone, kwargs=kwargs,
                           priority=priority)
             return t

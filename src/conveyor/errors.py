@@ -63,6 +63,15 @@ class ConfigurationError(ConveyorError, ValueError):
     """A URL, option or argument to Conveyor itself is wrong."""
 
 
+class IncludeError(ConfigurationError):
+    """A module of ``Conveyor(include=...)`` failed to import; its exception is the cause."""
+
+    def __init__(self, module: str, exc: BaseException) -> None:
+        what = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        super().__init__(f"cannot import {module}: {type(exc).__name__}: {what}")
+        self.module = module
+
+
 class Retry(Exception):
     """Raise inside a task to ask for another attempt after ``delay`` seconds.
 

@@ -240,6 +240,30 @@ def error_from(exc: BaseException, kind: ErrorKind = "exception") -> ErrorInfo:
     return bounded(ErrorInfo(kind=kind, type=name, message=str(exc), traceback=tb))
 
 
+def failed(task: Task[Any, Any], cls: type[BaseException], error: ErrorInfo,
+           attempt: int) -> Outcome:
+    """The outcome of an attempt that failed with ``cls``: retried after the task's backoff
+    (the store makes it dead on the last attempt), unless the task's ``dead_on`` lists it or
+    its ``retry_on`` does not, as Celery's autoretry_for/dont_autoretry_for and Dramatiq's
+    retry_when decide. Then it is dead at once, and its error's kind and message say why."""
+    if any(issubclass(cls, c) for c in task.dead_on):
+        kind: ErrorKind = "dead_on"
+        why = f"{cls.__name__} is in dead_on ({_names(task.dead_on)})"
+    elif task.retry_on is not None and not any(issubclass(cls, c) for c in task.retry_on):
+        kind = "not_in_retry_on"
+        why = f"{cls.__name__} is not in retry_on ({_names(task.retry_on)})"
+    else:
+        return Outcome(OutcomeKind.RETRY, error=error, delay=task.retry_policy.delay(attempt))
+    note = f" [not retried: {why}]"
+    # The note survives the clipping of a long message: it is what the reader looks for.
+    message = _clip(error.message, max(MAX_MESSAGE_CHARS - len(note), 100)) + note
+    return Outcome(OutcomeKind.DEAD, error=replace(error, kind=kind, message=message))
+
+
+def _names(classes: tuple[type[BaseException], ...]) -> str:
+    return ", ".join(c.__name__ for c in classes)
+
+
 class TaskExit(Exception):
     """A task called ``sys.exit()``: that fails its job, never the worker."""
 
@@ -375,17 +399,15 @@ class Execution:
                     message=f"task {job.task} did not finish within its timeout of "
                             f"{job.timeout:g}s" + ("; its thread was left running" if left else ""),
                 )
-                return Outcome(OutcomeKind.RETRY, delay=task.retry_policy.delay(job.attempts),
-                               error=timeout)
-            return Outcome(OutcomeKind.RETRY, error=error_from(exc),
-                           delay=task.retry_policy.delay(job.attempts))
+                # To the filters a timeout is a TimeoutError: its stored type says so too.
+                return failed(task, TimeoutError, timeout, job.attempts)
+            return failed(task, type(exc), error_from(exc), job.attempts)
         except asyncio.CancelledError:
             raise
         except ResultTooLarge as exc:  # from ctx.once(): the step would return the same again
             return Outcome(OutcomeKind.DEAD, error=error_from(exc, "result_too_large"))
         except Exception as exc:
-            return Outcome(OutcomeKind.RETRY, error=error_from(exc),
-                           delay=task.retry_policy.delay(job.attempts))
+            return failed(task, type(exc), error_from(exc), job.attempts)
         try:
             encoded = "null" if result is None else payload.encode_result(
                 result, what=f"result of {job.task}", limit=self.max_result_bytes)

@@ -1,4 +1,4 @@
-"""Retry policy: exponential backoff with full jitter.
+"""Retry policy: exponential backoff with full jitter; and which exceptions are retried.
 
 Full jitter (a uniform draw between 0 and the exponential ceiling) spreads a burst of
 failures out instead of retrying them in lock-step against a struggling dependency.
@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from .errors import ConfigurationError, Reject, Retry
+
+ExceptionClasses = tuple[type[Exception], ...]
+# What retry_on/dead_on accept: one exception class or a sequence of them.
+ExceptionFilter = type[Exception] | Sequence[type[Exception]]
 
 
 @dataclass(frozen=True)
@@ -56,3 +63,22 @@ class RetryPolicy:
 
 
 DEFAULT_RETRY_POLICY = RetryPolicy()
+
+
+def exception_classes(value: ExceptionFilter, what: str) -> ExceptionClasses:
+    """A task's ``retry_on``/``dead_on`` as a tuple of exception classes (one class is a tuple
+    of one), checked when the task is declared: a typo then fails at import, not at the first
+    failure in production. Retry and Reject are refused: they already say what to do."""
+    items = value if isinstance(value, list | tuple) else (value,)
+    for cls in items:
+        if not isinstance(cls, type) or not issubclass(cls, Exception):
+            # A BaseException that is not an Exception (KeyboardInterrupt, SystemExit) never
+            # reaches a task's outcome: it stops the worker, or is made a TaskExit.
+            raise ConfigurationError(
+                f"{what} must be exception classes (subclasses of Exception), e.g. "
+                f"(ConnectionError, TimeoutError); got {cls!r} in {value!r}")
+        if issubclass(cls, Retry | Reject):
+            raise ConfigurationError(
+                f"{what}: {cls.__name__} is not a failure to filter; raising it already "
+                "decides (Retry: another attempt, Reject: dead at once)")
+    return tuple(items)

@@ -19,7 +19,7 @@ from . import payload, signing, tracing
 from .backends.base import Backend, EnqueueResult, NewJob, TransactionalStore, transactional
 from .errors import ArgumentsError, ConfigurationError, JobNotFound, PayloadError, QueueFull
 from .job import Job, JobState, fast_constructor
-from .retry import RetryPolicy
+from .retry import ExceptionClasses, RetryPolicy
 
 if TYPE_CHECKING:
     from .app import Conveyor
@@ -403,11 +403,16 @@ class Task(_Enqueuer[P, R]):
         self, app: Conveyor, fn: Callable[P, R], *, name: str, queue: str, max_attempts: int,
         timeout: float, priority: int, retry: RetryPolicy, concurrency_limit: int | None = None,
         rate_limit: str | tuple[int, float] | None = None,
+        retry_on: ExceptionClasses | None = None, dead_on: ExceptionClasses = (),
     ) -> None:
         self.app = app
         self.fn = fn
         self.name = payload.check_task_name(name)
         self.retry_policy = retry
+        # Which failures are retried (None: all) and which go dead at once: read by the
+        # worker when an attempt fails (executor.Execution), never stored with the job.
+        self.retry_on = retry_on
+        self.dead_on = dead_on
         self.is_async = inspect.iscoroutinefunction(fn)
         self.signature = inspect.signature(fn)
         self.plain_parameters = payload.plain_parameters(self.signature)

@@ -20,6 +20,8 @@ ErrorKind = Literal[
     "bad_result",  # the task's result cannot be stored (not JSON)
     "result_too_large",  # the task's or a step's result is over the size limit
     "lease_expired",  # written by the stores' reap, never by the worker
+    "dead_on",  # the exception is in the task's dead_on: dead at once
+    "not_in_retry_on",  # the task has a retry_on and the exception is not in it: dead at once
 ]
 
 

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from ..app import Conveyor
 from ..backends import sqlite_path
-from ..errors import InvalidName
+from ..errors import IncludeError, InvalidName
 from ..payload import check_queue_name, check_task_name
 
 # Job data is printed as written: a:smile: stays text.
@@ -61,6 +61,21 @@ def _shown_path(path: str) -> str:
     return path if relative.startswith("..") else relative
 
 
+def import_failure(module_name: str, exc: BaseException, *, verbose: bool) -> CliError:
+    """The one-line error for a module that raised ``exc`` at import (the app's module or one
+    of its ``include``); ``verbose`` prints the traceback first."""
+    if verbose:
+        click.echo("".join(traceback.format_exception(exc)).rstrip(), err=True)
+    if isinstance(exc, SyntaxError):
+        what = exc.msg
+    else:
+        what = str(exc).strip().splitlines()[0] if str(exc) else ""
+    where = _where(exc)
+    return CliError(f"cannot import {module_name}: {type(exc).__name__}: {what}"
+                    + (f" ({where})" if where else "")
+                    + ("" if verbose else "; --verbose for the traceback"))
+
+
 def load_app(spec: str, *, verbose: bool = False) -> Conveyor:
     """``package.module:attribute`` to the Conveyor instance it names.
 
@@ -76,16 +91,7 @@ def load_app(spec: str, *, verbose: bool = False) -> Conveyor:
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
-        if verbose:
-            click.echo("".join(traceback.format_exception(exc)).rstrip(), err=True)
-        if isinstance(exc, SyntaxError):
-            what = exc.msg
-        else:
-            what = str(exc).strip().splitlines()[0] if str(exc) else ""
-        where = _where(exc)
-        raise CliError(f"cannot import {module_name}: {type(exc).__name__}: {what}"
-                       + (f" ({where})" if where else "")
-                       + ("" if verbose else "; --verbose for the traceback")) from None
+        raise import_failure(module_name, exc, verbose=verbose) from None
     app = getattr(module, attr or "app", None)
     if not isinstance(app, Conveyor):
         raise click.UsageError(
@@ -101,19 +107,27 @@ class Ctx:
         self.log_format = "text"
         self.verbose = False
         self._app: Conveyor | None = None
+        self._loaded_app: Conveyor | None = None
 
     @property
     def app(self) -> Conveyor:
         if self._app is None:
+            app = self._loaded()
+            self._check_store(app)
+            self._app = app
+        return self._app
+
+    def _loaded(self) -> Conveyor:
+        """The app of --app (with --url applied), before its store is looked at."""
+        if self._loaded_app is None:
             if self.app_spec:
                 app = load_app(self.app_spec, verbose=self.verbose)
                 if self.url:
                     app.url = self.url
             else:
                 app = Conveyor(self.url)
-            self._check_store(app)
-            self._app = app
-        return self._app
+            self._loaded_app = app
+        return self._loaded_app
 
     def _check_store(self, app: Conveyor) -> None:
         """A SQLite file that does not exist yet: commands that only read refuse to create an
@@ -142,9 +156,20 @@ class Ctx:
                        "or create this one with `conveyor migrate`")
 
     def require_tasks(self, what: str) -> Conveyor:
+        """The app with every task registered: its ``include`` modules imported."""
         if not self.app_spec:
             raise click.UsageError(
                 f"{what} needs --app module:attribute (or $CONVEYOR_APP) to know the tasks")
+        return self.app_with_tasks()
+
+    def app_with_tasks(self) -> Conveyor:
+        """The app, with the modules of its ``include`` imported (none without --app)."""
+        try:
+            # Before the store is looked at: a task module that fails creates no empty store.
+            self._loaded().import_includes()
+        except IncludeError as exc:
+            cause = exc.__cause__ if exc.__cause__ is not None else exc
+            raise import_failure(exc.module, cause, verbose=self.verbose) from None
         return self.app
 
 

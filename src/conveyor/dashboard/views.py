@@ -42,6 +42,8 @@ ERROR_OUTCOMES = {"timeout": ("timed out", "warn"), "lease_expired": ("lease exp
                   "rejected": ("rejected", "bad"), "retry": ("asked to retry", "warn"),
                   "unknown_task": ("unknown task", "bad"),
                   "bad_arguments": ("bad arguments", "bad"),
+                  "dead_on": ("not retried (dead_on)", "bad"),
+                  "not_in_retry_on": ("not retried (retry_on)", "bad"),
                   "cancelled": ("cancelled", "muted")}
 
 

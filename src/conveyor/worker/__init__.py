@@ -118,6 +118,7 @@ class Worker:
         if not prefetch_hold > 0:
             raise ConfigurationError(f"prefetch_hold must be > 0 seconds, got {prefetch_hold!r}")
         self.app = app
+        app.import_includes()  # the tasks of other modules register before any job is claimed
         self.weights = parse_queues(queues)
         self.strict = strict  # strict priority between queues instead of weighted sharing
         self.scheduler = scheduler  # run the app's cron schedules here too (safe in every worker)
@@ -236,6 +237,8 @@ class Worker:
         log.info("worker %s started: queues %s, concurrency %d, lease %gs",
                  self.id, ",".join(f"{q}:{w}" for q, w in self.weights.items()),
                  self.concurrency, self.lease_s)
+        for line in self.app.task_listing():
+            log.info("worker %s %s", self.id, line)
         helpers = [
             loop.create_task(self.completer.ack_loop(), name="conveyor-acks"),
             loop.create_task(self.leases.heartbeat_loop(), name="conveyor-heartbeat"),

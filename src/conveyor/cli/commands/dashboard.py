@@ -63,7 +63,8 @@ def dashboard_cmd(obj: Ctx, host: str, port: int, token: str | None, basic_auth:
                    "Ctrl-C stops", err=True)
 
     try:
-        serve(obj.app, host=host, port=port, token=token or None, basic_auth=basic_auth or None,
+        serve(obj.app_with_tasks(), host=host, port=port, token=token or None,
+              basic_auth=basic_auth or None,
               allowed_hosts=allowed_hosts, forwarded_allow_ips=forwarded_allow_ips or None,
               tls_cert=tls_cert, tls_key=tls_key, secret=secret or None,
               sample_interval=sample_interval, on_ready=ready)
