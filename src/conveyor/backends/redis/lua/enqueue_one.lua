@@ -6,13 +6,14 @@
 -- and leaves its index entries in the queue's inbox (fold_inbox in _core.lua), to be written
 -- in bulk by the next script given the queue. Once folded, the store holds exactly what
 -- enqueue.lua writes for such a job (tests/redis/test_enqueue_one.py compares the two).
--- KEYS: P:job:, P:jobs, P:state:available, P:queues, P:ids, then the queue's available, jobs,
---   wake, fair, due and inbox keys (see _common.lua for each).
+-- KEYS: ENQUEUE_ONE_KEYS in keys.py, named in K: job, jobs, state:available, queues, ids,
+--   then the queue's q:available, q:jobs, q:wake, q:fair, q:due and q:inbox (see _common.lua).
 -- ARGV: now ('' = the store's clock), queue, task, args (JSON), priority, max_attempts,
 --   timeout_s, meta (JSON), uid (made by the client: random, see Job.uid).
 -- Returns {now, id, 1}, as enqueue.lua does for a batch of one.
-local P_JOB, K_ALL, K_AVAILABLE, K_QUEUES, K_IDS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local Q_AVAILABLE, Q_JOBS, Q_WAKE, Q_FAIR, Q_DUE, Q_INBOX = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
+local P_JOB, K_ALL, K_AVAILABLE, K_QUEUES, K_IDS = K.job, K.jobs, K['state:available'], K.queues, K.ids
+local Q_AVAILABLE, Q_JOBS, Q_WAKE = K['q:available'], K['q:jobs'], K['q:wake']
+local Q_FAIR, Q_DUE, Q_INBOX = K['q:fair'], K['q:due'], K['q:inbox']
 local now = clock(ARGV[1])
 local qn, task, args, prio, maxa, timeout, meta, uid = unpack(ARGV, 2, 9)
 local t = num(now)
