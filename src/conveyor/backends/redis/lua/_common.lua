@@ -281,7 +281,8 @@ end
 local function add_error(id, attempt, now, worker_id, rest)
   local wid = 'null'
   if worker_id then wid = cjson.encode(worker_id) end
-  local doc = '{"attempt":' .. attempt .. ',"at":' .. jnum(now) .. ',"worker_id":' .. wid .. ',' .. rest .. '}'
+  local doc = '{"attempt":' .. attempt .. ',"at":' .. jnum(now) .. ',"worker_id":' .. wid .. ','
+    .. rest .. '}'
   redis.call('RPUSH', P_ERR .. id, doc)
   redis.call('LTRIM', P_ERR .. id, -KEEP_ERRORS, -1)
 end
@@ -339,7 +340,8 @@ local function promote_queue(q, now, limit)
     redis.call('ZREM', q.scheduled, id)
     redis.call('ZREM', K_STATE.scheduled, id)
     redis.call('ZREM', K_SCHEDULE, gmember(q, id))
-    local f = redis.call('HMGET', key, 'run_at', 'priority', 'fair_tag', 'concurrency_key', 'rate_key')
+    local f = redis.call('HMGET', key, 'run_at', 'priority', 'fair_tag', 'concurrency_key',
+      'rate_key')
     if f[1] then
       enter_available(q, id, key, tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or 0), f[4], f[5])
       n = n + 1
@@ -366,8 +368,8 @@ end
 -- Returns the job's queue (nil when the lease is not held), then its concurrency key, unique key
 -- and unique_for (each false when the job has none), read in the same call.
 local function fenced(key, token, now)
-  local f = redis.call('HMGET', key, 'state', 'lease_token', 'lease_expires_at', 'queue', 'concurrency_key',
-    'unique_key', 'unique_for')
+  local f = redis.call('HMGET', key, 'state', 'lease_token', 'lease_expires_at', 'queue',
+    'concurrency_key', 'unique_key', 'unique_for')
   if f[1] ~= 'running' or f[2] ~= token or tonumber(f[3]) < now then return nil end
   return f[4], f[5], f[6], f[7]
 end
@@ -418,7 +420,8 @@ local function succeed(q, id, key, token, ck, uk, ufor, now, has_result, result,
     wake(q, 1)
   end
   redis.call('HDEL', key, 'lease_token', 'lease_expires_at')
-  local fields = {'finished_at', t, 'last_token', token, 'last_outcome', 'succeeded', 'state', 'succeeded'}
+  local fields = {'finished_at', t, 'last_token', token, 'last_outcome', 'succeeded', 'state',
+    'succeeded'}
   if has_result == '1' then
     fields[#fields + 1] = 'result'
     fields[#fields + 1] = result

@@ -11,7 +11,8 @@
 -- ARGV: now ('' = the store's clock), queue, task, args (JSON), priority, max_attempts,
 --   timeout_s, meta (JSON), uid (made by the client: random, see Job.uid).
 -- Returns {now, id, 1}, as enqueue.lua does for a batch of one.
-local P_JOB, K_ALL, K_AVAILABLE, K_QUEUES, K_IDS = K.job, K.jobs, K['state:available'], K.queues, K.ids
+local P_JOB, K_ALL, K_AVAILABLE = K.job, K.jobs, K['state:available']
+local K_QUEUES, K_IDS = K.queues, K.ids
 local Q_AVAILABLE, Q_JOBS, Q_WAKE = K['q:available'], K['q:jobs'], K['q:wake']
 local Q_FAIR, Q_DUE, Q_INBOX = K['q:fair'], K['q:due'], K['q:inbox']
 local now = clock(ARGV[1])
@@ -23,9 +24,10 @@ local t = num(now)
 local tag = tonumber(redis.call('HGET', Q_FAIR, 'v:' .. pkey(prio)) or 0) + 1
 local id = tostring(redis.call('INCR', K_IDS))
 local m = member(tag, now, id)
-redis.call('HSET', P_JOB .. id, 'task', task, 'queue', qn, 'args', args, 'priority', prio, 'run_at', t,
-  'attempt', 0, 'max_attempts', maxa, 'timeout_s', timeout, 'meta', meta, 'created_at', t, 'uid', uid,
-  'fair_tag', string.format('%.0f', tag), 'state', 'available', 'm', m)
+redis.call('HSET', P_JOB .. id, 'task', task, 'queue', qn, 'args', args, 'priority', prio,
+  'run_at', t, 'attempt', 0, 'max_attempts', maxa, 'timeout_s', timeout, 'meta', meta,
+  'created_at', t, 'uid', uid, 'fair_tag', string.format('%.0f', tag), 'state', 'available',
+  'm', m)
 local waiting = redis.call('RPUSH', Q_INBOX, prio .. ' ' .. t .. ' ' .. m)
 -- The first job since the inbox was last folded names the queue in P:queues (a queue leaves it
 -- only with an empty inbox), so a queue with an inbox is always there.
@@ -35,5 +37,7 @@ if waiting == 1 then redis.call('SADD', K_QUEUES, qn) end
 -- marker, so a longer inbox means none of those markers has been acted on yet: one more would
 -- wake nobody new.
 if waiting <= WAKE_MAX then wake({wake = Q_WAKE}, 1) end
-if waiting >= FOLD_AT then fold_inbox(Q_INBOX, K_ALL, K_AVAILABLE, Q_JOBS, Q_AVAILABLE, Q_DUE, Q_FAIR) end
+if waiting >= FOLD_AT then
+  fold_inbox(Q_INBOX, K_ALL, K_AVAILABLE, Q_JOBS, Q_AVAILABLE, Q_DUE, Q_FAIR)
+end
 return {t, id, 1}

@@ -17,7 +17,8 @@ for _, qn in ipairs(QNAMES) do
   local due = redis.call('ZCOUNT', q.scheduled, '-inf', num(now))
   local oldest = nil
   if due > 0 then
-    oldest = tonumber(redis.call('ZRANGEBYSCORE', q.scheduled, '-inf', num(now), 'WITHSCORES', 'LIMIT', 0, 1)[2])
+    oldest = tonumber(redis.call('ZRANGEBYSCORE', q.scheduled, '-inf', num(now), 'WITHSCORES',
+      'LIMIT', 0, 1)[2])
   end
   -- The oldest available job heads P:q:<queue>:due (available ids by run_at). The claim order
   -- puts fair tags before run_at, so the head of `available` need not be the oldest job.
