@@ -111,9 +111,10 @@ def _lua_names(names: Sequence[str], base: str) -> str:
 
 def lua_layout(store: Sequence[str], queue: Sequence[str] = ()) -> str:
     """Lua that names a script's KEYS: ``K`` maps each of ``store`` to its key, ``STATES``
-    lists the job states, and (with ``queue``) ``queue_keys(b, name)`` makes the table of a
-    queue block that starts after KEYS[b], and NHEAD and NQK are the header's and a block's
-    lengths. Written out as table constructors, so naming costs a script nothing at run time."""
+    lists the job states, and (with ``queue``) ``K_STATE`` maps each state to its P:state:<s>
+    key, ``queue_keys(b, name)`` makes the table of a queue block that starts after KEYS[b],
+    and NHEAD and NQK are the header's and a block's lengths. Written out as table
+    constructors, so naming costs a script nothing at run time."""
     for name in (*store, *queue):
         assert name.replace(":", "").replace("_", "").isalnum(), name  # Lua literal safety
     lines = [
@@ -122,7 +123,10 @@ def lua_layout(store: Sequence[str], queue: Sequence[str] = ()) -> str:
         "local STATES = {" + ", ".join(f"'{s}'" for s in STATES) + "}",
     ]
     if queue:
+        index = {name: i for i, name in enumerate(store, 1)}
+        states = ", ".join(f"['{s}'] = KEYS[{index[f'state:{s}']}]" for s in STATES)
         lines += [
+            f"local K_STATE = {{{states}}}",
             f"local NHEAD, NQK = {len(store)}, {len(queue)}",
             "local function queue_keys(b, name)",
             f"  return {{name = name, {_lua_names(queue, 'b + ')}}}",

@@ -1,6 +1,6 @@
 -- _common.lua: the prelude every Conveyor script but enqueue_one starts with, after _core.lua
--- (scripts.py prepends both at load, after the key names keys.py generates: K, STATES,
--- NHEAD, NQK and queue_keys; see lua_layout there).
+-- (scripts.py prepends both at load, after the key names keys.py generates: K, K_STATE,
+-- STATES, NHEAD, NQK and queue_keys; see lua_layout there).
 --
 -- KEYS, the same header for every script, in the order of STORE_KEYS in keys.py. Scripts name
 -- each key (K.unique, K_STATE.running, q.available), never its position. P is the app's prefix
@@ -58,8 +58,6 @@
 -- with that queue's block.
 
 local P_JOB, P_ERR, K_ALL = K.job, K.errors, K.jobs
-local K_STATE = {}
-for _, s in ipairs(STATES) do K_STATE[s] = K['state:' .. s] end
 local K_UNIQUE, K_EXPIRIES, K_QUEUES, K_IDS = K.unique, K.expiries, K.queues, K.ids
 local K_WORKERS, K_SEEN, K_CRON = K.workers, K.seen, K.cron
 local P_CONC, P_RATE = K.conc, K.rate
