@@ -18,7 +18,7 @@ from conveyor.backends.base import Backend
 def lose_everything(backend: Backend) -> None:
     kind = type(backend).__name__
     if kind == "RedisBackend":
-        client: Any = backend._r  # type: ignore[attr-defined]
+        client: Any = backend._transport.r  # type: ignore[attr-defined]
         keys = list(client.scan_iter(match=backend.keys.p + "*", count=1000))  # type: ignore[attr-defined]
         for start in range(0, len(keys), 1000):
             client.delete(*keys[start:start + 1000])
@@ -36,7 +36,7 @@ def forget_uid(backend: Backend, job_id: int) -> None:
     """Make the job look like one written before the store had uids."""
     kind = type(backend).__name__
     if kind == "RedisBackend":
-        backend._r.hdel(backend.keys.job(job_id), "uid")  # type: ignore[attr-defined]
+        backend._transport.r.hdel(backend.keys.job(job_id), "uid")  # type: ignore[attr-defined]
     elif kind == "SqliteBackend":
         with sqlite3.connect(backend.url.removeprefix("sqlite:///")) as conn:
             conn.execute("UPDATE conveyor_jobs SET uid = NULL WHERE id = ?", [job_id])

@@ -385,11 +385,11 @@ def _install_redis(tracker: Tracker) -> None:
 
 def _install_redis_loop(tracker: Tracker, describe: Any) -> None:
     """The same kill points for the claims a worker makes from its event loop
-    (backends/redis_loop.py): its ack_and_claim is followed as the backend's is, and the
+    (backends/redis/loop_claims.py): its ack_and_claim is followed as the backend's is, and the
     loop's socket writes (``sock_sendall``) as redis-py's."""
     import asyncio.selector_events
 
-    from conveyor.backends.redis_loop import RedisLoopClaims
+    from conveyor.backends.redis.loop_claims import RedisLoopClaims
 
     loop_call: Any = RedisLoopClaims.ack_and_claim
 
@@ -465,8 +465,8 @@ def run_case(spec: dict[str, Any]) -> None:
     backend = app.backend
     if spec["backend"] == "redis":
         # Every script cached on the server first: an EVALSHA the hook cuts must be one that runs.
-        for script in backend._scripts.values():  # type: ignore[attr-defined]
-            backend._r.script_load(script.script)  # type: ignore[attr-defined]
+        for script in backend._transport.scripts.values():  # type: ignore[attr-defined]
+            backend._transport.r.script_load(script.script)  # type: ignore[attr-defined]
     op, queue, ns, k = spec["plan"]["op"], spec["queue"], spec["ns"], spec["k"]
     wid, lease = spec["worker_id"], spec["lease"]
     record = spec["record"]

@@ -19,7 +19,7 @@ from conveyor import Conveyor, Reject
 from conveyor.backends.redis import _exposure_warnings
 
 FORBIDDEN = {"FLUSHALL", "FLUSHDB", "KEYS", "CONFIG SET", "SCRIPT FLUSH", "SCRIPT KILL", "DEBUG", "SHUTDOWN"}
-LUA = Path(__file__).resolve().parents[2] / "src" / "conveyor" / "backends" / "lua"
+LUA = Path(__file__).resolve().parents[2] / "src" / "conveyor" / "backends" / "redis" / "lua"
 
 
 @pytest.mark.parametrize(("url", "risks"), [

@@ -315,18 +315,23 @@ def test_s1_no_unsafe_decoding_or_dynamic_import_outside_the_cli_app_option() ->
 
 
 # The only direct script calls: the reload of registered scripts' own source after NOSCRIPT,
-# and the one EVALSHA command the backend packs itself (_send_scripts), always of a registered
+# and the one EVALSHA command the backend packs itself (send_scripts), always of a registered
 # script's SHA. Every script is registered from its file (register_script(_load_script(...))).
 SCRIPT_CALLS = {
-    "functools.partial(self._r.script_load, script.script)",
+    "functools.partial(self.r.script_load, script.script)",
 }
-PACKED_SCRIPT_COMMANDS = {"('EVALSHA', self._scripts[name].sha, len(keys), *keys, *args)"}
+PACKED_SCRIPT_COMMANDS = {"('EVALSHA', self.scripts[name].sha, len(keys), *keys, *args)"}
+# The Redis backend's modules (what was backends/redis.py; the loop claims, once
+# backends/redis_loop.py, were not scanned before and are not now).
+REDIS_SOURCES = sorted(p for p in (SRC / "backends" / "redis").glob("*.py") if p.name != "loop_claims.py")
 
 
 def test_s1_lua_scripts_are_files_never_built_from_data() -> None:
-    tree = ast.parse((SRC / "backends" / "redis.py").read_text("utf-8"))
+    assert len(REDIS_SOURCES) > 5
+    trees = [ast.parse(p.read_text("utf-8")) for p in REDIS_SOURCES]
+    nodes = [node for tree in trees for node in ast.walk(tree)]
     seen = set()
-    for node in ast.walk(tree):
+    for node in nodes:
         if not isinstance(node, ast.Call):
             continue
         if isinstance(node.func, ast.Attribute) and node.func.attr == "register_script":
@@ -340,9 +345,9 @@ def test_s1_lua_scripts_are_files_never_built_from_data() -> None:
     # A command the backend packs itself names its verb as a string: every such string is the
     # head of the one tuple above.
     verbs = {"EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO", "FCALL", "FCALL_RO", "SCRIPT", "FUNCTION"}
-    named_verbs = [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    named_verbs = [n for n in nodes if isinstance(n, ast.Constant) and isinstance(n.value, str)
                    and n.value.upper() in verbs]
-    packed = {ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Tuple) and n.elts
+    packed = {ast.unparse(n) for n in nodes if isinstance(n, ast.Tuple) and n.elts
               and any(n.elts[0] is v for v in named_verbs)}
     assert packed == PACKED_SCRIPT_COMMANDS and len(named_verbs) == len(PACKED_SCRIPT_COMMANDS)
 

@@ -14,9 +14,9 @@ import redis
 from redisrig import RedisServer
 
 from conveyor.backends import open_backend
-from conveyor.backends import redis as redis_backend
 from conveyor.backends.base import NewJob
 from conveyor.backends.redis import RedisBackend
+from conveyor.backends.redis import enqueue as redis_enqueue
 from conveyor.errors import StoreError
 from conveyor.job import JobState
 
@@ -87,10 +87,10 @@ def test_the_short_script_writes_what_the_general_one_writes(private_redis: Redi
                     [claimed] = b.claim("default", 1, worker_id="w", lease_s=30, now=now - 0.5)
                     assert claimed.id == 1
             # The same random uid for both stores' n-th job, so the stores can be compared.
-            monkeypatch.setattr(redis_backend, "new_uids", lambda k, n=n: [f"{n:032x}"] * k)
+            monkeypatch.setattr(redis_enqueue, "new_uids", lambda k, n=n: [f"{n:032x}"] * k)
             got_short = short.enqueue_many([job], now=now)
             with monkeypatch.context() as m:
-                m.setattr(redis_backend, "_plain", lambda job: False)
+                m.setattr(redis_enqueue, "_plain", lambda job: False)
                 got_general = general.enqueue_many([job], now=now)
             assert got_short == got_general
         r = private_redis.client()
@@ -153,7 +153,7 @@ def test_jobs_with_options_take_the_general_script(private_redis: RedisServer,
 
 
 def inbox_len(b: RedisBackend, queue: str = "default") -> int:
-    return int(b._r.llen(b.keys.queue(queue, "inbox")))
+    return int(b._transport.r.llen(b.keys.queue(queue, "inbox")))
 
 
 def test_enqueue_one_folds_its_inbox_when_it_is_full(private_redis: RedisServer) -> None:

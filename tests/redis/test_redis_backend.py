@@ -17,7 +17,8 @@ import redis
 from redis.crc import key_slot
 from redisrig import RedisServer
 
-import conveyor.backends.redis as redis_backend
+import conveyor.backends.redis.admin as redis_admin
+import conveyor.backends.redis.transport as redis_transport
 from conveyor import JobState, StorageFull, StoreError
 from conveyor.backends import open_backend
 from conveyor.backends.base import ErrorInfo, Lease, NewJob, WorkerInfo
@@ -124,7 +125,7 @@ def test_list_jobs_hands_back_a_cursor_when_its_work_budget_runs_out(
 ) -> None:
     [old] = backend.enqueue_many([job(task="rare")], now=T0)
     backend.enqueue_many([job(task="common") for _ in range(30)], now=T0)
-    monkeypatch.setattr(redis_backend, "LIST_BUDGET", 7)
+    monkeypatch.setattr(redis_admin, "LIST_BUDGET", 7)
     found, cursor, pages = [], None, 0
     while True:
         page = backend.list_jobs(task="rare", cursor=cursor, limit=10)
@@ -376,7 +377,7 @@ def test_a_new_connection_costs_at_most_two_round_trips_before_its_first_command
     500 ms each way, redis-py 8's default (HELLO, CLIENT MAINT_NOTIFICATIONS, SETNAME and two
     CLIENT SETINFO) made a first stats() take 12 s against a bound of 8. HELLO (with RESP3) and
     SETNAME are left."""
-    for pool in (backend._pool, backend._block_pool):
+    for pool in (backend._transport.pool, backend._transport.block_pool):
         conn = pool.make_connection()
         sent: list[str] = []
         send = conn.send_command
@@ -416,7 +417,7 @@ def test_connections_a_burst_opened_are_closed_once_idle(backend: RedisBackend, 
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     # Five threads wait at once, each on a blocking connection of its own; once those have been
     # idle for IDLE_CLOSE_S, the next call closes all but the one used last, on the server too.
-    monkeypatch.setattr(redis_backend, "IDLE_CLOSE_S", 0.3)
+    monkeypatch.setattr(redis_transport, "IDLE_CLOSE_S", 0.3)
     admin = private_redis.client()
 
     def ours() -> int:
@@ -434,17 +435,17 @@ def test_connections_a_burst_opened_are_closed_once_idle(backend: RedisBackend, 
             t.start()
         for t in threads:
             t.join()
-        assert len(backend._idle_blocking) == 5
+        assert len(backend._transport.idle_blocking) == 5
         burst = ours()
-        last_used = backend._idle_blocking[-1]
+        last_used = backend._transport.idle_blocking[-1]
         time.sleep(0.4)
         backend.enqueue_many([job("other")], now=T0)
-        assert backend._idle_blocking == [last_used] and len(backend._idle) == 1
+        assert backend._transport.idle_blocking == [last_used] and len(backend._transport.idle) == 1
         assert ours() <= burst - 4
         # A stack of one is never emptied: the next wait, long after, is on the connection kept.
         time.sleep(0.4)
         assert backend.wait_and_claim(["default"], 0.2, [("default", 1)], worker_id="w", lease_s=30) == (False, None)
-        assert backend._idle_blocking == [last_used] and last_used.is_connected
+        assert backend._transport.idle_blocking == [last_used] and last_used.is_connected
     finally:
         admin.close()
 
@@ -453,14 +454,14 @@ def test_a_forked_child_talks_on_connections_of_its_own(backend: RedisBackend) -
     # The parent's idle connection is in the pool when it forks: a child that wrote on it
     # would read the parent's replies (and the parent the child's).
     backend.enqueue_many([job()], now=T0)
-    [parent_conn] = backend._idle
+    [parent_conn] = backend._transport.idle
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: report, never return into pytest
         code = 1
         try:
             ids = [backend.enqueue_many([job()], now=T0)[0].id for _ in range(3)]
-            mine = set(backend._idle) == backend._made and parent_conn not in backend._made
+            mine = set(backend._transport.idle) == backend._transport.made and parent_conn not in backend._transport.made
             os.write(w, json.dumps({"ids": ids, "own": mine}).encode())
             code = 0
         finally:
@@ -472,7 +473,7 @@ def test_a_forked_child_talks_on_connections_of_its_own(backend: RedisBackend) -
     assert os.waitstatus_to_exitcode(status) == 0
     assert report["own"] is True
     after = backend.enqueue_many([job()], now=T0)[0].id  # on the parent's own connection still
-    assert backend._idle == [parent_conn]
+    assert backend._transport.idle == [parent_conn]
     assert sorted([1, *report["ids"], after]) == [1, 2, 3, 4, 5]
 
 
@@ -487,7 +488,7 @@ def test_script_flush_before_the_pipelined_ack_and_claim(backend: RedisBackend, 
     held, second = backend.ack_and_claim([(Lease(j.id, j.lease_token or ""), "1") for j in first], "default", 2,
                                          worker_id="w", lease_s=30, now=T0 + 1)
     assert held == [True, True] and len(second) == 2
-    assert c.script_exists(backend._scripts["ack_many"].sha, backend._scripts["claim"].sha) == [True, True]
+    assert c.script_exists(backend._transport.scripts["ack_many"].sha, backend._transport.scripts["claim"].sha) == [True, True]
     c.script_flush()
     c.close()
     assert backend.ack_many([(Lease(j.id, j.lease_token or ""), "2") for j in second], now=T0 + 2) == [True, True]

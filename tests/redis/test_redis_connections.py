@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from redisrig import RedisServer, wait_until
 
-import conveyor.backends.redis as redis_backend
+import conveyor.backends.redis.transport as redis_transport
 from conveyor.backends.base import NewJob
 from conveyor.backends.redis import RedisBackend
 
@@ -57,7 +57,7 @@ def test_connections_churned_far_past_the_cap_are_given_back(private_redis: Redi
     burst of threads makes connections and the next checkins close them: 25 times the cap over
     the backend's life. Before, every one stayed counted in redis-py's pool and the backend
     was stuck once the cap was reached ("Too many connections")."""
-    monkeypatch.setattr(redis_backend, "IDLE_CLOSE_S", 0.0)
+    monkeypatch.setattr(redis_transport, "IDLE_CLOSE_S", 0.0)
     cap, name = 8, f"churn-{uuid.uuid4().hex[:8]}"
     backend = RedisBackend(f"{private_redis.url}&max_connections={cap}&client_name={name}")
     admin = private_redis.client()

@@ -1,4 +1,4 @@
-"""Claims made from the worker's event loop (conveyor/backends/redis_loop.py): the plain round
+"""Claims made from the worker's event loop (conveyor/backends/redis/loop_claims.py): the plain round
 trip on the loop, and every unusual case handed to the blocking code, with the same outcome as
 RedisBackend.ack_and_claim. Each test runs on a private redis-server."""
 
@@ -20,7 +20,7 @@ from conveyor import Conveyor, JobState
 from conveyor.backends import open_backend
 from conveyor.backends.base import Lease, NewJob
 from conveyor.backends.redis import RedisBackend
-from conveyor.backends.redis_loop import RedisLoopClaims
+from conveyor.backends.redis.loop_claims import RedisLoopClaims
 from conveyor.errors import StoreUnavailable
 from conveyor.job import Job
 
@@ -155,7 +155,7 @@ def test_reconnecting_reuses_one_connection_of_the_pool(backend: RedisBackend, p
     admin = private_redis.client()
     try:
         connected(backend, lc)
-        objects = set(backend._made)
+        objects = set(backend._transport.made)
         for _ in range(5):
             admin.execute_command("CLIENT", "KILL", "SKIPME", "yes")
             time.sleep(0.05)
@@ -164,7 +164,7 @@ def test_reconnecting_reuses_one_connection_of_the_pool(backend: RedisBackend, p
             on_loop, (_, jobs) = call(lc, [], 1)
             assert on_loop and len(jobs) == 1
         # The killed connections of the blocking claims are connected again in place too.
-        assert lc._own in objects and backend._made - objects == set()
+        assert lc._own in objects and backend._transport.made - objects == set()
     finally:
         admin.close()
         lc.close()
@@ -202,7 +202,7 @@ def test_noscript_on_the_loop_takes_the_careful_path(backend: RedisBackend, priv
         admin.script_flush()
         on_loop, (held, second) = call(lc, leases(first), 2)
         assert not on_loop and held == [True, True] and len(second) == 2
-        assert admin.script_exists(backend._scripts["ack_many"].sha, backend._scripts["claim"].sha) == [True, True]
+        assert admin.script_exists(backend._transport.scripts["ack_many"].sha, backend._transport.scripts["claim"].sha) == [True, True]
         on_loop, (held, _) = call(lc, leases(second), 1)
         assert on_loop and held == [True, True]
     finally:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from redisrig import RedisServer
 
-import conveyor.backends.redis as redis_backend
+import conveyor.backends.redis.transport as redis_transport
 from conveyor import JobState, LeaseLost
 from conveyor.backends.base import ErrorInfo, Lease, NewJob
 from conveyor.backends.redis import RedisBackend
@@ -28,7 +28,7 @@ T0 = 1_700_000_000.0
 
 @pytest.fixture
 def proxied(private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[RedisBackend, Proxy]]:
-    monkeypatch.setattr(redis_backend, "RETRY_BUDGET", 0.5)  # give up soon while replies are dropped
+    monkeypatch.setattr(redis_transport, "RETRY_BUDGET", 0.5)  # give up soon while replies are dropped
     with Proxy("127.0.0.1", private_redis.port) as proxy:
         backend = RedisBackend(proxy.url_for(private_redis.url) + "&socket_timeout=0.3&socket_connect_timeout=0.3")
         try:

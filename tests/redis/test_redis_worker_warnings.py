@@ -50,7 +50,7 @@ def test_start_up_reads_survive_a_broken_connection(tmp_path: Path, monkeypatch:
 
     server = RedisServer(tmp_path, appendonly=False).start()
     backend = RedisBackend(server.url)
-    real = backend._r.config_get
+    real = backend._transport.r.config_get
     broken = {"n": 0}
 
     def config_get(*args: object, **kw: object) -> object:
@@ -59,7 +59,7 @@ def test_start_up_reads_survive_a_broken_connection(tmp_path: Path, monkeypatch:
             raise redis.ConnectionError("Connection closed by server.")
         return real(*args, **kw)
 
-    monkeypatch.setattr(backend._r, "config_get", config_get)
+    monkeypatch.setattr(backend._transport.r, "config_get", config_get)
     try:
         messages = backend.startup_warnings()
     finally:

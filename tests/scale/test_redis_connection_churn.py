@@ -18,7 +18,7 @@ from scalekit import report, size
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "redis"))
 from redisrig import RedisServer, wait_until
 
-import conveyor.backends.redis as redis_backend
+import conveyor.backends.redis.transport as redis_transport
 from conveyor import JobState
 from conveyor.backends.base import Lease, NewJob
 from conveyor.backends.redis import RedisBackend
@@ -38,7 +38,7 @@ def server(tmp_path: Path) -> Iterator[RedisServer]:
 def test_redis_connection_churn(server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
     # Idle time compressed to nothing: every checkin closes each connection idle at all but the
     # one used last, so a burst's extra connections are closed at once, as after a quiet spell.
-    monkeypatch.setattr(redis_backend, "IDLE_CLOSE_S", 0.0)
+    monkeypatch.setattr(redis_transport, "IDLE_CLOSE_S", 0.0)
     target = size(2_000, 100_000)
     name = f"churn-{uuid.uuid4().hex[:8]}"
     backend = RedisBackend(f"{server.url}&client_name={name}")

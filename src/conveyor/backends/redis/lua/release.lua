@@ -18,7 +18,8 @@ local out, woken = {'ok'}, {}
 for _, r in ipairs(mine) do
   local id, q = r[1], r[2]
   local key = P_JOB .. id
-  local f = redis.call('HMGET', key, 'run_at', 'priority', 'fair_tag', 'concurrency_key', 'rate_key')
+  local f = redis.call('HMGET', key, 'run_at', 'priority', 'fair_tag', 'concurrency_key',
+    'rate_key')
   leave(q, id, 'running', nil, f[4])
   redis.call('HINCRBY', key, 'attempt', -1)
   redis.call('HDEL', key, 'lease_token', 'lease_expires_at', 'worker_id', 'held')

@@ -2,9 +2,10 @@
 
 A busy worker's cycle is: its acks and its next claim go out in one round trip, the claimed
 jobs start, they finish, and again. Made on a store thread, each claim cost two hand-offs
-between threads (loop to thread, thread back to loop, each a wake-up and a turn at the GIL):
-about 200 us of an 800 us cycle of eight no-op jobs. Here the loop writes the two scripts to a
-socket of its own and is woken by the reply, as it is woken by anything else.
+between threads (loop to thread, thread back to loop, each a wake-up and a turn at the GIL),
+a large part of a cycle of no-op jobs (docs/benchmarks.md, "Design measurements"). Here the
+loop writes the two scripts to a socket of its own and is woken by the reply, as it is woken
+by anything else.
 
 Only that plain round trip runs on the loop. Everything else is left to RedisBackend's
 blocking code, handed back as a function for a store thread: connecting (the handshake, AUTH,
@@ -25,8 +26,10 @@ from typing import Any, NamedTuple
 
 import redis
 
-from .base import ClaimReply, Lease
-from .redis import RedisBackend, _tokens
+from ..base import ClaimReply, Lease
+from .backend import RedisBackend
+from .codec import _tokens
+from .transport import ScriptCall
 
 try:
     import hiredis
@@ -34,6 +37,8 @@ except ImportError:  # the redis extra brings it; without it, claims stay on a s
     hiredis = None  # type: ignore[assignment]
 
 log = logging.getLogger("conveyor.backends.redis")
+
+_Acks = Sequence[tuple[Lease, str | None]]
 
 
 def _reply_error(text: str) -> redis.ResponseError:
@@ -63,23 +68,24 @@ class RedisLoopClaims:
         loop's plain socket reads."""
         if hiredis is None or not hasattr(hiredis, "pack_command"):
             return None
-        if issubclass(backend._pool.connection_class, redis.SSLConnection):
+        if issubclass(backend._transport.pool.connection_class, redis.SSLConnection):
             return None
         return cls(backend)
 
     async def ack_and_claim(
-        self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *, worker_id: str, lease_s: float,
+        self, acks: _Acks, queue: str, limit: int, *, worker_id: str, lease_s: float,
         wanted: Callable[[], bool] | None = None, on_reply: Callable[[int], None] | None = None,
         start: int | None = None,
     ) -> ClaimReply | Callable[[], ClaimReply]:
         b = self._b
         if limit <= 0 or b.closed or not self._usable():
-            return functools.partial(self._connect_after, acks, queue, limit, worker_id, lease_s, wanted, start)
+            return functools.partial(self._connect_after, acks, queue, limit, worker_id, lease_s,
+                                     wanted, start)
         a = self._claim_call(acks, queue, limit, worker_id, lease_s, start)
         return await self._finish(a, on_reply, self._pack(a.calls))
 
     def claim_ahead(
-        self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *, worker_id: str, lease_s: float,
+        self, acks: _Acks, queue: str, limit: int, *, worker_id: str, lease_s: float,
     ) -> _Ahead | None:
         """Send a claim now and return at once; ``finish`` reads its reply. None (nothing
         sent) where the plain path cannot be taken, or the socket takes only part of it."""
@@ -106,11 +112,11 @@ class RedisLoopClaims:
         """The reply of a claim sent by ``claim_ahead``, as ``ack_and_claim`` gives it."""
         return await self._finish(ahead, on_reply, None)
 
-    def _claim_call(self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, worker_id: str,
+    def _claim_call(self, acks: _Acks, queue: str, limit: int, worker_id: str,
                     lease_s: float, start: int | None) -> _Ahead:
         tokens = _tokens(limit)
-        return _Ahead(acks, queue, limit, worker_id, lease_s, tokens,
-                      self._b._claim_calls(acks, queue, limit, worker_id, lease_s, None, tokens, start), start)
+        calls = self._b._claim_calls(acks, queue, limit, worker_id, lease_s, None, tokens, start)
+        return _Ahead(acks, queue, limit, worker_id, lease_s, tokens, calls, start)
 
     async def _finish(self, a: _Ahead, on_reply: Callable[[int], None] | None,
                       packed: bytes | None) -> ClaimReply | Callable[[], ClaimReply]:
@@ -129,19 +135,23 @@ class RedisLoopClaims:
             raise
         except (OSError, TimeoutError, redis.RedisError) as exc:
             self._drop()
-            return functools.partial(b._claims_lost, a.acks, _as_redis_error(exc), None, a.queue, a.tokens)
+            return functools.partial(b._claims_lost, a.acks, _as_redis_error(exc), None, a.queue,
+                                     a.tokens)
         if on_reply is not None:
             # The socket is free again: the caller may send its next claim now, for Redis to run
             # while this reply is read into jobs here. It is told how many jobs the reply holds
             # ([time, expiry, job, ...]; 0 for an answer other than jobs).
             res = replies[-1]
-            on_reply(len(res) - 2 if isinstance(res, list) and res and res[0] not in ("need", "stale", "hold") else 0)
+            jobs = isinstance(res, list) and res and res[0] not in ("need", "stale", "hold")
+            on_reply(len(res) - 2 if jobs else 0)
         if b._claims_plain(a.acks, replies):
-            return b._claims_done(a.acks, a.queue, a.limit, a.worker_id, a.lease_s, None, a.tokens, replies, a.start)
+            return b._claims_done(a.acks, a.queue, a.limit, a.worker_id, a.lease_s, None,
+                                  a.tokens, replies, a.start)
 
         def careful() -> ClaimReply:
-            b._reload_refused(a.calls, replies)
-            return b._claims_done(a.acks, a.queue, a.limit, a.worker_id, a.lease_s, None, a.tokens, replies, a.start)
+            b._transport.reload_refused(a.calls, replies)
+            return b._claims_done(a.acks, a.queue, a.limit, a.worker_id, a.lease_s, None,
+                                  a.tokens, replies, a.start)
 
         return careful
 
@@ -149,7 +159,7 @@ class RedisLoopClaims:
         self._closed = True
         self._drop()
         if self._own is not None:
-            self._b._discard(self._own)
+            self._b._transport.discard(self._own)
 
     # -- the socket ---------------------------------------------------------------------------
     def _usable(self) -> bool:
@@ -171,8 +181,9 @@ class RedisLoopClaims:
         self._drop()
         return False
 
-    def _connect_after(self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, worker_id: str,
-                       lease_s: float, wanted: Callable[[], bool] | None, start: int | None) -> ClaimReply:
+    def _connect_after(self, acks: _Acks, queue: str, limit: int, worker_id: str,
+                       lease_s: float, wanted: Callable[[], bool] | None,
+                       start: int | None) -> ClaimReply:
         """On a store thread: the call the blocking way, then a connection for the next one
         (made after, so a store that is down costs the call no connect timeout of ours).
         ``wanted`` is asked again here, after the hop: a worker that began to stop meanwhile
@@ -181,7 +192,8 @@ class RedisLoopClaims:
         if wanted is not None and not wanted():
             limit = 0
         if acks:
-            out = b.ack_and_claim(acks, queue, limit, worker_id=worker_id, lease_s=lease_s, start=start)
+            out = b.ack_and_claim(acks, queue, limit, worker_id=worker_id, lease_s=lease_s,
+                                  start=start)
         else:
             out = [], b.claim(queue, limit, worker_id=worker_id, lease_s=lease_s, start=start)
         try:
@@ -195,7 +207,7 @@ class RedisLoopClaims:
         if self._closed or self._b.closed:
             return
         if self._own is None:
-            self._own = self._b._make_connection()  # closed with the backend too
+            self._own = self._b._transport.make_connection()  # closed with the backend too
         conn: Any = self._own
         conn.connect()  # redis-py's handshake (HELLO, AUTH, SELECT, CLIENT SETNAME)
         # The scripts this connection sends, loaded first: a NOSCRIPT ack_many ahead of a claim
@@ -203,7 +215,7 @@ class RedisLoopClaims:
         # may hold) until the careful path acks them. A restarted Redis, which has none, also
         # drops the connection, so each new one loads them.
         for name in ("ack_many", "claim"):
-            script = self._b._scripts[name]
+            script = self._b._transport.scripts[name]
             conn.send_command("SCRIPT", "LOAD", script.script)
             script.sha = conn.read_response()
         sock = getattr(conn, "_sock", None)
@@ -223,13 +235,15 @@ class RedisLoopClaims:
         if connected:
             self._own.disconnect()
 
-    def _pack(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]) -> bytes:
-        scripts = self._b._scripts
-        return b"".join(hiredis.pack_command(("EVALSHA", scripts[name].sha, len(keys), *keys, *args))
-                        for name, keys, args in calls)
+    def _pack(self, calls: Sequence[ScriptCall]) -> bytes:
+        scripts = self._b._transport.scripts
+        return b"".join(
+            hiredis.pack_command(("EVALSHA", scripts[name].sha, len(keys), *keys, *args))
+            for name, keys, args in calls)
 
     async def _read(self, n: int) -> list[Any]:
-        """The next ``n`` replies on the socket (an error reply comes as its exception, not raised)."""
+        """The next ``n`` replies on the socket (an error reply comes as its exception, not
+        raised)."""
         sock, reader = self._sock, self._reader
         assert sock is not None and reader is not None
         loop = asyncio.get_running_loop()
@@ -249,13 +263,13 @@ class RedisLoopClaims:
 class _Ahead(NamedTuple):
     """A claim sent and not yet read: what reading its replies needs."""
 
-    acks: Sequence[tuple[Lease, str | None]]
+    acks: _Acks
     queue: str
     limit: int
     worker_id: str
     lease_s: float
     tokens: list[str]
-    calls: list[tuple[str, Sequence[str], Sequence[Any]]]
+    calls: list[ScriptCall]
     start: int | None  # the claim's start (see Backend.claim)
 
 

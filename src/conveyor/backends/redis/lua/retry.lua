@@ -12,7 +12,8 @@ local qn, ck = fenced(key, token, now)
 if not qn then return {'lost'} end
 local q = Q[qn]
 if not q then return {'need', qn} end
-local f = redis.call('HMGET', key, 'attempt', 'max_attempts', 'worker_id', 'priority', 'fair_tag', 'rate_key')
+local f = redis.call('HMGET', key, 'attempt', 'max_attempts', 'worker_id', 'priority', 'fair_tag',
+  'rate_key')
 add_error(id, f[1], now, f[3], arg(5))
 leave(q, id, 'running', nil, ck)
 redis.call('HDEL', key, 'lease_token', 'lease_expires_at')

@@ -4,7 +4,8 @@
 -- KEYS: the common header, then one queue block per queue the batch uses.
 -- ARGV: n, queue names; now ('' = the store's clock), cron schedule ('' = none), cron tick
 --   (unix seconds, when a schedule is given); then 21 values per job:
---   uid (made by the client: random, see Job.uid), queue, task, args (JSON), priority, delay, run_at ('' = now + delay), max_attempts,
+--   uid (made by the client: random, see Job.uid), queue, task, args (JSON), priority, delay,
+--   run_at ('' = now + delay), max_attempts,
 --   timeout_s, has_unique ('1' or '0'), unique_key, meta (JSON), max_depth ('' = no limit),
 --   unique_for ('' = none), has_fair ('1' or '0'), fair_key, concurrency_key,
 --   concurrency_limit ('' = no concurrency limit: the key is then ignored), rate_key,
@@ -72,7 +73,8 @@ local all_ids, queues_used, per_q = {}, {}, {}
 local function batch_of(qn)
   local b = per_q[qn]
   if b == nil then
-    b = {jobs = {}, scheduled = {}, scheduled_ids = {}, global_scheduled = {}, available = {}, due = {}, gated = 0}
+    b = {jobs = {}, scheduled = {}, scheduled_ids = {}, global_scheduled = {}, available = {},
+      due = {}, gated = 0}
     per_q[qn] = b
     queues_used[#queues_used + 1] = qn
   end
@@ -83,7 +85,8 @@ local state_ids = {scheduled = {}, available = {}}
 local i = FIRST
 while i <= #ARGV do
   local uid = ARGV[i]
-  local qn, task, args, prio, delay, run_at_s, maxa, timeout, has_u, uk, meta = unpack(ARGV, i + 1, i + 11)
+  local qn, task, args, prio, delay, run_at_s, maxa, timeout, has_u, uk, meta =
+    unpack(ARGV, i + 1, i + 11)
   local ufor, has_fair, fk = ARGV[i + 13], ARGV[i + 14], ARGV[i + 15]
   local ck, climit, rk, rlimit, rperiod = unpack(ARGV, i + 16, i + 20)
   i = i + W
@@ -101,7 +104,11 @@ while i <= #ARGV do
     local q = Q[qn]
     local b = batch_of(qn)
     local run_at
-    if run_at_s ~= '' then run_at = tonumber(run_at_s) else run_at = now + math.max(tonumber(delay), 0) end
+    if run_at_s ~= '' then
+      run_at = tonumber(run_at_s)
+    else
+      run_at = now + math.max(tonumber(delay), 0)
+    end
     local tag = tags.take(q, prio, has_fair == '1' and fk)
     local fields = {'task', task, 'queue', qn, 'args', args, 'priority', prio,
       'run_at', num(run_at), 'attempt', 0, 'max_attempts', maxa, 'timeout_s', timeout,

@@ -20,7 +20,8 @@ for s = A + 3, #ARGV do
   local state = ARGV[s]
   local found = {}
   for _, qn in ipairs(QNAMES) do
-    local r = redis.call('ZRANGEBYSCORE', Q[qn][state], '-inf', before, 'WITHSCORES', 'LIMIT', 0, left)
+    local r = redis.call('ZRANGEBYSCORE', Q[qn][state], '-inf', before, 'WITHSCORES',
+      'LIMIT', 0, left)
     for k = 1, #r, 2 do found[#found + 1] = {r[k], tonumber(r[k + 1]), Q[qn]} end
   end
   table.sort(found, function(a, b) return a[2] < b[2] end)

@@ -23,8 +23,8 @@ local requeued, dead, woken = {}, {}, {}
 for k = 1, #found do
   local id, q = found[k][1], found[k][2]
   local key = P_JOB .. id
-  local f = redis.call('HMGET', key, 'attempt', 'max_attempts', 'worker_id', 'run_at', 'priority', 'fair_tag',
-    'concurrency_key', 'rate_key', 'state', 'lease_expires_at', 'held', 'stalls')
+  local f = redis.call('HMGET', key, 'attempt', 'max_attempts', 'worker_id', 'run_at', 'priority',
+    'fair_tag', 'concurrency_key', 'rate_key', 'state', 'lease_expires_at', 'held', 'stalls')
   if not f[2] then
     forget_missing(q, id)  -- its hash is gone: see there
   elseif f[9] ~= 'running' then
@@ -38,12 +38,15 @@ for k = 1, #found do
     local attempt, why = tonumber(f[1]), nil
     local recorded = f[1]  -- the error names the attempt number the lease had
     if held == false then
-      why = 'lease expired mid-job: worker ' .. who .. ' stopped heartbeating (crashed, killed or stalled)'
+      why = 'lease expired mid-job: worker ' .. who
+        .. ' stopped heartbeating (crashed, killed or stalled)'
     elseif free then
       attempt = attempt - 1
-      redis.call('HSET', key, 'attempt', string.format('%d', attempt), 'stalls', string.format('%d', stalls + 1))
-      why = 'lease expired before the job started (as far as the store knows): worker ' .. who .. ' held it '
-        .. '(prefetched, or the reply to its claim was lost) and stopped heartbeating; attempt not counted'
+      redis.call('HSET', key, 'attempt', string.format('%d', attempt), 'stalls',
+        string.format('%d', stalls + 1))
+      why = 'lease expired before the job started (as far as the store knows): worker ' .. who
+        .. ' held it (prefetched, or the reply to its claim was lost) and stopped heartbeating;'
+        .. ' attempt not counted'
     else
       why = 'lease expired before the job started, ' .. string.format('%d', stalls + 1)
         .. ' times: counted as an attempt; worker ' .. who .. ' stopped heartbeating'

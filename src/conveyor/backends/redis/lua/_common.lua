@@ -1,36 +1,40 @@
 -- _common.lua: the prelude every Conveyor script but enqueue_one starts with, after _core.lua
--- (redis.py prepends both at load).
+-- (scripts.py prepends both at load, after the key names keys.py generates: K, K_STATE,
+-- STATES, NHEAD, NQK and queue_keys; see lua_layout there).
 --
--- KEYS, the same header for every script (P is the app's prefix "{name}", whose braces are the
--- Redis Cluster hash tag, so every key below, and every key made by appending a job id to a
--- prefix key, lands in one slot):
---   KEYS[1]  P:job:        prefix key; P:job:<id> is the job's HASH (step records are its
---                          fields step:<name>)
---   KEYS[2]  P:errors:     prefix key; P:errors:<id> is the job's LIST of error JSON objects
---   KEYS[3]  P:jobs        ZSET of every job id (score = id), for listing newest first
---   KEYS[4..9]  P:state:scheduled|available|running|succeeded|dead|cancelled
---                          ZSET of ids per state (score = id), for listing by state
---   KEYS[10] P:unique      HASH unique_key -> id of the job holding it (unfinished, or succeeded
---                          with a unique_for: enqueue checks finished_at + unique_for > now)
---   KEYS[11] P:expiries    HASH queue -> number of leases that expired; 'missing/<queue>' ->
---                          ids found without a job hash and dropped (see forget_missing)
---   KEYS[12] P:queues      SET of the queues that hold jobs (see forget_queue_if_empty)
---   KEYS[13] P:ids         STRING, INCR counter of job ids
---   KEYS[14] P:workers     HASH worker id -> JSON info
---   KEYS[15] P:seen        ZSET worker id -> last_seen
---   KEYS[16] P:cron        HASH cron schedule name -> last tick taken (unix seconds)
---   KEYS[17] P:conc:       prefix key; P:conc:<concurrency key> is a ZSET of the ids of the
---                          running jobs with that key, score = lease_expires_at (claim adds,
---                          leave() removes, heartbeat rescores; emptied keys vanish)
---   KEYS[18] P:rate:       prefix key; P:rate:<rate key> is a ZSET of the claims of jobs with
---                          that key, member = id:lease token, score = claim time + the job's
---                          rate_period (the end of its window); PEXPIREd to its last entry
---   KEYS[19] P:leases      ZSET of every running job across queues, member = id/queue (a '/' is
---                          never in a queue name), score = lease_expires_at: reap reads only
---                          the expired head (see gmember)
---   KEYS[20] P:schedule    ZSET of every scheduled job across queues, member = id/queue, score =
---                          run_at: promote reads only the due head
--- then one block of 11 keys per queue named in ARGV, in the same order:
+-- KEYS, the same header for every script, in the order of STORE_KEYS in keys.py. Scripts name
+-- each key (K.unique, K_STATE.running, q.available), never its position. P is the app's prefix
+-- "{name}", whose braces are the Redis Cluster hash tag, so every key below, and every key made
+-- by appending a job id to a prefix key, lands in one slot:
+--   job        P:job:        prefix key; P:job:<id> is the job's HASH (step records are its
+--                            fields step:<name>)
+--   errors     P:errors:     prefix key; P:errors:<id> is the job's LIST of error JSON objects
+--   jobs       P:jobs        ZSET of every job id (score = id), for listing newest first
+--   state:<s>  P:state:<s>   one ZSET of ids per state in STATES (score = id), for listing by
+--                            state
+--   unique     P:unique      HASH unique_key -> id of the job holding it (unfinished, or
+--                            succeeded with a unique_for: enqueue checks finished_at +
+--                            unique_for > now)
+--   expiries   P:expiries    HASH queue -> number of leases that expired; 'missing/<queue>' ->
+--                            ids found without a job hash and dropped (see forget_missing)
+--   queues     P:queues      SET of the queues that hold jobs (see forget_queue_if_empty)
+--   ids        P:ids         STRING, INCR counter of job ids
+--   workers    P:workers     HASH worker id -> JSON info
+--   seen       P:seen        ZSET worker id -> last_seen
+--   cron       P:cron        HASH cron schedule name -> last tick taken (unix seconds)
+--   conc       P:conc:       prefix key; P:conc:<concurrency key> is a ZSET of the ids of the
+--                            running jobs with that key, score = lease_expires_at (claim adds,
+--                            leave() removes, heartbeat rescores; emptied keys vanish)
+--   rate       P:rate:       prefix key; P:rate:<rate key> is a ZSET of the claims of jobs with
+--                            that key, member = id:lease token, score = claim time + the job's
+--                            rate_period (the end of its window); PEXPIREd to its last entry
+--   leases     P:leases      ZSET of every running job across queues, member = id/queue (a '/'
+--                            is never in a queue name), score = lease_expires_at: reap reads
+--                            only the expired head (see gmember)
+--   schedule   P:schedule    ZSET of every scheduled job across queues, member = id/queue,
+--                            score = run_at: promote reads only the due head
+-- then one block per queue named in ARGV, in the same order, its keys in the order of
+-- QUEUE_KEYS in keys.py (queue_keys(b, name) names them):
 --   P:q:<queue>:available  ZSET, score = priority, member = tag .. sortable(run_at) .. id
 --                          (see member())
 --   P:q:<queue>:scheduled  ZSET id, score = run_at
@@ -53,31 +57,20 @@
 -- meets a job of a queue it was not given answers {'need', queue} and the caller retries
 -- with that queue's block.
 
-local P_JOB, P_ERR, K_ALL = KEYS[1], KEYS[2], KEYS[3]
-local K_STATE = {
-  scheduled = KEYS[4], available = KEYS[5], running = KEYS[6],
-  succeeded = KEYS[7], dead = KEYS[8], cancelled = KEYS[9],
-}
-local K_UNIQUE, K_EXPIRIES, K_QUEUES, K_IDS = KEYS[10], KEYS[11], KEYS[12], KEYS[13]
-local K_WORKERS, K_SEEN, K_CRON = KEYS[14], KEYS[15], KEYS[16]
-local P_CONC, P_RATE = KEYS[17], KEYS[18]
-local K_LEASES, K_SCHEDULE = KEYS[19], KEYS[20]
-local NHEAD, NQK = 20, 11
+local P_JOB, P_ERR, K_ALL = K.job, K.errors, K.jobs
+local K_UNIQUE, K_EXPIRIES, K_QUEUES, K_IDS = K.unique, K.expiries, K.queues, K.ids
+local K_WORKERS, K_SEEN, K_CRON = K.workers, K.seen, K.cron
+local P_CONC, P_RATE = K.conc, K.rate
+local K_LEASES, K_SCHEDULE = K.leases, K.schedule
 local KEEP_ERRORS = 20
 
 local NQ = tonumber(ARGV[1])
 local Q = {}
 local QNAMES = {}
 for i = 1, NQ do
-  local b = NHEAD + (i - 1) * NQK
   local name = ARGV[1 + i]
   QNAMES[i] = name
-  Q[name] = {
-    name = name, available = KEYS[b + 1], scheduled = KEYS[b + 2], running = KEYS[b + 3],
-    succeeded = KEYS[b + 4], dead = KEYS[b + 5], cancelled = KEYS[b + 6],
-    jobs = KEYS[b + 7], wake = KEYS[b + 8], fair = KEYS[b + 9], due = KEYS[b + 10],
-    inbox = KEYS[b + 11],
-  }
+  Q[name] = queue_keys(NHEAD + (i - 1) * NQK, name)
 end
 -- Before anything reads a queue's indexes, its inbox goes into them (see fold_inbox).
 for i = 1, NQ do
@@ -286,7 +279,8 @@ end
 local function add_error(id, attempt, now, worker_id, rest)
   local wid = 'null'
   if worker_id then wid = cjson.encode(worker_id) end
-  local doc = '{"attempt":' .. attempt .. ',"at":' .. jnum(now) .. ',"worker_id":' .. wid .. ',' .. rest .. '}'
+  local doc = '{"attempt":' .. attempt .. ',"at":' .. jnum(now) .. ',"worker_id":' .. wid .. ','
+    .. rest .. '}'
   redis.call('RPUSH', P_ERR .. id, doc)
   redis.call('LTRIM', P_ERR .. id, -KEEP_ERRORS, -1)
 end
@@ -323,8 +317,8 @@ end
 -- never in a queue name), instead of failing the whole batch. A member of `available` is not
 -- known without the hash: claim, the one script that finds one there, has popped it already.
 local function forget_missing(q, id)
-  for _, state in ipairs({'scheduled', 'running', 'succeeded', 'dead', 'cancelled'}) do
-    redis.call('ZREM', q[state], id)
+  for _, state in ipairs(STATES) do
+    if state ~= 'available' then redis.call('ZREM', q[state], id) end
   end
   for _, k in pairs(K_STATE) do redis.call('ZREM', k, id) end
   for _, k in pairs(K_GLOBAL) do redis.call('ZREM', k, gmember(q, id)) end
@@ -344,7 +338,8 @@ local function promote_queue(q, now, limit)
     redis.call('ZREM', q.scheduled, id)
     redis.call('ZREM', K_STATE.scheduled, id)
     redis.call('ZREM', K_SCHEDULE, gmember(q, id))
-    local f = redis.call('HMGET', key, 'run_at', 'priority', 'fair_tag', 'concurrency_key', 'rate_key')
+    local f = redis.call('HMGET', key, 'run_at', 'priority', 'fair_tag', 'concurrency_key',
+      'rate_key')
     if f[1] then
       enter_available(q, id, key, tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or 0), f[4], f[5])
       n = n + 1
@@ -371,8 +366,8 @@ end
 -- Returns the job's queue (nil when the lease is not held), then its concurrency key, unique key
 -- and unique_for (each false when the job has none), read in the same call.
 local function fenced(key, token, now)
-  local f = redis.call('HMGET', key, 'state', 'lease_token', 'lease_expires_at', 'queue', 'concurrency_key',
-    'unique_key', 'unique_for')
+  local f = redis.call('HMGET', key, 'state', 'lease_token', 'lease_expires_at', 'queue',
+    'concurrency_key', 'unique_key', 'unique_for')
   if f[1] ~= 'running' or f[2] ~= token or tonumber(f[3]) < now then return nil end
   return f[4], f[5], f[6], f[7]
 end
@@ -423,7 +418,8 @@ local function succeed(q, id, key, token, ck, uk, ufor, now, has_result, result,
     wake(q, 1)
   end
   redis.call('HDEL', key, 'lease_token', 'lease_expires_at')
-  local fields = {'finished_at', t, 'last_token', token, 'last_outcome', 'succeeded', 'state', 'succeeded'}
+  local fields = {'finished_at', t, 'last_token', token, 'last_outcome', 'succeeded', 'state',
+    'succeeded'}
   if has_result == '1' then
     fields[#fields + 1] = 'result'
     fields[#fields + 1] = result

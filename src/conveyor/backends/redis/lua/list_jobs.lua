@@ -27,7 +27,8 @@ while #found <= limit and looked < budget do
     looked = looked + 1
     last = id
     local f = redis.call('HMGET', P_JOB .. id, 'state', 'queue', 'task')
-    if f[1] and (fs == '' or f[1] == fs) and (fq == '' or f[2] == fq) and (ft == '' or f[3] == ft) then
+    if f[1] and (fs == '' or f[1] == fs) and (fq == '' or f[2] == fq)
+        and (ft == '' or f[3] == ft) then
       found[#found + 1] = id
       if #found > limit then break end
     end

@@ -11,13 +11,14 @@
 -- key adds its claim to P:rate:<key>.
 -- A walk that admits nothing records in the queue's 'hold' field (P:q:<queue>:fair) when it is
 -- worth looking again: when the earliest rate window met ends, or at most HOLD_S ahead for a
--- full concurrency key, with the full keys (up to HOLD_KEYS of them) and their running counts, so
--- a slot freed by a job of another queue sharing the key ends it too. Until then claims answer at once without walking, and peek tells idle
--- workers to sleep until then, so a held-back head costs one walk per hold, not one per idle
--- worker per poll. Whatever may let a job run sooner clears it (unhold in _common.lua): a job
--- becoming available, a slot of a job of this queue freed. HOLD_S bounds the wait for a slot
--- freed by a job of another queue sharing a key when the walk met more full keys than it
--- names (that queue's keys are not at hand where the slot frees).
+-- full concurrency key, with the full keys (up to HOLD_KEYS of them) and their running counts,
+-- so a slot freed by a job of another queue sharing the key ends it too. Until then claims
+-- answer at once without walking, and peek tells idle workers to sleep until then, so a
+-- held-back head costs one walk per hold, not one per idle worker per poll. Whatever may let a
+-- job run sooner clears it (unhold in _common.lua): a job becoming available, a slot of a job
+-- of this queue freed. HOLD_S bounds the wait for a slot freed by a job of another queue
+-- sharing a key when the walk met more full keys than it names (that queue's keys are not at
+-- hand where the slot frees).
 -- KEYS: the common header, then the block of the queue.
 -- ARGV: 1, queue; now ('' = the store's clock), limit, lease_s, worker_id, scan (CLAIM_SCAN:
 --   most waiting jobs the walk looks at), start (the first `start` jobs claimed start at once;
@@ -25,16 +26,16 @@
 --   says they started, and reap gives them back uncounted), then `limit` lease tokens made by
 --   the client (Lua's math.random is not a safe source of them; they begin with the claim's id).
 -- Returns {} when nothing was claimed, {'hold', until, entries walked} when limits hold every
--- waiting job back (see above), else {now, lease expiry, then one {id, base, extra,
--- errors} per claimed job, in claim order; the n-th job returned holds the n-th token}. A job
--- whose hash is gone is dropped from the indexes and not returned (forget_missing): base is the values of BASE (below), in that order,
--- and extra is empty; or, for a job with other fields, base is empty and extra is the job's
--- hash as field, value pairs, without what the claiming worker
+-- waiting job back (see above), else {now, lease expiry, then one {id, base, extra, errors} per
+-- claimed job, in claim order; the n-th job returned holds the n-th token}. A job whose hash is
+-- gone is dropped from the indexes and not returned (forget_missing). base is the values of
+-- BASE (below), in that order, and extra is empty; or, for a job with other fields, base is
+-- empty and extra is the job's hash as field, value pairs, without what the claiming worker
 -- knows already (its queue, state, attempted_at = now, worker_id, lease_token = its token in
--- claim order, lease_expires_at, held) or never reads (fair_tag). Most jobs have no other field, and
--- then the hash is not read whole: every string of the reply costs Redis a conversion and the
--- worker a parse (they were a third of each job's cost), and a value without its field name
--- is half the strings.
+-- claim order, lease_expires_at, held) or never reads (fair_tag). Most jobs have no other
+-- field, and then the hash is not read whole: every string of the reply costs Redis a
+-- conversion and the worker a parse (a large part of each job's cost: docs/benchmarks.md,
+-- Design measurements), and a value without its field name is half the strings.
 local q = Q[QNAMES[1]]
 local now = clock(arg(1))
 local limit = tonumber(arg(2))
@@ -124,8 +125,8 @@ if gated then
     for b = 1, #batch, 2 do
       if #picked >= limit then break end
       local m = batch[b]
-      local f = redis.call('HMGET', P_JOB .. id_of(m), 'concurrency_key', 'concurrency_limit', 'rate_key',
-        'rate_limit', 'rate_period')
+      local f = redis.call('HMGET', P_JOB .. id_of(m), 'concurrency_key', 'concurrency_limit',
+        'rate_key', 'rate_limit', 'rate_period')
       local ck, rk = f[1], f[3]
       local ok = true
       if ck then
@@ -182,8 +183,8 @@ end
 
 -- BASE: the fields whose values the reply gives in this order; fair_tag is read with them only
 -- to know it is there (the reply leaves it out).
-local BASE = {'task', 'args', 'priority', 'run_at', 'attempt', 'max_attempts', 'timeout_s', 'meta', 'created_at',
-  'uid', 'fair_tag'}
+local BASE = {'task', 'args', 'priority', 'run_at', 'attempt', 'max_attempts', 'timeout_s', 'meta',
+  'created_at', 'uid', 'fair_tag'}
 local NBASE, ATTEMPT = #BASE, 5  -- BASE[ATTEMPT] == 'attempt'
 -- OMIT: what the reply never sends. PLAIN: how many fields a claimed job has when it has
 -- nothing beyond BASE and OMIT (fair_tag is in both).

@@ -1,5 +1,5 @@
 -- _core.lua: what every script starts with, _common.lua's prelude and enqueue_one alike
--- (redis.py prepends it at load): time, number and member encodings, the wake-up, and the
+-- (scripts.py prepends it at load): time, number and member encodings, the wake-up, and the
 -- inbox fold.
 
 -- Markers kept per wake list: enough to wake several idle workers for a burst, few enough

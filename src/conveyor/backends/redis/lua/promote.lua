@@ -19,7 +19,8 @@ local n = 0
 for k = 1, #found do
   local id, q = found[k][1], found[k][2]
   local key = P_JOB .. id
-  local f = redis.call('HMGET', key, 'run_at', 'priority', 'fair_tag', 'concurrency_key', 'rate_key', 'state')
+  local f = redis.call('HMGET', key, 'run_at', 'priority', 'fair_tag', 'concurrency_key',
+    'rate_key', 'state')
   if not f[1] then
     forget_missing(q, id)  -- its hash is gone: see there
   elseif f[6] ~= 'scheduled' then

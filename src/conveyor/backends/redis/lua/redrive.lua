@@ -19,13 +19,14 @@ local back = {}  -- the jobs revived: {id, queue, priority, fair key, concurrenc
 
 local function redrive(id)
   local key = P_JOB .. id
-  local f = redis.call('HMGET', key, 'state', 'queue', 'unique_key', 'priority', 'fair_key', 'concurrency_key',
-    'rate_key')
+  local f = redis.call('HMGET', key, 'state', 'queue', 'unique_key', 'priority', 'fair_key',
+    'concurrency_key', 'rate_key')
   if f[1] ~= 'dead' then return end
   local q = Q[f[2]]
   if f[3] then
     local holder = redis.call('HGET', K_UNIQUE, f[3])
-    if holder and holder ~= id and is_unfinished(redis.call('HGET', P_JOB .. holder, 'state')) then return end
+    local other = holder and holder ~= id
+    if other and is_unfinished(redis.call('HGET', P_JOB .. holder, 'state')) then return end
     redis.call('HSET', K_UNIQUE, f[3], id)
   end
   leave(q, id, 'dead')

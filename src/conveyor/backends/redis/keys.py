@@ -1,0 +1,135 @@
+"""The key layout of a Conveyor store in Redis, in one table (as BullMQ's queue-keys.ts).
+
+Every key is ``{prefix}:<suffix>``; the braces are the Redis Cluster hash tag, so all keys of
+one app, and every key a script makes by appending an id or a name to a prefix key, land in
+one slot. The scripts get their keys in KEYS (so Cluster can route them) in the order of the
+tables below, and never count positions themselves: ``lua_layout`` writes, into each script
+at load, a table from each name to its KEYS[i]. Adding a key or a job state is one line here.
+docs/redis.md and the top of ``lua/_common.lua`` say what each key holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+# The job states that have index sets (P:state:<state>, P:q:<queue>:<state>).
+STATES = ("scheduled", "available", "running", "succeeded", "dead", "cancelled")
+
+# The store-wide keys every script of the shared prelude (_common.lua) gets, in this order
+# (its KEYS header): name in the scripts -> suffix after "{prefix}:". A suffix ending in ':' is
+# a prefix key, to which the script appends an id or a concurrency or rate key.
+STORE_KEYS: dict[str, str] = {
+    "job": "job:",
+    "errors": "errors:",
+    "jobs": "jobs",
+    **{f"state:{s}": f"state:{s}" for s in STATES},
+    "unique": "unique",
+    "expiries": "expiries",
+    "queues": "queues",
+    "ids": "ids",
+    "workers": "workers",
+    "seen": "seen",
+    "cron": "cron",
+    "conc": "conc:",
+    "rate": "rate:",
+    "leases": "leases",
+    "schedule": "schedule",
+}
+
+# Each queue's keys, "{prefix}:q:<queue>:<name>", in the order of a script's block for the
+# queue (after the header): one index set per state, then the rest.
+QUEUE_KEYS: tuple[str, ...] = (*STATES, "jobs", "wake", "fair", "due", "inbox")
+
+# Keys only the client uses (never in a script's KEYS): name -> suffix after "{prefix}:".
+# Besides these: lock:<name> (try_lock) and wake:<random> (a backend's private wake list).
+CLIENT_KEYS: dict[str, str] = {
+    # Set once every queue's own running and scheduled sets were swept into the global ones
+    # (P:leases, P:schedule): a store written before those existed has no such key.
+    "indexed": "indexed",
+    "maintenance": "lock:maintenance",
+}
+
+# The scripts that skip the shared prelude name their own few keys (K in lua_layout):
+# enqueue_one.lua the ones the one-job path writes (of STORE_KEYS, then "q:<name>" of the job's
+# queue's QUEUE_KEYS), get.lua a job's own hash and error list, lock.lua and unlock.lua the lock.
+ENQUEUE_ONE_KEYS = ("job", "jobs", "state:available", "queues", "ids", "q:available", "q:jobs",
+                    "q:wake", "q:fair", "q:due", "q:inbox")
+GET_KEYS = ("job", "errors")
+LOCK_KEYS = ("lock",)
+
+
+class Keys:
+    """The keys of one app (``prefix``), built from the tables above."""
+
+    def __init__(self, prefix: str) -> None:
+        p = "{" + prefix + "}"
+        self.p = p
+        store = {name: f"{p}:{suffix}" for name, suffix in STORE_KEYS.items()}
+        self.store = store
+        self.header = list(store.values())  # the KEYS header of the prelude's scripts
+        self.job_prefix, self.all_jobs = store["job"], store["jobs"]
+        self.queues, self.ids, self.cron = store["queues"], store["ids"], store["cron"]
+        self.leases, self.schedule = store["leases"], store["schedule"]
+        self.indexed = f"{p}:{CLIENT_KEYS['indexed']}"
+        self.maintenance = f"{p}:{CLIENT_KEYS['maintenance']}"
+
+    def job(self, job_id: int) -> str:
+        return f"{self.store['job']}{job_id}"
+
+    def errors(self, job_id: int) -> str:
+        return f"{self.store['errors']}{job_id}"
+
+    def queue(self, queue: str, what: str) -> str:
+        return f"{self.p}:q:{queue}:{what}"
+
+    def block(self, queue: str) -> list[str]:
+        """The queue's keys as a script's block for it (QUEUE_KEYS)."""
+        return [self.queue(queue, what) for what in QUEUE_KEYS]
+
+    def state(self, state: str) -> str:
+        return self.store[f"state:{state}"]
+
+    def lock(self, name: str) -> str:
+        return f"{self.p}:lock:{name}"
+
+    def private_wake(self, tag: str) -> str:
+        return f"{self.p}:wake:{tag}"
+
+    def enqueue_one(self, queue: str) -> list[str]:
+        """enqueue_one.lua's KEYS (ENQUEUE_ONE_KEYS) for a job of ``queue``."""
+        return [self.queue(queue, name[2:]) if name.startswith("q:") else self.store[name]
+                for name in ENQUEUE_ONE_KEYS]
+
+    def get(self, job_id: int) -> list[str]:
+        """get.lua's KEYS (GET_KEYS): the job's hash and its error list."""
+        return [self.job(job_id), self.errors(job_id)]
+
+
+def _lua_names(names: Sequence[str], base: str) -> str:
+    return ", ".join(f"['{name}'] = KEYS[{base}{i}]" for i, name in enumerate(names, 1))
+
+
+def lua_layout(store: Sequence[str], queue: Sequence[str] = ()) -> str:
+    """Lua that names a script's KEYS: ``K`` maps each of ``store`` to its key, ``STATES``
+    lists the job states, and (with ``queue``) ``K_STATE`` maps each state to its P:state:<s>
+    key, ``queue_keys(b, name)`` makes the table of a queue block that starts after KEYS[b],
+    and NHEAD and NQK are the header's and a block's lengths. Written out as table
+    constructors, so naming costs a script nothing at run time."""
+    for name in (*store, *queue):
+        assert name.replace(":", "").replace("_", "").isalnum(), name  # Lua literal safety
+    lines = [
+        "-- Generated from keys.py at load: which of KEYS each name is (see there).",
+        f"local K = {{{_lua_names(store, '')}}}",
+        "local STATES = {" + ", ".join(f"'{s}'" for s in STATES) + "}",
+    ]
+    if queue:
+        index = {name: i for i, name in enumerate(store, 1)}
+        states = ", ".join(f"['{s}'] = KEYS[{index[f'state:{s}']}]" for s in STATES)
+        lines += [
+            f"local K_STATE = {{{states}}}",
+            f"local NHEAD, NQK = {len(store)}, {len(queue)}",
+            "local function queue_keys(b, name)",
+            f"  return {{name = name, {_lua_names(queue, 'b + ')}}}",
+            "end",
+        ]
+    return "\n".join(lines) + "\n"

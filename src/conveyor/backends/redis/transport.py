@@ -1,0 +1,426 @@
+"""The connection to Redis: URL options, connections, the retry policy, and script calls.
+
+Every call has a socket timeout. Connection failures become :class:`StoreUnavailable`.
+Reads and idempotent writes are retried for a short while; a write that is not idempotent
+(enqueue, claim, cancel, ...) is retried only when the failure came before the command was
+sent, because a reply lost in flight does not tell whether the script ran.
+
+Script calls go out on connections of our own (made from redis-py's pool class and settings,
+counted and closed here), not through redis-py's pipeline: see ``Transport.send_scripts``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.commands.core import Script
+from redis.retry import Retry
+
+from ...errors import ConfigurationError, PayloadError, StorageFull, StoreError, StoreUnavailable
+from .scripts import BARE_SCRIPTS, SCRIPT_NAMES, _load_script
+
+try:
+    from hiredis import pack_command as _hiredis_pack_command
+
+    def _pack(conn: Any, command: tuple[Any, ...]) -> list[Any]:
+        return [_hiredis_pack_command(command)]
+except ImportError:  # hiredis comes with the redis extra; redis-py's own packer otherwise
+    def _pack(conn: Any, command: tuple[Any, ...]) -> list[Any]:
+        return list(conn.pack_command(*command))
+
+T = TypeVar("T")
+
+ScriptCall = tuple[str, Sequence[str], Sequence[Any]]  # script name, keys, args
+
+PREFIX_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+DEFAULT_SOCKET_TIMEOUT = 5.0
+DEFAULT_CONNECT_TIMEOUT = 2.0
+RETRY_BUDGET = 2.0  # seconds a retryable call keeps trying before it reports the store down
+WAIT_SLICE = 1.0  # longest single BLPOP; the socket timeout of waiters is this plus the normal one
+# A connection of send_scripts idle this long is closed, all but the most recently used: a burst
+# of calls from several threads (a worker waking from a pause, a producer's request spike) made
+# one each, and they would otherwise stay open for the process's life. The one kept serves a
+# quiet producer without a handshake per call; a burst that comes back pays one per extra thread.
+IDLE_CLOSE_S = 2.0
+
+
+# No CLIENT SETINFO on connect (see Transport.__init__): redis-py 7+ takes driver_info=None;
+# before that, lib_name and lib_version None (deprecated since).
+_NO_LIB_INFO: dict[str, None] = (
+    {"driver_info": None}
+    if "driver_info" in inspect.signature(redis.connection.AbstractConnection.__init__).parameters
+    else {"lib_name": None, "lib_version": None}
+)
+
+# redis-py 8's cluster maintenance notifications (a CLIENT command per new RESP3 connection).
+_NO_MAINT_NOTIFICATIONS: dict[str, Any] = {}
+try:
+    from redis.maint_notifications import MaintNotificationsConfig
+except ImportError:  # redis-py before 7
+    pass
+else:
+    _NO_MAINT_NOTIFICATIONS["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
+
+
+class _NotSent(redis.ConnectionError):
+    """Connecting failed: the command was never sent, so retrying it cannot run it twice."""
+
+
+class _ConnectMixin:
+    idle_since = 0.0  # monotonic time it was last handed back to its idle stack (send_scripts)
+
+    def connect(self) -> None:
+        try:
+            super().connect()  # type: ignore[misc]
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if isinstance(exc, _NotSent | redis.AuthenticationError
+                          | redis.exceptions.AuthorizationError):
+                raise  # a wrong password is not worth retrying
+            raise _NotSent(str(exc)) from exc
+
+
+class _Connection(_ConnectMixin, redis.Connection):
+    pass
+
+
+class _SSLConnection(_ConnectMixin, redis.SSLConnection):
+    pass
+
+
+def parse_redis_url(url: str) -> tuple[str, str, dict[str, float]]:
+    """Split our own options (``prefix``, timeouts) off the URL; the rest goes to redis-py."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss"):
+        raise ConfigurationError(f"not a redis URL: {_redact(url)!r}")
+    prefix = "conveyor"
+    timeouts = {"socket_timeout": DEFAULT_SOCKET_TIMEOUT,
+                "socket_connect_timeout": DEFAULT_CONNECT_TIMEOUT}
+    rest: list[tuple[str, str]] = []
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key == "prefix":
+            prefix = value
+        elif key in timeouts:
+            try:
+                timeouts[key] = float(value)
+            except ValueError:
+                raise ConfigurationError(
+                    f"{_redact(url)!r}: {key} must be a number of seconds") from None
+            if not (timeouts[key] > 0 and math.isfinite(timeouts[key])):
+                raise ConfigurationError(f"{_redact(url)!r}: {key} must be > 0 seconds")
+        else:
+            rest.append((key, value))
+    if not PREFIX_RE.fullmatch(prefix):
+        raise ConfigurationError(
+            f"{_redact(url)!r}: prefix must be 1-64 characters from A-Z a-z 0-9 _ . : -, "
+            f"got {prefix!r}"
+        )
+    return prefix, parts._replace(query=urlencode(rest)).geturl(), timeouts
+
+
+def _redact(url: str) -> str:
+    from .. import redact_url
+
+    return redact_url(url)
+
+
+def _exposure_warnings(redis_url: str, where: str) -> list[str]:
+    """A Redis off this machine reached without TLS or without credentials: anyone on the path
+    can read the jobs, and anyone who can connect can change or delete them."""
+    parts = urlsplit(redis_url)
+    host = (parts.hostname or "localhost").lower()
+    if host in ("localhost", "::1") or host.startswith("127.") or parts.scheme == "unix":
+        return []
+    found = []
+    if parts.scheme != "rediss":
+        found.append(f"Redis at {where} is reached without TLS: job arguments and results cross "
+                     "the network in clear. Use rediss:// (see docs/security.md).")
+    if not parts.password:
+        found.append(f"Redis at {where} is reached without a password: anyone who can connect to "
+                     "it can read, change or delete jobs. Use an ACL user with a password "
+                     "(redis://user:pass@host).")
+    return found
+
+
+class Transport:
+    """One backend's way to Redis: redis-py clients for plain commands (``r``; ``rb`` for the
+    idle wait's blocking pops), and connections of its own for script calls."""
+
+    def __init__(self, url: str, redis_url: str, timeouts: dict[str, float]) -> None:
+        self.where = _redact(redis_url)
+        self.socket_timeout = timeouts["socket_timeout"]
+        self.closed = False  # set by the backend's close()
+        tls = urlsplit(redis_url).scheme == "rediss"
+        common: dict[str, Any] = {
+            "socket_connect_timeout": timeouts["socket_connect_timeout"],
+            "socket_keepalive": True,
+            "decode_responses": True,
+            # Retries are ours (see call): redis-py's would resend a script whose reply was lost.
+            "retry": Retry(NoBackoff(), 0),
+            "connection_class": _SSLConnection if tls else _Connection,
+            "max_connections": 1024,
+            "client_name": "conveyor",
+            # A new connection's handshake is round trips before the first command, and a call
+            # that needs a connection pays them within its own time bound. No CLIENT SETINFO (two,
+            # refused by Redis before 7.2) and no CLIENT MAINT_NOTIFICATIONS (redis-py 8 with
+            # RESP3; refused before Redis 8): HELLO (RESP3) and SETNAME are left.
+            **_NO_LIB_INFO,
+            **_NO_MAINT_NOTIFICATIONS,
+        }
+        try:
+            self.pool = redis.ConnectionPool.from_url(
+                redis_url, socket_timeout=self.socket_timeout, **common)
+            # Idle workers block in BLPOP for up to WAIT_SLICE: their reads need a longer timeout.
+            self.block_pool = redis.ConnectionPool.from_url(
+                redis_url, socket_timeout=WAIT_SLICE + self.socket_timeout, **common
+            )
+        except ValueError as exc:
+            raise ConfigurationError(f"{_redact(url)!r}: {exc}") from None
+        self.r = redis.Redis(connection_pool=self.pool)
+        self.rb = redis.Redis(connection_pool=self.block_pool)
+        self.scripts: dict[str, Script] = {
+            n: self.r.register_script(_load_script(n)) for n in SCRIPT_NAMES}
+        self.lock_scripts = {n: self.r.register_script(_load_script(n)) for n in BARE_SCRIPTS}
+        # The connections of send_scripts (see there) and of the loop claims: idle ones (those
+        # for the idle wait's blocking pop apart, with its longer timeout), and every one made and
+        # not yet closed for good, which is both the count checked against max_connections and
+        # what close() shuts. They are made from the pools' connection class and settings but
+        # not by the pools: a pool counts every connection it makes until the pool is reset, so
+        # closing idle ones used its cap up over a process's life.
+        self.idle: list[Any] = []
+        self.idle_blocking: list[Any] = []
+        self.made: set[Any] = set()
+        self._made_lock = threading.Lock()
+        self._max_connections = int(self.pool.max_connections)
+
+    # -- the retry policy ----------------------------------------------------------------
+    def call(self, what: str, fn: Callable[[], T], *, safe: bool) -> T:
+        """Run ``fn`` with our retry policy and error translation.
+
+        ``safe``: running it twice does no harm (reads, idempotent writes, fenced writes).
+        Otherwise only failures before sending are retried.
+        """
+        if self.closed:
+            raise StoreError("this backend is closed")
+        where = self.where
+        deadline = time.monotonic() + RETRY_BUDGET
+        pause = 0.02
+        sent = False  # a try failed after its command may have gone out
+        while True:
+            try:
+                return fn()
+            except (redis.AuthenticationError, redis.exceptions.AuthorizationError) as exc:
+                raise StoreError(
+                    f"Redis at {where} refused the credentials: {what} failed ({exc}); "
+                    "check the user and password in the URL"
+                ) from exc
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                unsent = isinstance(exc, _NotSent | redis.BusyLoadingError
+                                    | redis.exceptions.MaxConnectionsError)
+                sent = sent or not unsent
+                if (safe or unsent) and not self.closed and time.monotonic() + pause < deadline:
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.5)
+                    continue
+                if not sent:
+                    detail = "nothing was done"
+                elif safe:
+                    # (The last try may have failed to connect: an earlier one was sent.)
+                    detail = ("a reply was lost, so it may or may not have happened; "
+                              "it is safe to try again")
+                else:
+                    detail = "the reply was lost, so it may or may not have happened"
+                raise StoreUnavailable(
+                    f"Redis at {where} is unreachable: {what} failed ({exc}); {detail}") from exc
+            except redis.ResponseError as exc:
+                raise _response_error(exc, what, where) from exc
+            except redis.RedisError as exc:
+                raise StoreError(f"Redis at {where}: {what} failed: {exc}") from exc
+            except UnicodeEncodeError as exc:
+                raise PayloadError(f"{what}: a value is not valid UTF-8 text ({exc}); "
+                                   "nothing was written") from exc
+            except Exception as exc:
+                if self.closed:  # close() pulled the socket from under this call
+                    # (redis-py then fails oddly)
+                    raise StoreError(
+                        f"this backend is closed: {what} was cut short ({exc!r})") from exc
+                raise
+
+    # -- script calls --------------------------------------------------------------------
+    def script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """One script call: its reply, or its error reply raised; sent again once after
+        NOSCRIPT."""
+        [reply] = self.send_scripts([(name, keys, args)])
+        if isinstance(reply, redis.exceptions.NoScriptError):
+            [reply] = self.send_scripts([(name, keys, args)])
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    def send_scripts(self, calls: Sequence[ScriptCall], *,
+                     first: tuple[Any, ...] | None = None) -> list[Any]:
+        """EVALSHA each (script, keys, args) in one write on one connection of ours; the replies
+        in order, an error reply as its exception. This is redis-py's pipeline without its
+        command layer (argument checks, observability hooks, Script objects that ask SCRIPT
+        EXISTS first), which cost more client time than the script took to run. Commands go
+        out through the connection's send_packed_command and replies come back through its
+        parser, so timeouts, reconnects and error classes are redis-py's own. On NOSCRIPT (a
+        new server, a restart, a SCRIPT FLUSH) the refused scripts are loaded again; the refused
+        calls did nothing, and their callers send them again or take the careful path.
+        The connection comes from a list of our own rather than redis-py's pool, whose checkout
+        (a lock, pid and connection-count bookkeeping, observability hooks) cost a noticeable
+        part of a one-job enqueue; the one check of it that matters is kept: a connection the
+        server closed is replaced before anything is sent on it.
+        ``first``: a plain command sent ahead of the scripts in the same write (the idle wait's
+        blocking pop, on a connection with the longer timeout); its reply comes first."""
+        conn = self._checkout(blocking=first is not None)
+        try:
+            conn.connect()  # no-op when connected; _NotSent if it cannot
+            try:
+                stale = conn.can_read()  # stray data, or closed by the server (a restart, a kill)
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
+                stale = True
+            if stale:
+                # A fresh connection instead: a command sent on a dead one fails after it was
+                # sent (its outcome unknown), a failed connect fails before (nothing was done).
+                conn.disconnect()
+                conn.connect()
+            packed: list[Any] = [] if first is None else _pack(conn, first)
+            for name, keys, args in calls:
+                command = ("EVALSHA", self.scripts[name].sha, len(keys), *keys, *args)
+                packed += _pack(conn, command)
+            conn.send_packed_command(packed, check_health=False)
+            replies: list[Any] = []
+            if first is not None:
+                head = conn.read_response()
+            refused = False
+            for _ in calls:
+                try:
+                    replies.append(conn.read_response())
+                except redis.ResponseError as exc:
+                    replies.append(exc)
+                    refused = True
+        except BaseException:
+            conn.disconnect()  # replies may be left unread on it
+            raise
+        finally:
+            self._checkin(self.idle if first is None else self.idle_blocking, conn)
+        if refused:
+            self.reload_refused(calls, replies)
+        return replies if first is None else [head, *replies]
+
+    def reload_refused(self, calls: Sequence[ScriptCall], replies: Sequence[Any]) -> None:
+        """Load again the scripts the server answered NOSCRIPT to (blocking)."""
+        for name in {name for (name, _, _), r in zip(calls, replies, strict=True)
+                     if isinstance(r, redis.exceptions.NoScriptError)}:
+            script = self.scripts[name]
+            script.sha = self.call("load scripts",
+                                   functools.partial(self.r.script_load, script.script), safe=True)
+
+    # -- connections ---------------------------------------------------------------------
+    def _checkout(self, *, blocking: bool = False) -> Any:
+        try:
+            return (self.idle_blocking if blocking else self.idle).pop()  # atomic: no lock needed
+        except IndexError:
+            return self.make_connection(blocking=blocking)
+
+    def make_connection(self, *, blocking: bool = False) -> Any:
+        """A new connection (not connected yet), counted in ``made`` until ``discard``."""
+        pool = self.block_pool if blocking else self.pool
+        with self._made_lock:
+            if len(self.made) >= self._max_connections:
+                raise redis.exceptions.MaxConnectionsError(
+                    f"Too many connections: {len(self.made)} open, "
+                    f"max_connections={self._max_connections}")
+            conn = pool.connection_class(**pool.connection_kwargs)
+            self.made.add(conn)
+        return conn
+
+    def discard(self, conn: Any) -> None:
+        """Close ``conn`` for good and give its place under max_connections back."""
+        with self._made_lock:
+            self.made.discard(conn)
+        conn.disconnect()
+
+    def _checkin(self, stack: list[Any], conn: Any) -> None:
+        """Hand ``conn`` back (to the top: the next checkout takes the most recently used),
+        then close what has been idle for IDLE_CLOSE_S in either stack (see there)."""
+        now = time.monotonic()
+        conn.idle_since = now
+        stack.append(conn)
+        self._close_idle(self.idle, now)
+        self._close_idle(self.idle_blocking, now)
+
+    def _close_idle(self, stack: list[Any], now: float) -> None:
+        # A stack's bottom is its longest idle: checkouts and checkins both happen at the top.
+        # No lock: a connection in a stack is nobody's, and remove() fails (ValueError) if a
+        # checkout took it after it was looked at.
+        while len(stack) > 1:
+            try:
+                oldest = stack[0]
+            except IndexError:
+                return
+            if now - oldest.idle_since < IDLE_CLOSE_S:
+                return
+            try:
+                stack.remove(oldest)
+            except ValueError:
+                return
+            self.discard(oldest)
+
+    def open_connections(self) -> int:
+        """How many connections to Redis are open now (of ours and of both pools)."""
+        pooled = []
+        for pool in (self.pool, self.block_pool):
+            with pool._lock:
+                pooled += [*pool._available_connections, *pool._in_use_connections]
+        return sum(1 for c in [*list(self.made), *pooled] if getattr(c, "_sock", None) is not None)
+
+    def disconnect_all(self) -> None:
+        # Disconnecting shuts the waiters' sockets down, which ends their BLPOP at once.
+        self.pool.disconnect()
+        self.block_pool.disconnect()
+        for conn in list(self.made):
+            conn.disconnect()
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child: forget the parent's connections (never close or talk on them:
+        they are the parent's sockets too); the child makes its own. The lock is made anew: a
+        parent thread may have held it at the fork."""
+        self.idle, self.idle_blocking, self.made = [], [], set()
+        self._made_lock = threading.Lock()
+        self.pool.reset()
+        self.block_pool.reset()
+
+
+def _response_error(exc: redis.ResponseError, what: str, where: str) -> StoreError:
+    """An error reply as the error Conveyor raises for it."""
+    text = str(exc)
+    if (isinstance(exc, redis.exceptions.OutOfMemoryError) or text.startswith("OOM")
+            or "maxmemory" in text):
+        return StorageFull(
+            f"Redis at {where} is out of memory (maxmemory): {what} refused, nothing was written"
+        )
+    if text.startswith("MISCONF"):
+        # Redis refuses writes while it cannot write its AOF or RDB file (a full
+        # disk, most often), before running the script: nothing was written.
+        return StorageFull(
+            f"Redis at {where} cannot persist ({text}): {what} refused, nothing was "
+            "written; free disk space where Redis keeps its files, and it resumes by itself"
+        )
+    if isinstance(exc, redis.ReadOnlyError):
+        text += " (this server is a read-only replica: point the URL at the primary)"
+    elif isinstance(exc, redis.exceptions.NoPermissionError):
+        text += (" (the ACL user needs the scripting, hash, list, set, sorted set and string "
+                 "commands)")
+    return StoreError(f"Redis at {where}: {what} failed: {text}")
+
