@@ -84,6 +84,10 @@ class Worker:
     worker can take it; until a slot frees, this worker then claims no more than its free slots.
     So a held job never waits behind long ones for more than this.
 
+    ``burst`` (RQ's ``--burst``): stop once the queues have no available or due job and this
+    worker's own jobs have finished (what they enqueued included). Jobs scheduled for later,
+    retries in their backoff among them, do not keep it running.
+
     ``stuck_grace`` (default 60 s): a sync task that runs past its timeout is failed (or retried)
     at the timeout, but its thread cannot be killed and keeps the slot until the call returns:
     a stuck slot (``WorkerInfo.stuck``). When every slot has been stuck this long, the worker
@@ -110,6 +114,7 @@ class Worker:
         prefetch_hold: float = 1.0,
         stuck_grace: float = 60.0,
         heartbeat_file: str | None = None,
+        burst: bool = False,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be >= 1, got {concurrency}")
@@ -122,6 +127,7 @@ class Worker:
         self.weights = parse_queues(queues)
         self.strict = strict  # strict priority between queues instead of weighted sharing
         self.scheduler = scheduler  # run the app's cron schedules here too (safe in every worker)
+        self.burst = burst  # stop once the queues are empty (Claimer.burst_turn)
         self.concurrency = concurrency
         self.prefetch = prefetch
         self.prefetch_hold = float(prefetch_hold)

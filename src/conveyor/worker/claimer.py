@@ -192,7 +192,35 @@ class Claimer:
                 # (its store call would otherwise go first and hold them up).
                 await asyncio.sleep(0)
                 continue
+            if w.burst and await self.burst_turn():
+                continue
             await self._wait_idle(st)
+
+    async def burst_turn(self) -> bool:
+        """Mode (a burst worker, whose claim got nothing): while jobs of its own run, wait for
+        one to finish (its outcome may be a job to run: a child, a retry due now), up to a
+        poll interval, then claim again; once none runs, stop if the store has no job waiting
+        on the queues. True if it did either; False: jobs wait that limits hold back, and the
+        idle wait's backoff applies as in any worker."""
+        w = self.w
+        slot_freed = w.capacity.slot_freed
+        assert slot_freed is not None
+        running = len(w.leases.jobs)
+        if running or w.completer.queued:
+            slot_freed.clear()
+            deadline = time.monotonic() + w.poll_interval
+            # Parked, so that the ack loop writes the acks of jobs that finished meanwhile.
+            while (len(w.leases.jobs) >= running and w.leases.jobs and not slot_freed.is_set()
+                   and time.monotonic() < deadline and not w.stopping):
+                with contextlib.suppress(TimeoutError):
+                    await self._park(asyncio.wait_for(slot_freed.wait(), 0.02))
+            return True
+        waiting = await w._call(w._store, w.backend.wait_for_jobs, list(self.weights), 0.01)
+        if waiting:
+            return False
+        log.info("worker %s: no job waiting on its queues, stopping (burst)", w.id)
+        w._request_stop()
+        return True
 
     async def _read_ahead(self, st: _LoopState) -> list[Job] | None:
         """Mode: read the claim sent ahead. None if it failed (after a pause)."""

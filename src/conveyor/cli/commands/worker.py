@@ -57,11 +57,15 @@ from ..context import Ctx, pass_ctx
               type=click.Path(dir_okay=False),
               help="Rewrite this file at every heartbeat, for `conveyor health` (a liveness "
                    "probe; $CONVEYOR_HEARTBEAT_FILE; needs --processes 1).")
+@click.option("--burst", is_flag=True,
+              help="Exit (with code 0) once the queues have no available or due job and the "
+                   "jobs this worker started have finished: for CI, tests, batch runs.")
 @pass_ctx
 def worker(obj: Ctx, queues: str | None, concurrency: int, prefetch: int, prefetch_hold: float,
            processes: int, visibility_timeout: float | None, grace_period: float,
            poll_interval: float, stuck_grace: float, strict: bool, metrics_port: int | None,
-           metrics_addr: str, no_scheduler: bool, heartbeat_file: str | None) -> None:
+           metrics_addr: str, no_scheduler: bool, heartbeat_file: str | None,
+           burst: bool) -> None:
     """Run jobs. SIGTERM or Ctrl-C stops gracefully; a second one hurries."""
     app = obj.require_tasks("worker")
     if not queues:
@@ -72,7 +76,10 @@ def worker(obj: Ctx, queues: str | None, concurrency: int, prefetch: int, prefet
     w = Worker(app, queues=queues, concurrency=concurrency, visibility_timeout=visibility_timeout,
                grace_period=grace_period, poll_interval=poll_interval, strict=strict,
                scheduler=not no_scheduler, prefetch=prefetch, prefetch_hold=prefetch_hold,
-               stuck_grace=stuck_grace, heartbeat_file=heartbeat_file)
+               stuck_grace=stuck_grace, heartbeat_file=heartbeat_file, burst=burst)
+    if processes > 1 and burst:
+        raise click.UsageError("--burst needs --processes 1 (a supervisor restarts the workers "
+                               "that exit)")
     if processes > 1 and heartbeat_file:
         raise click.UsageError("--heartbeat-file needs --processes 1: a probe checks one process "
                                "(run more containers or units instead)")
@@ -106,7 +113,7 @@ def worker(obj: Ctx, queues: str | None, concurrency: int, prefetch: int, prefet
 
     click.echo(f"conveyor worker {w.id} on {redact_url(app.url)}: queues {queues}, "
                f"concurrency {concurrency}" + (f" (+{prefetch} prefetched)" if prefetch else "")
-               + f", lease {w.lease_s:g}s", err=True)
+               + f", lease {w.lease_s:g}s" + (", burst" if burst else ""), err=True)
     w.run()
     sys.stdout.flush()
     sys.stderr.flush()
