@@ -21,6 +21,7 @@ from .errors import (
     UnknownTask,
 )
 from .executor import JobContext, current_job
+from .hooks import HookEvent
 from .job import Job, JobState
 from .retry import RetryPolicy
 from .task import Task
@@ -30,6 +31,7 @@ __all__ = [
     "ConfigurationError",
     "Conveyor",
     "ConveyorError",
+    "HookEvent",
     "InvalidName",
     "Job",
     "JobContext",
