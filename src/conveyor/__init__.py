@@ -5,6 +5,7 @@ from .errors import (
     ArgumentsError,
     ConfigurationError,
     ConveyorError,
+    IncludeError,
     InvalidName,
     JobNotFound,
     LeaseLost,
@@ -21,6 +22,7 @@ from .errors import (
     UnknownTask,
 )
 from .executor import JobContext, current_job
+from .hooks import HookEvent
 from .job import Job, JobState
 from .retry import RetryPolicy
 from .task import Task
@@ -30,6 +32,8 @@ __all__ = [
     "ConfigurationError",
     "Conveyor",
     "ConveyorError",
+    "HookEvent",
+    "IncludeError",
     "InvalidName",
     "Job",
     "JobContext",

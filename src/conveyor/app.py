@@ -9,11 +9,12 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
-from . import payload
+from . import payload, tracing
 from .backends import absolute_url, open_backend, redact_url
 from .backends.base import Backend
 from .cron import Schedule
 from .errors import ConfigurationError, IncludeError, InvalidName, JobNotFound, UnknownTask
+from .hooks import Hooks
 from .job import Job
 from .payload import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_RESULT_BYTES, check_queue_name
 from .retry import ExceptionFilter, RetryPolicy, exception_classes
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 R = TypeVar("R")
+H = TypeVar("H", bound=Callable[..., Any])
 
 DEFAULT_URL = "sqlite:///conveyor.db"
 # What ``include`` accepts: a dotted module name, as ``import`` takes it.
@@ -117,6 +119,8 @@ class Conveyor:
         self.max_depths: dict[str, int] = {}
         self.schedules: dict[str, Schedule] = {}
         self.metrics: Metrics | None = None  # set by enable_metrics()
+        self.hooks = Hooks()  # @app.on(...); the worker's OpenTelemetry spans are hooks too
+        tracing.install(self.hooks)
         self._backend: Backend | None = None
         self._lock = threading.Lock()
 
@@ -220,6 +224,20 @@ class Conveyor:
             return t
 
         return register(fn) if fn is not None else register
+
+    def on(self, event: str) -> Callable[[H], H]:
+        """Register a lifecycle hook: ``@app.on("job_failed")``. Events: job_started,
+        job_succeeded, job_failed (the attempt failed, the job will retry), job_dead (failed for
+        good), worker_started, worker_stopping, process_init (once in each worker process,
+        before any job). The hook, sync or ``async def``, takes one :class:`HookEvent`. Sync
+        hooks of the job events run on the task's own thread just before and after the task;
+        async ones on the worker's event loop. A hook that raises is logged, never failing the
+        job or the worker. See docs/hooks.md."""
+
+        def register(fn: H) -> H:
+            return self.hooks.add(event, fn)
+
+        return register
 
     def cron(
         self, expression: str, *, name: str | None = None, timezone: str = "UTC",

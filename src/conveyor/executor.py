@@ -7,20 +7,23 @@ import contextvars
 import datetime as dt
 import enum
 import functools
+import threading
 import traceback
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import payload, tracing
+from . import payload
 from .backends.base import Backend, ErrorInfo, ErrorKind, Lease, transactional
 from .cron import tick_of
 from .errors import ArgumentsError, ConfigurationError, PayloadError, Reject, ResultTooLarge, Retry
+from .hooks import JobHooks
 from .job import Job
 from .threads import CallTimedOut, TaskThreads, ThreadCall
 
 if TYPE_CHECKING:
+    from .hooks import HookEvent
     from .signing import Signer
     from .task import Task
 
@@ -60,6 +63,7 @@ class JobContext:
         self._backend = backend
         self._max_result_bytes = max_result_bytes  # of a step's result
         self.completed = False  # set once transaction() committed the job's success
+        self.result: Any = None  # the result that transaction() committed
         # Set before transaction() writes the job's success, cleared only if that fails: from
         # then on the job is (about to be) finished, and its lease no longer the worker's concern.
         self.completing = False
@@ -192,6 +196,7 @@ class JobContext:
                 store.ack(Lease(self.job.id, token), encoded, connection=conn)
                 conn.commit()
                 self.completed = True
+                self.result = result  # what job_succeeded hooks are told
             except BaseException:
                 self.completing = False
                 self._steps = before  # steps recorded in the rolled-back transaction did not happen
@@ -284,12 +289,17 @@ async def _guard_async(coro: Coroutine[Any, Any, Any]) -> Any:
 
 
 class Execution:
-    """One attempt of one job. ``thread`` is set for sync tasks: it may outlive a timeout."""
+    """One attempt of one job. ``thread`` is set for sync tasks: it may outlive a timeout.
+
+    With job hooks (``hooks``), the task is wrapped: job_started before it and the outcome's
+    event after it, on its own thread (a sync task) or in its asyncio task (an async one), in
+    the task's context, so ``current_job()`` and thread-local state are the task's."""
 
     def __init__(
         self, job: Job, tasks: Mapping[str, Task[Any, Any]], pool: TaskThreads,
         backend: Backend | None = None, signer: Signer | None = None,
         context: contextvars.Context | None = None, max_result_bytes: int | None = None,
+        hooks: JobHooks | None = None,
     ) -> None:
         self.job = job
         self.max_result_bytes = max_result_bytes
@@ -297,14 +307,19 @@ class Execution:
         self.backend = backend
         self.tasks = tasks
         self.pool = pool
+        self.hooks = hooks
         self.thread: ThreadCall | None = None
         self.context: JobContext | None = None
-        self.span: Any = None
         self._base = context  # the context the task runs in a copy of (default: the caller's)
         self._prepared = False
         self._early: Outcome | None = None  # the outcome decided before the task could start
         self._task: Task[Any, Any] | None = None
         self._call: tuple[tuple[Any, ...], dict[str, Any], contextvars.Context] | None = None
+        self._returned: Any = None  # what the task returned (job_succeeded's result)
+        # The outcome, once decided: by the task's thread when the task returns, or by the
+        # loop when it stops waiting for that thread (a timeout, a cancel). Whichever is first
+        # stands, so a sync task's after-hooks report what the worker writes.
+        self._decided: Outcome | None = None
 
     def prepare(self, *, here: bool = False) -> None:
         """Everything of the attempt up to the task's start, callable from any thread; a sync
@@ -313,30 +328,35 @@ class Execution:
         (a thread hop that an idle worker's every job would pay). ``here``: called on one of
         the pool's threads, run the task on that thread next (TaskThreads.submit)."""
         self._prepared = True
-        self.span = tracing.start_attempt(self.job)
         self._early = self._check()
         if self._early is not None:
             return
         task = self._task
         assert task is not None and self._call is not None
-        args, kwargs, ctx = self._call
+        ctx = self._call[2]
         if not task.is_async:
-            call = functools.partial(_guard_sync, functools.partial(task.fn, *args, **kwargs))
             # Its timeout counts from here: the thread's future fails when it runs out.
-            self.thread = self.pool.submit(functools.partial(ctx.run, call),
+            self.thread = self.pool.submit(functools.partial(ctx.run, self._sync_attempt),
                                            timeout=self.job.timeout, here=here)
 
     async def run(self) -> Outcome:
         if not self._prepared:
             self.prepare()
-        outcome = self._early or await self._run()
-        if outcome.error is not None:
-            outcome = replace(outcome, error=bounded(outcome.error))
-        if self.context is not None and self.context.completed:
-            # Whatever happened after the transaction committed, the job is done.
-            outcome = Outcome(OutcomeKind.COMPLETED)
-        tracing.finish(self.span, outcome)
-        return outcome
+        try:
+            if self._early is not None:
+                outcome = self._finish(self._early)
+                if self.hooks is not None:  # dead before it started: no job_started
+                    event = self._after_event(outcome)
+                    if event is not None:
+                        loop = self.hooks.loop
+                        await self.pool.submit(functools.partial(
+                            self.hooks.hooks.run_on_thread, event, loop)).future
+            else:
+                outcome = await self._run()
+        except asyncio.CancelledError:
+            self._decide(_CANCELLED)  # its thread, if it returns, reports nothing
+            raise
+        return self._finish(outcome)
 
     def _check(self) -> Outcome | None:
         """Sets up the call; returns the job's outcome instead if it must not run at all."""
@@ -367,50 +387,97 @@ class Execution:
         ctx = self._base.copy() if self._base is not None else contextvars.copy_context()
         self.context = JobContext(job, self.backend, self.max_result_bytes)
         ctx.run(_current.set, self.context)
-        ctx.run(tracing.activate, self.span)
         self._task, self._call = task, (args, kwargs, ctx)
         return None
 
     async def _run(self) -> Outcome:
-        job, task, context = self.job, self._task, self.context
-        assert task is not None and context is not None and self._call is not None
-        args, kwargs, ctx = self._call
+        assert self._task is not None and self._call is not None
+        if self._task.is_async:
+            ctx = self._call[2]
+            return await asyncio.get_running_loop().create_task(self._async_attempt(),
+                                                                context=ctx)
+        thread = self.thread
+        assert thread is not None and self.context is not None
+        try:
+            return await thread.future  # type: ignore[no-any-return]
+        except CallTimedOut as exc:  # its thread runs on: the worker stops waiting for it
+            self.context.cancel()  # a sync task that checks current_job().cancelled stops now
+            return self._decide(self._failure(exc))
+
+    # -- the attempt itself, in the task's context ----------------------------------------
+    def _sync_attempt(self) -> Outcome:
+        """On the task's thread: the task between its hooks."""
+        task, hooks = self._task, self.hooks
+        assert task is not None and self._call is not None
+        args, kwargs, _ = self._call
+        if hooks is not None:
+            hooks.hooks.run_on_thread(hooks.event("job_started", self.job), hooks.loop)
+        try:
+            result = _guard_sync(functools.partial(task.fn, *args, **kwargs))
+        except Exception as exc:
+            outcome = self._failure(exc)
+        else:
+            outcome = self._success(result)
+        outcome = self._finish(outcome)
+        if hooks is not None:
+            outcome = self._decide(outcome)
+            event = self._after_event(outcome)
+            if event is not None:
+                hooks.hooks.run_on_thread(event, hooks.loop)
+        return outcome
+
+    async def _async_attempt(self) -> Outcome:
+        """In the task's own asyncio task: the task between its hooks."""
+        job, task, hooks = self.job, self._task, self.hooks
+        assert task is not None and self._call is not None
+        args, kwargs, _ = self._call
+        if hooks is not None:
+            await hooks.hooks.run_on_loop(hooks.event("job_started", job))
         deadline: asyncio.Timeout | None = None
         try:
-            if task.is_async:
-                async with asyncio.timeout(job.timeout) as deadline:
-                    coro = _guard_async(task.fn(*args, **kwargs))
-                    result = await asyncio.get_running_loop().create_task(coro, context=ctx)
-            else:
-                thread = self.thread
-                assert thread is not None
-                result = await thread.future  # fails with CallTimedOut when its timeout runs out
-        except Retry as exc:
+            async with asyncio.timeout(job.timeout) as deadline:
+                result = await _guard_async(task.fn(*args, **kwargs))
+        except Exception as exc:
+            outcome = self._failure(exc, deadline)
+        else:
+            outcome = self._success(result)
+        outcome = self._finish(outcome)
+        if hooks is not None:
+            event = self._after_event(outcome)
+            if event is not None:
+                await hooks.hooks.run_on_loop(event)
+        return outcome
+
+    def _failure(self, exc: Exception, deadline: asyncio.Timeout | None = None) -> Outcome:
+        """The outcome of an attempt whose task raised ``exc`` (or timed out: CallTimedOut)."""
+        job, task, context = self.job, self._task, self.context
+        assert task is not None and context is not None
+        if isinstance(exc, Retry):
             delay = exc.delay if exc.delay is not None else task.retry_policy.delay(job.attempts)
             return Outcome(OutcomeKind.RETRY, error=error_from(exc, "retry"), delay=delay)
-        except Reject as exc:
+        if isinstance(exc, Reject):
             return Outcome(OutcomeKind.DEAD, error=error_from(exc, "rejected"))
-        except (TimeoutError, CallTimedOut) as exc:
-            if isinstance(exc, CallTimedOut) or (deadline is not None and deadline.expired()):
-                context.cancel()  # a sync task that checks current_job().cancelled stops now
-                left = self.thread is not None and not self.thread.done()
-                timeout = ErrorInfo(
-                    kind="timeout", type="TimeoutError",
-                    message=f"task {job.task} did not finish within its timeout of "
-                            f"{job.timeout:g}s" + ("; its thread was left running" if left else ""),
-                )
-                # To the filters a timeout is a TimeoutError: its stored type says so too.
-                return failed(task, TimeoutError, timeout, job.attempts)
-            return failed(task, type(exc), error_from(exc), job.attempts)
-        except asyncio.CancelledError:
-            raise
-        except ResultTooLarge as exc:  # from ctx.once(): the step would return the same again
+        if isinstance(exc, CallTimedOut) or (isinstance(exc, TimeoutError) and deadline
+                                             is not None and deadline.expired()):
+            context.cancel()  # a sync task that checks current_job().cancelled stops now
+            left = self.thread is not None and not self.thread.done()
+            timeout = ErrorInfo(
+                kind="timeout", type="TimeoutError",
+                message=f"task {job.task} did not finish within its timeout of "
+                        f"{job.timeout:g}s" + ("; its thread was left running" if left else ""),
+            )
+            # To the filters a timeout is a TimeoutError: its stored type says so too.
+            return failed(task, TimeoutError, timeout, job.attempts)
+        if isinstance(exc, ResultTooLarge):  # from ctx.once(): the step would return as much
             return Outcome(OutcomeKind.DEAD, error=error_from(exc, "result_too_large"))
-        except Exception as exc:
-            return failed(task, type(exc), error_from(exc), job.attempts)
+        return failed(task, type(exc), error_from(exc), job.attempts)
+
+    def _success(self, result: Any) -> Outcome:
+        """The outcome of an attempt whose task returned ``result``."""
+        self._returned = result
         try:
             encoded = "null" if result is None else payload.encode_result(
-                result, what=f"result of {job.task}", limit=self.max_result_bytes)
+                result, what=f"result of {self.job.task}", limit=self.max_result_bytes)
         except ResultTooLarge as exc:
             # Dead, not retried: it would return as much again. No traceback: it is ours.
             return Outcome(OutcomeKind.DEAD, error=ErrorInfo(
@@ -419,3 +486,38 @@ class Execution:
             # Running it again would produce the same unstorable result.
             return Outcome(OutcomeKind.DEAD, error=error_from(exc, "bad_result"))
         return Outcome(OutcomeKind.SUCCEEDED, result=encoded)
+
+    def _finish(self, outcome: Outcome) -> Outcome:
+        if outcome.error is not None:
+            outcome = replace(outcome, error=bounded(outcome.error))
+        if self.context is not None and self.context.completed:
+            # Whatever happened after the transaction committed, the job is done.
+            outcome = Outcome(OutcomeKind.COMPLETED)
+        return outcome
+
+    def _decide(self, outcome: Outcome) -> Outcome:
+        """The attempt's outcome: ``outcome``, unless another was decided first."""
+        with _decide_lock:
+            if self._decided is None:
+                self._decided = outcome
+            return self._decided
+
+    def _after_event(self, outcome: Outcome) -> HookEvent | None:
+        """The hook event that ``outcome`` makes (None: the worker dropped the attempt)."""
+        hooks, job = self.hooks, self.job
+        assert hooks is not None
+        kind = outcome.kind
+        if outcome is _CANCELLED:
+            return None
+        if kind is OutcomeKind.SUCCEEDED or kind is OutcomeKind.COMPLETED:
+            result = (self.context.result if kind is OutcomeKind.COMPLETED
+                      and self.context is not None else self._returned)
+            return hooks.event("job_succeeded", job, result=result)
+        # A retry on the last attempt is made dead by the store, by the same rule.
+        last = kind is OutcomeKind.DEAD or job.attempts >= job.max_attempts
+        return hooks.event("job_dead" if last else "job_failed", job, error=outcome.error)
+
+
+_decide_lock = threading.Lock()
+# Decided when the worker cancelled the attempt (lost lease, job cancelled, hurried shutdown).
+_CANCELLED = Outcome(OutcomeKind.DEAD)

@@ -1,10 +1,15 @@
 """OpenTelemetry, when installed (``pip install 'conveyor[otel]'``): the trace context of the
 code that enqueues travels in the job, and the worker runs each attempt in a span that
 continues it. Without the package, every function here is a no-op.
+
+The worker side is a pair of lifecycle hooks (docs/hooks.md), registered first on every app:
+job_started opens the attempt's span and makes it current in the task's context; the
+outcome's event (job_succeeded, job_failed, job_dead) ends it.
 """
 
 from __future__ import annotations
 
+import contextvars
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +24,7 @@ except ImportError:  # optional dependency
     ENABLED = False
 
 if TYPE_CHECKING:
-    from .executor import Outcome
+    from .hooks import HookEvent, Hooks
     from .job import Job
 
 META_KEY = "trace"
@@ -64,20 +69,54 @@ def start_attempt(job: Job) -> Any:
     )
 
 
-def activate(span: Any) -> None:
-    """Make ``span`` current in the calling context (run inside the task's copied context)."""
-    if ENABLED and span is not None:
-        otel_context.attach(trace.set_span_in_context(span))
+# The attempt's span, between its job_started hook and its outcome's (the same context: the
+# task's).
+_span: contextvars.ContextVar[Any] = contextvars.ContextVar("conveyor_span", default=None)
+# The span's conveyor.outcome attribute, by hook event.
+_OUTCOMES = {"job_succeeded": "succeeded", "job_failed": "retry", "job_dead": "dead"}
 
 
-def finish(span: Any, outcome: Outcome) -> None:
-    """Record the attempt's outcome (and its error, if any) on ``span`` and end it."""
-    if not ENABLED or span is None:
+def install(hooks: Hooks) -> None:
+    """Register the worker's spans as hooks (the app does it when created)."""
+    if not ENABLED:
         return
-    span.set_attribute("conveyor.outcome", outcome.kind)
-    if outcome.error is not None:
-        span.set_attribute("conveyor.error.kind", outcome.error.kind)
-        span.set_attribute("exception.type", outcome.error.type)
-        span.set_attribute("exception.message", outcome.error.message)
-        span.set_status(Status(StatusCode.ERROR, outcome.error.message[:200]))
+    hooks.add("job_started", started, wanted=_configured)
+    for name in _OUTCOMES:
+        hooks.add(name, finished, wanted=_configured)
+
+
+def started(event: HookEvent) -> None:
+    """job_started: open the attempt's span and make it current for the task."""
+    if not _configured():
+        return
+    assert event.job is not None
+    span = start_attempt(event.job)
+    _span.set(span)
+    otel_context.attach(trace.set_span_in_context(span))
+
+
+def finished(event: HookEvent) -> None:
+    """The outcome's event: record it (and its error, if any) on the span and end it."""
+    span = _span.get()
+    if span is None:  # a job that could not start (unknown task, bad signature): dead at once
+        if not _configured():
+            return
+        assert event.job is not None
+        span = start_attempt(event.job)
+    else:
+        _span.set(None)
+    outcome = _OUTCOMES[event.name]
+    if event.name == "job_succeeded":
+        from .executor import current_job
+
+        ctx = current_job()
+        if ctx is not None and ctx.completed:
+            outcome = "completed"  # its success committed in the task's transaction
+    span.set_attribute("conveyor.outcome", outcome)
+    error = event.error
+    if error is not None:
+        span.set_attribute("conveyor.error.kind", error.kind)
+        span.set_attribute("exception.type", error.type)
+        span.set_attribute("exception.message", error.message)
+        span.set_status(Status(StatusCode.ERROR, error.message[:200]))
     span.end()

@@ -32,6 +32,7 @@ from ..app import Conveyor
 from ..backends.base import Backend, WorkerInfo
 from ..errors import ConfigurationError
 from ..health import HeartbeatFile
+from ..hooks import HookEvent
 from ..metrics import Metrics
 from ..threads import TaskThreads
 from .capacity import EXIT_STUCK, Capacity, Running, RunPhase
@@ -245,6 +246,9 @@ class Worker:
                  self.concurrency, self.lease_s)
         for line in self.app.task_listing():
             log.info("worker %s %s", self.id, line)
+        # Before any job: process_init (once per process), then worker_started.
+        await self.app.hooks.process_init(self._event("process_init"))
+        await self.app.hooks.run_on_loop(self._event("worker_started"))
         helpers = [
             loop.create_task(self.completer.ack_loop(), name="conveyor-acks"),
             loop.create_task(self.leases.heartbeat_loop(), name="conveyor-heartbeat"),
@@ -267,7 +271,12 @@ class Worker:
             finally:
                 await self._drain()
         finally:
+            # Its jobs are finished or released; the store is still open.
+            await self.app.hooks.run_on_loop(self._event("worker_stopping"))
             await self._shut_down(loop, helpers)
+
+    def _event(self, name: str) -> HookEvent:
+        return HookEvent(name, self.app, worker_id=self.id)
 
     async def _shut_down(self, loop: asyncio.AbstractEventLoop,
                          helpers: list[asyncio.Task[None]]) -> None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, assert_never
 from .. import faultpoints
 from ..backends.base import Lease
 from ..executor import Execution, OutcomeKind
+from ..hooks import JobHooks
 from ..job import Job
 from .capacity import Running, RunPhase
 from .completer import log_job
@@ -34,8 +35,11 @@ class Runner:
     def _execution(self, job: Job) -> Execution:
         w = self.w
         app = w.app
+        # Without job hooks, no events are built at all.
+        hooks = (JobHooks(app.hooks, app, w.id, w._loop) if app.hooks.any_job_hooks()
+                 else None)
         return Execution(job, app.tasks, w._pool, w.backend, app.signer, w._context,
-                         max_result_bytes=app.max_result_bytes)
+                         max_result_bytes=app.max_result_bytes, hooks=hooks)
 
     def start_early(self, jobs: Sequence[Job], startable: int) -> None:
         """Where a claim came back (a store thread, the idle waiter's task thread, or the loop

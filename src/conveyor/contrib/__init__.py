@@ -1,0 +1,1 @@
+"""Integrations with frameworks: each is optional and imports its framework only when used."""
