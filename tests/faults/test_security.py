@@ -227,9 +227,11 @@ BANNED_ATTRS = {("importlib", "import_module"), ("importlib", "__import__"), ("b
 # The places a module is imported by name: the CLI's --app option, i.e. the operator's own
 # input (like `python -m`), and the app's include= list, written in the application's own
 # source (Conveyor(include=[...]), checked to be dotted module names when the app is made).
-# Nothing read from a store gets to either.
+# The pytest plugin's conveyor_app ini option is the developer's own configuration, as --app
+# is. Nothing read from a store gets to any of them.
 ALLOWED = {("cli/context.py", "load_app", "importlib.import_module"),
-           ("app.py", "Conveyor.import_includes", "importlib.import_module")}
+           ("app.py", "Conveyor.import_includes", "importlib.import_module"),
+           ("testing/plugin.py", "_load", "importlib.import_module")}
 
 
 class _Scanner(ast.NodeVisitor):

@@ -12,7 +12,6 @@ See the docs page "Testing your tasks".
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -30,6 +29,14 @@ _HOME = {"DrainTimeout": "draining", "JobFailed": "draining", "adrain": "drainin
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _HOME:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)
+    # Plain imports, not importlib by a computed name: nothing here resolves names from data.
+    home = _HOME.get(name)
+    if home == "draining":
+        from . import draining
+
+        return getattr(draining, name)
+    if home == "stores":
+        from . import stores
+
+        return getattr(stores, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
