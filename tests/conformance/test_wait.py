@@ -179,6 +179,19 @@ def test_wait_is_woken_by_the_store_when_a_worker_kills_the_job(app: Conveyor,
     assert done.state == JobState.DEAD
 
 
+def test_wait_is_woken_by_the_store_when_a_worker_acks_the_job(app: Conveyor,
+                                                               never_poll: None) -> None:
+    @app.task(name="slow")
+    def slow() -> str:
+        time.sleep(0.3)
+        return "ok"
+
+    job = slow.enqueue()
+    with running_worker(app):
+        done = job.wait(timeout=60)
+    assert (done.state, done.result) == (JobState.SUCCEEDED, "ok")
+
+
 def test_wait_async_is_woken_by_the_store(app: Conveyor, never_poll: None,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     # One store wait for the whole call: no slice ends early to look again.
