@@ -320,6 +320,9 @@ class Backend(abc.ABC):
         limit); None if there is no such job. Looks at the job, then sleeps in
         ``finish_watch`` until woken or the next look is due (see ``finish_poll``)."""
         deadline = time.monotonic() + timeout
+        job = self.get(job_id)
+        if job is None or job.is_final or timeout <= 0:
+            return job  # no watch (a connection, a mark on the job) for what is settled
         pause, longest = self.finish_poll
         with self.finish_watch(job_id) as sleep:
             while True:
