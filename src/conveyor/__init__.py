@@ -19,6 +19,8 @@ from .errors import (
     StoreError,
     StoreUnavailable,
     UnknownTask,
+    WaitInTask,
+    WaitTimeout,
 )
 from .executor import JobContext, current_job
 from .job import Job, JobState
@@ -49,5 +51,7 @@ __all__ = [
     "StoreUnavailable",
     "Task",
     "UnknownTask",
+    "WaitInTask",
+    "WaitTimeout",
     "current_job",
 ]
