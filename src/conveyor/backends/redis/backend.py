@@ -33,13 +33,14 @@ from .maintenance import MaintenanceMixin
 from .settle import SettleMixin
 from .transport import WAIT_SLICE, ScriptCall
 
-# job.wait's count of waiters (P:wait:<id>): ARGV[1] added (0 renews the TTL), the key gone
-# once no waiter is left. Seconds it outlives a waiter that stopped renewing it:
+# job.wait's counts of waiters (P:wait:<id> and P:wait:any): ARGV[1] added (0 renews the TTL),
+# a key gone once no waiter is left. Seconds it outlives a waiter that stopped renewing it:
 _WAITER_TTL = 60
 _COUNT_WAITER = """
-local n = redis.call('INCRBY', KEYS[1], ARGV[1])
-if n <= 0 then redis.call('DEL', KEYS[1]) else redis.call('EXPIRE', KEYS[1], ARGV[2]) end
-return n
+for _, key in ipairs(KEYS) do
+  local n = redis.call('INCRBY', key, ARGV[1])
+  if n <= 0 then redis.call('DEL', key) else redis.call('EXPIRE', key, ARGV[2]) end
+end
 """
 log = logging.getLogger("conveyor.redis")
 
@@ -219,15 +220,17 @@ class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin):
     # -- waiting ----------------------------------------------------------------------------
     @contextlib.contextmanager
     def finish_watch(self, job_id: int) -> Iterator[Callable[[float], None]]:
-        """Counted in P:wait:<id>, which the finishing scripts read (tell_waiters in
-        _common.lua): a finish pushes a mark to P:wait:<id>:done, which this blocks on. The
-        count has a TTL, renewed as the wait goes on, so a waiter that dies is forgotten."""
+        """Counted in P:wait:<id> and P:wait:any, which the finishing scripts read
+        (tell_waiters in _common.lua): a finish pushes a mark to P:wait:<id>:done, which this
+        blocks on. The counts have a TTL, renewed as the wait goes on, so a waiter that dies
+        is forgotten."""
         count_key, done = self.keys.waiters(job_id), self.keys.done(job_id)
+        any_key = self.keys.waiters_anywhere()
         t = self._transport
 
         def count(by: int) -> None:
             t.call("count a waiter", functools.partial(
-                t.r.eval, _COUNT_WAITER, 1, count_key, by, _WAITER_TTL), safe=by == 0)
+                t.r.eval, _COUNT_WAITER, 2, count_key, any_key, by, _WAITER_TTL), safe=by == 0)
 
         def sleep(seconds: float) -> None:
             deadline = time.monotonic() + seconds

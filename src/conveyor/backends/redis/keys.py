@@ -35,7 +35,7 @@ STORE_KEYS: dict[str, str] = {
     "leases": "leases",
     "schedule": "schedule",
     # job.wait: wait:<id> counts the waiters of a job (the client sets it, with a TTL), and
-    # wait:<id>:done is the list a finish pushes one mark per waiter to.
+    # wait:<id>:done is the list a finish pushes one mark per waiter to; wait:any counts all.
     "wait": "wait:",
 }
 
@@ -81,6 +81,9 @@ class Keys:
 
     def waiters(self, job_id: int) -> str:
         return f"{self.store['wait']}{job_id}"
+
+    def waiters_anywhere(self) -> str:
+        return f"{self.store['wait']}any"
 
     def done(self, job_id: int) -> str:
         return f"{self.store['wait']}{job_id}:done"

@@ -35,7 +35,8 @@
 --                            score = run_at: promote reads only the due head
 --   wait       P:wait:       prefix key; P:wait:<id> is a STRING count of job.wait callers (the
 --                            client INCRs it with a TTL), P:wait:<id>:done a LIST a finish
---                            pushes one mark per waiter to (see tell_waiters)
+--                            pushes one mark per waiter to, P:wait:any the count of all
+--                            waiters (see tell_waiters)
 -- then one block per queue named in ARGV, in the same order, its keys in the order of
 -- QUEUE_KEYS in keys.py (queue_keys(b, name) names them):
 --   P:q:<queue>:available  ZSET, score = priority, member = tag .. sortable(run_at) .. id
@@ -184,9 +185,15 @@ local function leave(q, id, state, m, ck, rk)
 end
 
 -- A job reached a final state: wake its job.wait callers, one mark each on P:wait:<id>:done
--- (stale marks only make a waiter look again). One GET of a missing key while nobody waits.
+-- (stale marks only make a waiter look again). P:wait:any counts every waiter of the store:
+-- while nobody waits, a script call that finishes jobs reads that one missing key, once.
 local FINAL = {succeeded = true, dead = true, cancelled = true}
+local anyone_waits
 local function tell_waiters(id)
+  if anyone_waits == nil then
+    anyone_waits = (tonumber(redis.call('GET', P_WAIT .. 'any') or 0) or 0) > 0
+  end
+  if not anyone_waits then return end
   local n = tonumber(redis.call('GET', P_WAIT .. id) or 0) or 0
   if n > 0 then
     local done = P_WAIT .. id .. ':done'
