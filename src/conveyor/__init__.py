@@ -20,6 +20,8 @@ from .errors import (
     StoreError,
     StoreUnavailable,
     UnknownTask,
+    WaitInTask,
+    WaitTimeout,
 )
 from .executor import JobContext, current_job
 from .hooks import HookEvent
@@ -53,5 +55,7 @@ __all__ = [
     "StoreUnavailable",
     "Task",
     "UnknownTask",
+    "WaitInTask",
+    "WaitTimeout",
     "current_job",
 ]

@@ -20,6 +20,7 @@ from .payload import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_RESULT_BYTES, check_
 from .retry import ExceptionFilter, RetryPolicy, exception_classes
 from .signing import Signer
 from .task import Task
+from .waiting import bind
 
 if TYPE_CHECKING:
     from .metrics import Metrics
@@ -324,7 +325,7 @@ class Conveyor:
         job = self.backend.get(job_id)
         if job is None:
             raise JobNotFound(f"no job with id {job_id}")
-        return job
+        return bind(job, self)
 
     def cancel(self, job_id: int) -> bool:
         """Cancel a waiting job (it never runs) or a running one (its worker stops it: async

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ConveyorError(Exception):
     """Base class of the errors Conveyor raises itself."""
@@ -57,6 +59,19 @@ class QueueFull(ConveyorError):
         self.queue = queue
         self.depth = depth
         self.limit = limit
+
+
+class WaitTimeout(ConveyorError, TimeoutError):
+    """``job.wait(timeout=...)`` ran out of time before the job finished (a TimeoutError).
+    ``job`` is the job as it was last seen."""
+
+    def __init__(self, job: Any, timeout: float | None) -> None:
+        super().__init__(f"job {job.id} is still {job.state} after waiting {timeout}s")
+        self.job = job
+
+
+class WaitInTask(ConveyorError, RuntimeError):
+    """``job.wait()`` called inside a task: refused, as it can deadlock the worker's pool."""
 
 
 class ConfigurationError(ConveyorError, ValueError):

@@ -122,6 +122,36 @@ class Job:
         """The latest failed attempt's error record, or None."""
         return self.errors[-1] if self.errors else None
 
+    def wait(self, timeout: float | None = None, *,
+             disable_sync_subtasks: bool = True) -> Job:
+        """Block until the job is ``succeeded``, ``dead`` or ``cancelled`` and return it as it
+        is then (its ``result``, ``state`` and ``errors``); this snapshot is not changed.
+        ``timeout``: seconds (None: no limit); when they run out, raises ``WaitTimeout`` (a
+        ``TimeoutError``) whose ``job`` is the job as last seen. The store wakes the wait
+        when the job finishes (see docs, "Waiting for results"). Works on a Job returned by
+        ``enqueue`` (and its variants) or ``app.get_job``.
+
+        Inside a task it raises ``WaitInTask``: a task that waits holds its worker slot, and
+        slots all waiting for jobs that need a slot deadlock the pool.
+        ``disable_sync_subtasks=False`` (Celery's name) allows it anyway."""
+        from .waiting import wait
+
+        return wait(self, timeout, disable_sync_subtasks)
+
+    async def wait_async(self, timeout: float | None = None, *,
+                         disable_sync_subtasks: bool = True) -> Job:
+        """``wait`` for async code: the event loop runs on while the store waits."""
+        from .waiting import wait_async
+
+        return await wait_async(self, timeout, disable_sync_subtasks)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The app a Job was bound to (conveyor.waiting.bind) stays behind: a pickled job is
+        # the snapshot only.
+        state = dict(self.__dict__)
+        state.pop("_app", None)
+        return state
+
     def run_at_datetime(self) -> dt.datetime:
         """``run_at`` as an aware UTC datetime."""
         return dt.datetime.fromtimestamp(self.run_at, tz=dt.UTC)

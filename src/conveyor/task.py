@@ -20,6 +20,7 @@ from .backends.base import Backend, EnqueueResult, NewJob, TransactionalStore, t
 from .errors import ArgumentsError, ConfigurationError, JobNotFound, PayloadError, QueueFull
 from .job import Job, JobState, fast_constructor
 from .retry import ExceptionClasses, RetryPolicy
+from .waiting import bind
 
 if TYPE_CHECKING:
     from .app import Conveyor
@@ -317,6 +318,9 @@ class _Enqueuer(Generic[P, R]):
             else:
                 jobs.append(make(id=res.id, args=next(decoded), state=state, run_at=run_at,
                                  created_at=res.at, uid=res.uid, meta=payload.decode(item.meta)))
+        app = self.task.app
+        for job in jobs:
+            bind(job, app)  # so that job.wait() knows its store
         return jobs
 
     def _split_connection(self, kwargs: dict[str, Any]) -> Any:
@@ -355,7 +359,7 @@ class _Enqueuer(Generic[P, R]):
             if existing is None:
                 raise JobNotFound(
                     f"job {results[0].id} holding unique key {new[0].unique_key!r} vanished")
-            return existing
+            return bind(existing, self.task.app)
         return (await asyncio.to_thread(self._jobs, new, connection))[0]
 
     def enqueue_many(self, calls: Iterable[Sequence[Any] | Mapping[str, Any]]) -> list[Job]:

@@ -14,10 +14,11 @@ from conveyor import Conveyor, JobState
 from conveyor.backends import open_backend
 from conveyor.backends.base import Lease, NewJob
 from conveyor.backends.redis import SWEEP_PER_REAP, RedisBackend
+from conveyor.backends.redis.keys import QUEUE_KEYS, STORE_KEYS
 
 T0 = 1_700_000_000.0
-HEADER = 20  # keys of the common header (see _common.lua)
-BLOCK = 11  # keys per queue block
+HEADER = len(STORE_KEYS)  # keys of the common header (see _common.lua)
+BLOCK = len(QUEUE_KEYS)  # keys per queue block
 
 
 def job(queue: str, **kw: Any) -> NewJob:

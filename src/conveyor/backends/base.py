@@ -49,7 +49,9 @@ Every name is importable from here too.
 from __future__ import annotations
 
 import abc
-from collections.abc import Collection, Sequence
+import contextlib
+import time
+from collections.abc import Callable, Collection, Iterator, Sequence
 
 from ..errors import LeaseLost
 from ..job import Job, JobState
@@ -306,6 +308,39 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def cancel(self, job_id: int, *, now: float | None = None) -> bool:
         """Cancel an unfinished job. A running job loses its lease, so its worker stops it."""
+
+    # -- waiting for one job to finish (FinishWaits) ---------------------------------------
+    finish_poll: tuple[float, float] = (0.01, 1.0)
+    """``wait_finished``'s looks at the job between wake-ups: the first pause and the longest
+    one, doubling in between (seconds). A safety net where the store wakes waiters; the only
+    way to see another process finish the job where it cannot (SQLite)."""
+
+    def wait_finished(self, job_id: int, timeout: float) -> Job | None:
+        """The job once it is final, or as it is when ``timeout`` seconds run out (``inf``: no
+        limit); None if there is no such job. Looks at the job, then sleeps in
+        ``finish_watch`` until woken or the next look is due (see ``finish_poll``)."""
+        deadline = time.monotonic() + timeout
+        job = self.get(job_id)
+        if job is None or job.is_final or timeout <= 0:
+            return job  # no watch (a connection, a mark on the job) for what is settled
+        pause, longest = self.finish_poll
+        with self.finish_watch(job_id) as sleep:
+            while True:
+                job = self.get(job_id)
+                remaining = deadline - time.monotonic()
+                if job is None or job.is_final or remaining <= 0:
+                    return job
+                sleep(min(pause, remaining))
+                pause = min(pause * 2, longest)
+
+    @contextlib.contextmanager
+    def finish_watch(self, job_id: int) -> Iterator[Callable[[float], None]]:
+        """Watch for ``job_id`` finishing while the block runs: yields ``sleep(seconds)``, which
+        returns early when the store says the job may have finished (a wake-up only says
+        "look again"). Entered before the first look, so a finish in between is not missed.
+        The default wakes for nothing: a poll. Stores override it with their wake-ups, and
+        finish jobs without extra work when nobody watches."""
+        yield time.sleep
 
     # -- waiting for jobs (WakeUps) -------------------------------------------------------
     @abc.abstractmethod

@@ -1,14 +1,15 @@
 """What a store can do, named as protocols so mypy checks every use, instead of probing with
 ``getattr`` and silencing the checker.
 
-Every store has the first three; :class:`~conveyor.backends.base.Backend` declares their
+Every store has the first four; :class:`~conveyor.backends.base.Backend` declares their
 methods (abstract, or with a default), and the check at the end of this module keeps the two
 in step:
 
 * :class:`WakeUps`: waiting for jobs with the store's wake-ups (SQLite's in-process signal
   and ``data_version``, PostgreSQL's LISTEN/NOTIFY, Redis's blocking pop);
 * :class:`CronStore`: cron ticks taken once across any number of schedulers;
-* :class:`StepStore`: exactly-once step records (``JobContext.once``).
+* :class:`StepStore`: exactly-once step records (``JobContext.once``);
+* :class:`FinishWaits`: waiting for one job to finish (``job.wait``), woken by the store.
 
 Two are optional: :class:`LoopClaims` (``Backend.loop_claims`` returns one or None) and
 :class:`TransactionalStore`, a store whose writes can join the caller's own database
@@ -54,6 +55,20 @@ class StepStore(Protocol):
 
     def record_step(self, job_id: int, step: str, result: str | None, *,
                     uid: str | None) -> tuple[bool, str | None]: ...
+
+
+class FinishWaits(Protocol):
+    """``job.wait``: see ``Backend.wait_finished`` and ``finish_watch``. The default polls the
+    job; a store overrides ``finish_watch`` to wake waiters when a job finishes. The finishing
+    writes (ack, kill, cancel) must cost nothing extra while nobody waits: each store keeps
+    a cheap mark of waited-for jobs (a flag on the row, a key, an in-process count) and
+    signals only for those."""
+
+    finish_poll: tuple[float, float]
+
+    def wait_finished(self, job_id: int, timeout: float) -> Job | None: ...
+
+    def finish_watch(self, job_id: int) -> AbstractContextManager[Callable[[float], None]]: ...
 
 
 @runtime_checkable
@@ -140,7 +155,7 @@ if TYPE_CHECKING:
     from .postgres import PostgresBackend
 
     def _kept(backend: Backend, pg: PostgresBackend,
-              ) -> tuple[WakeUps, CronStore, StepStore, TransactionalStore]:
+              ) -> tuple[WakeUps, CronStore, StepStore, FinishWaits, TransactionalStore]:
         """Never called: mypy checks here that the Backend contract keeps the signatures of
         the capabilities every store has, and PostgreSQL those of transactional completion."""
-        return backend, backend, backend, pg
+        return backend, backend, backend, backend, pg

@@ -7,9 +7,10 @@ waits: the server keeps each notification until every listening session has read
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import psycopg
 from psycopg.rows import dict_row
@@ -17,6 +18,8 @@ from psycopg.rows import dict_row
 from ...errors import StoreUnavailable
 from .connection import Conn, Guard, PooledBackend, call_budget, configure, translate
 from .queries import CHANNEL, Q
+
+DONE_CHANNEL = "conveyor_done"  # job.wait: the id of a finished job marked waited
 
 DRAIN_AT_ONCE = 10_000  # notifications an idle wait reads before it looks (a bound under a flood)
 
@@ -61,6 +64,36 @@ class Listening(PooledBackend):
 
     def wake(self) -> None:
         self._wake_generation += 1
+
+    @contextlib.contextmanager
+    def finish_watch(self, job_id: int) -> Iterator[Callable[[float], None]]:
+        """LISTEN on conveyor_done on a connection of the wait's own, then mark the job
+        (``waited``): the statements that finish a marked job notify its id (see
+        009_job_waited.sql). A finish between the mark and the first look is a notification
+        already queued, so none is missed."""
+        wanted = str(job_id)
+        try:
+            conn = psycopg.connect(self._conninfo, autocommit=True, row_factory=dict_row)
+        except psycopg.Error as exc:
+            raise translate(exc) from exc
+        try:
+            with Guard(conn, time.monotonic() + call_budget(), close=True):
+                configure(conn)
+                conn.execute(f"LISTEN {DONE_CHANNEL}")
+            with self._tx() as tx:
+                tx.execute(Q["mark_waited"], {"id": job_id})
+
+            def sleep(seconds: float) -> None:
+                try:
+                    for note in conn.notifies(timeout=seconds):
+                        if note.payload == wanted:
+                            return
+                except psycopg.Error as exc:
+                    raise translate(exc) from exc
+
+            yield sleep
+        finally:
+            conn.close()
 
     def _unlisten(self, conn: Conn) -> None:
         if conn.closed or conn.broken:

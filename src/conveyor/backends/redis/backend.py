@@ -11,12 +11,13 @@ purge, cancel, workers), ``loop_claims.py`` (claims from the worker's event loop
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn, cast
 
 import redis
@@ -32,6 +33,15 @@ from .maintenance import MaintenanceMixin
 from .settle import SettleMixin
 from .transport import WAIT_SLICE, ScriptCall
 
+# job.wait's counts of waiters (P:wait:<id> and P:wait:any): ARGV[1] added (0 renews the TTL),
+# a key gone once no waiter is left. Seconds it outlives a waiter that stopped renewing it:
+_WAITER_TTL = 60
+_COUNT_WAITER = """
+for _, key in ipairs(KEYS) do
+  local n = redis.call('INCRBY', key, ARGV[1])
+  if n <= 0 then redis.call('DEL', key) else redis.call('EXPIRE', key, ARGV[2]) end
+end
+"""
 log = logging.getLogger("conveyor.redis")
 
 _Acks = Sequence[tuple[Lease, str | None]]
@@ -208,6 +218,36 @@ class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin):
         return RedisLoopClaims.make(self)
 
     # -- waiting ----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def finish_watch(self, job_id: int) -> Iterator[Callable[[float], None]]:
+        """Counted in P:wait:<id> and P:wait:any, which the finishing scripts read
+        (tell_waiters in _common.lua): a finish pushes a mark to P:wait:<id>:done, which this
+        blocks on. The counts have a TTL, renewed as the wait goes on, so a waiter that dies
+        is forgotten."""
+        count_key, done = self.keys.waiters(job_id), self.keys.done(job_id)
+        any_key = self.keys.waiters_anywhere()
+        t = self._transport
+
+        def count(by: int) -> None:
+            t.call("count a waiter", functools.partial(
+                t.r.eval, _COUNT_WAITER, 2, count_key, any_key, by, _WAITER_TTL), safe=by == 0)
+
+        def sleep(seconds: float) -> None:
+            deadline = time.monotonic() + seconds
+            while (left := deadline - time.monotonic()) > 0:
+                count(0)  # renews the TTL
+                # At most WAIT_SLICE a pop, as the blocking connections' socket timeout allows.
+                block = functools.partial(t.rb.blpop, [done], timeout=min(left, WAIT_SLICE))
+                if t.call("wait for a job to finish", block, safe=True) is not None:
+                    return
+
+        count(1)
+        try:
+            yield sleep
+        finally:
+            with contextlib.suppress(StoreError):
+                count(-1)
+
     def wait_for_jobs(self, queues: Sequence[str], timeout: float, *,
                       verify: bool = True) -> bool:
         def pop(wake_keys: list[str], pause: float) -> tuple[bool, None] | None:

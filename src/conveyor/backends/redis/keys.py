@@ -34,6 +34,9 @@ STORE_KEYS: dict[str, str] = {
     "rate": "rate:",
     "leases": "leases",
     "schedule": "schedule",
+    # job.wait: wait:<id> counts the waiters of a job (the client sets it, with a TTL), and
+    # wait:<id>:done is the list a finish pushes one mark per waiter to; wait:any counts all.
+    "wait": "wait:",
 }
 
 # Each queue's keys, "{prefix}:q:<queue>:<name>", in the order of a script's block for the
@@ -75,6 +78,15 @@ class Keys:
 
     def job(self, job_id: int) -> str:
         return f"{self.store['job']}{job_id}"
+
+    def waiters(self, job_id: int) -> str:
+        return f"{self.store['wait']}{job_id}"
+
+    def waiters_anywhere(self) -> str:
+        return f"{self.store['wait']}any"
+
+    def done(self, job_id: int) -> str:
+        return f"{self.store['wait']}{job_id}:done"
 
     def errors(self, job_id: int) -> str:
         return f"{self.store['errors']}{job_id}"

@@ -8,10 +8,11 @@ signal; workers in other processes notice commits through ``PRAGMA data_version`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 from ...errors import JobNotFound, LeaseLost, StoreError
@@ -153,6 +154,8 @@ class SqliteBackend(SqliteConnections, Backend):
             held = ack_in(conn, t, acks)
             jobs = (claim_in(conn, t, queue, limit, worker_id, lease_s, start, new_claim_id())
                     if limit > 0 else [])
+        if self._signal.waited:
+            self._signal.finished(lease.job_id for lease, _ in acks)
         return held, jobs
 
     def release_claim(self, queue: str, claim_id: str, *, now: float | None = None) -> list[int]:
@@ -185,13 +188,18 @@ class SqliteBackend(SqliteConnections, Backend):
                                           "result": result})
             if cur.rowcount != 1:
                 raise LeaseLost(lease.job_id, "ack refused")
+        if self._signal.waited:
+            self._signal.finished((lease.job_id,))
 
     def ack_many(self, acks: Sequence[tuple[Lease, str | None]], *,
                  now: float | None = None) -> list[bool]:
         if not acks:
             return []
         with self._write(now) as (conn, t):
-            return ack_in(conn, t, acks)
+            held = ack_in(conn, t, acks)
+        if self._signal.waited:
+            self._signal.finished(lease.job_id for lease, _ in acks)
+        return held
 
     def retry(self, lease: Lease, error: ErrorInfo, *, delay: float,
               now: float | None = None) -> JobState:
@@ -209,6 +217,8 @@ class SqliteBackend(SqliteConnections, Backend):
             state = JobState(row[0])
         if state is JobState.AVAILABLE:
             self._signal.fire()
+        elif state is JobState.DEAD and self._signal.waited:
+            self._signal.finished((lease.job_id,))
         return state
 
     def kill(self, lease: Lease, error: ErrorInfo, *, now: float | None = None) -> None:
@@ -222,6 +232,8 @@ class SqliteBackend(SqliteConnections, Backend):
             )
             if cur.rowcount != 1:
                 raise LeaseLost(lease.job_id, "kill refused")
+        if self._signal.waited:
+            self._signal.finished((lease.job_id,))
 
     @staticmethod
     def _error_json(conn: sqlite3.Connection, lease: Lease, error: ErrorInfo, t: float) -> str:
@@ -259,6 +271,8 @@ class SqliteBackend(SqliteConnections, Backend):
         )
         if result.requeued:
             self._signal.fire()
+        if result.dead and self._signal.waited:
+            self._signal.finished(result.dead)
         return result
 
     def promote(self, *, limit: int = 1000, now: float | None = None) -> int:
@@ -394,7 +408,37 @@ class SqliteBackend(SqliteConnections, Backend):
 
     def cancel(self, job_id: int, *, now: float | None = None) -> bool:
         with self._write(now) as (conn, t):
-            return bool(conn.execute(Q["cancel"], {"id": job_id, "now": t}).rowcount)
+            cancelled = bool(conn.execute(Q["cancel"], {"id": job_id, "now": t}).rowcount)
+        if cancelled and self._signal.waited:
+            self._signal.finished((job_id,))
+        return cancelled
+
+    @contextlib.contextmanager
+    def finish_watch(self, job_id: int) -> Iterator[Callable[[float], None]]:
+        """Woken at once by a finish in this process (any backend on the same file). SQLite
+        tells nothing across processes: a job another process finishes is seen by the looks
+        at its row (``finish_poll``)."""
+        signal = self._signal
+        cond = signal.finish_cond
+        with cond:
+            signal.waited[job_id] = signal.waited.get(job_id, 0) + 1
+            seen = signal.finishes
+
+        def sleep(seconds: float) -> None:
+            # A finish since the last look (between it and this sleep, too) returns at once.
+            nonlocal seen
+            with cond:
+                if signal.finishes == seen:
+                    cond.wait(seconds)
+                seen = signal.finishes
+
+        try:
+            yield sleep
+        finally:
+            with cond:
+                left = signal.waited.pop(job_id) - 1
+                if left:
+                    signal.waited[job_id] = left
 
     def wait_for_jobs(self, queues: Sequence[str], timeout: float, *, verify: bool = True) -> bool:
         # ``verify`` changes nothing here: a change seen in the file is checked with one cheap

@@ -12,7 +12,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,11 +38,24 @@ class _Signal:
     cond: threading.Condition = field(default_factory=threading.Condition)
     generation: int = 0
     write_lock: threading.Lock = field(default_factory=threading.Lock)
+    # job.wait: the ids waited for in this process (id -> waiters), and the condition their
+    # waiters sleep on. Finishing a job costs a look at this dict, nothing more, while empty.
+    waited: dict[int, int] = field(default_factory=dict)
+    finish_cond: threading.Condition = field(default_factory=threading.Condition)
+    finishes: int = 0  # bumped by every wake-up of finish_cond: a waiter misses none
 
     def fire(self) -> None:
         with self.cond:
             self.generation += 1
             self.cond.notify_all()
+
+    def finished(self, job_ids: Iterable[int]) -> None:
+        """Jobs of this file reached a final state in this process: wake their waiters."""
+        waited = self.waited
+        if waited and not waited.keys().isdisjoint(job_ids):
+            with self.finish_cond:
+                self.finishes += 1
+                self.finish_cond.notify_all()
 
 
 @dataclass

@@ -33,6 +33,10 @@
 --                            only the expired head (see gmember)
 --   schedule   P:schedule    ZSET of every scheduled job across queues, member = id/queue,
 --                            score = run_at: promote reads only the due head
+--   wait       P:wait:       prefix key; P:wait:<id> is a STRING count of job.wait callers (the
+--                            client INCRs it with a TTL), P:wait:<id>:done a LIST a finish
+--                            pushes one mark per waiter to, P:wait:any the count of all
+--                            waiters (see tell_waiters)
 -- then one block per queue named in ARGV, in the same order, its keys in the order of
 -- QUEUE_KEYS in keys.py (queue_keys(b, name) names them):
 --   P:q:<queue>:available  ZSET, score = priority, member = tag .. sortable(run_at) .. id
@@ -61,7 +65,7 @@ local P_JOB, P_ERR, K_ALL = K.job, K.errors, K.jobs
 local K_UNIQUE, K_EXPIRIES, K_QUEUES, K_IDS = K.unique, K.expiries, K.queues, K.ids
 local K_WORKERS, K_SEEN, K_CRON = K.workers, K.seen, K.cron
 local P_CONC, P_RATE = K.conc, K.rate
-local K_LEASES, K_SCHEDULE = K.leases, K.schedule
+local K_LEASES, K_SCHEDULE, P_WAIT = K.leases, K.schedule, K.wait
 local KEEP_ERRORS = 20
 
 local NQ = tonumber(ARGV[1])
@@ -180,11 +184,32 @@ local function leave(q, id, state, m, ck, rk)
   redis.call('ZREM', K_STATE[state], id)
 end
 
+-- A job reached a final state: wake its job.wait callers, one mark each on P:wait:<id>:done
+-- (stale marks only make a waiter look again). P:wait:any counts every waiter of the store:
+-- while nobody waits, a script call that finishes jobs reads that one missing key, once.
+local FINAL = {succeeded = true, dead = true, cancelled = true}
+local anyone_waits
+local function tell_waiters(id)
+  if anyone_waits == nil then
+    anyone_waits = (tonumber(redis.call('GET', P_WAIT .. 'any') or 0) or 0) > 0
+  end
+  if not anyone_waits then return end
+  local n = tonumber(redis.call('GET', P_WAIT .. id) or 0) or 0
+  if n > 0 then
+    local done = P_WAIT .. id .. ':done'
+    local marks = {}
+    for i = 1, math.min(n, 1000) do marks[i] = '1' end
+    redis.call('LPUSH', done, unpack(marks))
+    redis.call('EXPIRE', done, 300)
+  end
+end
+
 local function enter(q, id, key, state, score)
   redis.call('ZADD', q[state], score, id)
   if K_GLOBAL[state] then redis.call('ZADD', K_GLOBAL[state], score, gmember(q, id)) end
   redis.call('ZADD', K_STATE[state], id, id)
   redis.call('HSET', key, 'state', state)
+  if FINAL[state] then tell_waiters(id) end
 end
 
 -- tag: the job's fair_tag (kept through retries, lease expiry and release; redrive gives a
@@ -430,6 +455,7 @@ local function succeed(q, id, key, token, ck, uk, ufor, now, has_result, result,
   if uk and not ufor and redis.call('HGET', K_UNIQUE, uk) == id then
     redis.call('HDEL', K_UNIQUE, uk)
   end
+  tell_waiters(id)
 end
 
 -- ---- end of prelude ----

@@ -261,7 +261,7 @@ UPDATE conveyor_jobs
 SET state = 'succeeded', result = %(result)s::json, finished_at = :NOW,
     lease_token = NULL, lease_expires_at = NULL
 WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running' AND lease_expires_at >= :NOW
-RETURNING id, queue, concurrency_key;
+RETURNING id, queue, concurrency_key, CASE WHEN waited THEN pg_notify('conveyor_done', id::text) END AS told;
 
 -- name: ack_many
 -- Rows are locked first, in id order (an UPDATE ... FROM unnest locks them in the order of the
@@ -279,7 +279,7 @@ SET state = 'succeeded', result = l.result::json, finished_at = :NOW,
 FROM locked, unnest(%(ids)s::bigint[], %(tokens)s::text[], %(results)s::text[]) AS l(id, token, result)
 WHERE j.id = locked.id AND j.id = l.id AND j.lease_token = l.token AND j.state = 'running'
   AND j.lease_expires_at >= :NOW
-RETURNING j.id, j.queue, j.concurrency_key;
+RETURNING j.id, j.queue, j.concurrency_key, CASE WHEN j.waited THEN pg_notify('conveyor_done', j.id::text) END AS told;
 
 -- name: ack_claim
 -- What a worker runs (and Backend.claim, with no acks: empty arrays): ack_many in front (a
@@ -313,7 +313,7 @@ WITH acked AS (
          unnest(%(ids)s::bigint[], %(tokens)s::text[], %(results)s::text[]) AS l(id, token, result)
     WHERE j.id = locked.id AND j.id = l.id AND j.lease_token = l.token AND j.state = 'running'
       AND j.lease_expires_at >= :NOW
-    RETURNING j.id, j.queue, j.concurrency_key
+    RETURNING j.id, j.queue, j.concurrency_key, CASE WHEN j.waited THEN pg_notify('conveyor_done', j.id::text) END AS told
 ), picked AS MATERIALIZED (
     SELECT id, priority, fair_tag, run_at, concurrency_key IS NOT NULL OR rate_key IS NOT NULL AS limited
     FROM conveyor_jobs
@@ -368,7 +368,8 @@ SET state = CASE WHEN attempt >= max_attempts THEN 'dead'
                     'attempt', attempt, 'at', extract(epoch FROM :NOW)::float8, 'worker_id', worker_id)),
     lease_token = NULL, lease_expires_at = NULL
 WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running' AND lease_expires_at >= :NOW
-RETURNING state, queue, concurrency_key;
+RETURNING state, queue, concurrency_key,
+          CASE WHEN waited AND state = 'dead' THEN pg_notify('conveyor_done', id::text) END AS told;
 
 -- name: kill
 UPDATE conveyor_jobs
@@ -378,7 +379,7 @@ SET state = 'dead', finished_at = :NOW,
                     'attempt', attempt, 'at', extract(epoch FROM :NOW)::float8, 'worker_id', worker_id)),
     lease_token = NULL, lease_expires_at = NULL
 WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running' AND lease_expires_at >= :NOW
-RETURNING id, queue, concurrency_key;
+RETURNING id, queue, concurrency_key, CASE WHEN waited THEN pg_notify('conveyor_done', id::text) END AS told;
 
 -- name: release
 -- Rows locked in id order first, as in ack_many.
@@ -439,7 +440,8 @@ SET state = CASE WHEN e.free THEN 'available' WHEN j.attempt >= j.max_attempts T
                     'traceback', '', 'worker_id', j.worker_id)),
     lease_token = NULL, lease_expires_at = NULL, held = false
 FROM expired AS e WHERE j.id = e.id
-RETURNING j.id, j.queue, j.state, j.concurrency_key;
+RETURNING j.id, j.queue, j.state, j.concurrency_key,
+          CASE WHEN j.waited AND j.state = 'dead' THEN pg_notify('conveyor_done', j.id::text) END AS told;
 
 -- name: count_up
 -- Counter rows upserted in queue order: concurrent reapers lock them in one order.
@@ -453,6 +455,10 @@ SELECT :JOB(j),
        (SELECT coalesce(json_object_agg(s.step, s.result), '{}'::json)
         FROM conveyor_steps AS s WHERE s.job_id = j.id) AS steps
 FROM conveyor_jobs AS j;
+
+-- name: mark_waited
+-- job.wait: the finishing statements notify conveyor_done for this job (see 009_job_waited.sql).
+UPDATE conveyor_jobs SET waited = true WHERE id = %(id)s AND NOT waited;
 
 -- name: get
 SELECT :JOB(j),
@@ -506,7 +512,8 @@ WITH old AS (
 UPDATE conveyor_jobs AS j
 SET state = 'cancelled', finished_at = :NOW, lease_token = NULL, lease_expires_at = NULL
 FROM old WHERE j.id = old.id
-RETURNING j.id, j.queue, j.concurrency_key, old.state AS was;
+RETURNING j.id, j.queue, j.concurrency_key, old.state AS was,
+          CASE WHEN j.waited THEN pg_notify('conveyor_done', j.id::text) END AS told;
 
 -- name: prune
 DELETE FROM conveyor_jobs
