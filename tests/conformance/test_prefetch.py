@@ -191,7 +191,7 @@ def test_a_held_job_that_starts_is_reported_started_soon(app: Conveyor) -> None:
         (go_second if i else go_first).wait(30)
         return i
 
-    _, second = two_blockers.enqueue_many([(0,), (1,)])
+    first, second = two_blockers.enqueue_many([(0,), (1,)])
 
     def lease_end() -> float:
         job = app.backend.get(second.id)
@@ -206,6 +206,10 @@ def test_a_held_job_that_starts_is_reported_started_soon(app: Conveyor) -> None:
             wait_until(second_started.is_set, timeout=10)
             # Reported started: its lease renewed, 40 s before the regular heartbeat would.
             wait_until(lambda: lease_end() > claimed_until, timeout=10)
+            # The first job's ack goes out in a group, a moment later: until it lands, its lease
+            # (older than the second's) would be reaped too.
+            wait_until(lambda: getattr(app.backend.get(first.id), "state", None)
+                       is JobState.SUCCEEDED, timeout=10)
             reaped = app.backend.reap(now=lease_end() + 1)
             assert reaped.dead == [second.id]
             go_second.set()
