@@ -1,7 +1,7 @@
 """Conveyor against an earlier Conveyor: the same benchmark scripts, run in turns on the library
 of two git revisions, reported as new/old ratios.
 
-    .venv/bin/python benchmarks/compare_refs.py --old 644a6db [--stores postgres,redis]
+    .venv/bin/python benchmarks/compare_refs.py --old 644a6db [--new REV] [--stores postgres,redis]
         [--jobs 10000] [--rounds 3]
 
 The scripts (postgres_bench.py, redis_bench.py, sqlite_bench.py) are this checkout's; only the
@@ -47,17 +47,24 @@ def run_once(store: str, src: Path, jobs: int, out: Path) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--old", required=True, help="git revision of the earlier library")
+    parser.add_argument("--new", default=None,
+                        help="git revision of the later library (default: this checkout)")
     parser.add_argument("--stores", default="postgres,redis")
     parser.add_argument("--jobs", type=int, default=10000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     stores = [s for s in args.stores.split(",") if s]
     with tempfile.TemporaryDirectory(prefix="conveyor-old-") as tmp:
-        old_tree = Path(tmp) / "tree"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q",
-                        str(old_tree), args.old], check=True)
+        made = []
+        trees = {"old": ROOT / "src", "new": ROOT / "src"}
+        for label in ("old", "new"):
+            ref = getattr(args, label)
+            if ref is not None:
+                made.append(Path(tmp) / label)
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q",
+                                str(made[-1]), ref], check=True)
+                trees[label] = made[-1] / "src"
         try:
-            trees = {"old": old_tree / "src", "new": ROOT / "src"}
             seen: dict[tuple[str, str, str], list[float]] = {}
             for k in range(args.rounds):
                 order = ["old", "new"] if k % 2 == 0 else ["new", "old"]
@@ -69,9 +76,11 @@ def main() -> int:
                         print(f"round {k + 1} {store:<8} {label}: "
                               + ", ".join(f"{s} {r:,.0f}/s" for s, r in rates.items()), flush=True)
         finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
-                            str(old_tree)], check=False)
-    print(f"\nmedians over {args.rounds} rounds, {args.jobs} jobs, old = {args.old}")
+            for tree in made:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
+                                str(tree)], check=False)
+    print(f"\nmedians over {args.rounds} rounds, {args.jobs} jobs, old = {args.old}, "
+          f"new = {args.new or 'this checkout'}")
     print(f"{'store':<9} {'scenario':<13} {'old jobs/s':>11} {'new jobs/s':>11} {'new/old':>8}")
     for store in stores:
         for scenario in SCENARIOS:
