@@ -33,15 +33,9 @@ from .maintenance import MaintenanceMixin
 from .settle import SettleMixin
 from .transport import WAIT_SLICE, ScriptCall
 
-# job.wait's counts of waiters (P:wait:<id> and P:wait:any): ARGV[1] added (0 renews the TTL),
-# a key gone once no waiter is left. Seconds it outlives a waiter that stopped renewing it:
+# job.wait's counts of waiters (P:wait:<id> and P:wait:any, kept by count_waiter.lua): seconds
+# a count outlives a waiter that stopped renewing it.
 _WAITER_TTL = 60
-_COUNT_WAITER = """
-for _, key in ipairs(KEYS) do
-  local n = redis.call('INCRBY', key, ARGV[1])
-  if n <= 0 then redis.call('DEL', key) else redis.call('EXPIRE', key, ARGV[2]) end
-end
-"""
 log = logging.getLogger("conveyor.redis")
 
 _Acks = Sequence[tuple[Lease, str | None]]
@@ -229,8 +223,9 @@ class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin):
         t = self._transport
 
         def count(by: int) -> None:
+            run = t.bare_scripts["count_waiter"]
             t.call("count a waiter", functools.partial(
-                t.r.eval, _COUNT_WAITER, 2, count_key, any_key, by, _WAITER_TTL), safe=by == 0)
+                run, keys=[count_key, any_key], args=[by, _WAITER_TTL]), safe=by == 0)
 
         def sleep(seconds: float) -> None:
             deadline = time.monotonic() + seconds

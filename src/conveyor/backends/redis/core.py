@@ -161,7 +161,7 @@ class RedisCore(Backend):
         return held
 
     def _lock_call(self, script: str, key: str, args: Sequence[Any]) -> int:
-        run = self._transport.lock_scripts[script]
+        run = self._transport.bare_scripts[script]
         return int(self._transport.call(f"{script} {key}", lambda: run(keys=[key], args=list(args)),
                                         safe=True))
 

@@ -59,6 +59,7 @@ ENQUEUE_ONE_KEYS = ("job", "jobs", "state:available", "queues", "ids", "q:availa
                     "q:wake", "q:fair", "q:due", "q:inbox")
 GET_KEYS = ("job", "errors")
 LOCK_KEYS = ("lock",)
+WAITER_KEYS = ("waiters", "anywhere")  # count_waiter.lua: P:wait:<id>, P:wait:any
 
 
 class Keys:

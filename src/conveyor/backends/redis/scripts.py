@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from importlib import resources
 
-from .keys import ENQUEUE_ONE_KEYS, GET_KEYS, LOCK_KEYS, QUEUE_KEYS, STORE_KEYS, lua_layout
+from .keys import (
+    ENQUEUE_ONE_KEYS,
+    GET_KEYS,
+    LOCK_KEYS,
+    QUEUE_KEYS,
+    STORE_KEYS,
+    WAITER_KEYS,
+    lua_layout,
+)
 
 # At maxmemory (noeviction), Redis refuses a script without allow-oom before it runs. New work
 # (enqueue, and cron ticks, which use the enqueue script) is refused so. Claiming, finishing and
@@ -27,7 +35,8 @@ OOM_SLACK = 1024  # bytes of caller text a script may write past maxmemory
 # Scripts that do without _common.lua's prelude (its header of store keys, the queue blocks,
 # and its helpers made on every call): only _core.lua comes before them.
 LEAN_SCRIPTS = {"enqueue_one", "get"}
-BARE_SCRIPTS = ("lock", "unlock")  # store-wide locks (try_lock): their own key, no helpers
+# Store-wide locks (try_lock) and job.wait's waiter counts: their own keys, no helpers.
+BARE_SCRIPTS = ("lock", "unlock", "count_waiter")
 
 SCRIPT_NAMES = (
     "enqueue", "enqueue_one", "claim", "heartbeat", "ack", "ack_many", "retry", "kill",
@@ -39,7 +48,7 @@ SCRIPT_NAMES = (
 # The names of each script's KEYS (see keys.py); every other script takes the shared header
 # and queue blocks.
 _OWN_KEYS = {"enqueue_one": ENQUEUE_ONE_KEYS, "get": GET_KEYS, "lock": LOCK_KEYS,
-             "unlock": LOCK_KEYS}
+             "unlock": LOCK_KEYS, "count_waiter": WAITER_KEYS}
 
 
 def _layout(name: str) -> str:
@@ -53,7 +62,7 @@ def _load_script(name: str) -> str:
     """The text of script ``name``; ``<name>:strict`` is that script without allow-oom."""
     name, _, strict = name.partition(":")
     folder = resources.files(__package__).joinpath("lua")
-    if name in BARE_SCRIPTS:  # one key of their own: none of the store's helpers
+    if name in BARE_SCRIPTS:  # keys of their own: none of the store's helpers
         body = folder.joinpath(f"{name}.lua").read_text("utf-8")
         return f"#!lua flags=allow-oom\n{_layout(name)}{body}"
     common = folder.joinpath("_core.lua").read_text("utf-8")

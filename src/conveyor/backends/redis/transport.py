@@ -189,7 +189,7 @@ class Transport:
         self.rb = redis.Redis(connection_pool=self.block_pool)
         self.scripts: dict[str, Script] = {
             n: self.r.register_script(_load_script(n)) for n in SCRIPT_NAMES}
-        self.lock_scripts = {n: self.r.register_script(_load_script(n)) for n in BARE_SCRIPTS}
+        self.bare_scripts = {n: self.r.register_script(_load_script(n)) for n in BARE_SCRIPTS}
         # The connections of send_scripts (see there) and of the loop claims: idle ones (those
         # for the idle wait's blocking pop apart, with its longer timeout), and every one made and
         # not yet closed for good, which is both the count checked against max_connections and
