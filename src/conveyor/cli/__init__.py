@@ -160,9 +160,11 @@ def _add_global_options(group: click.Group) -> None:
             _add_global_options(command)
 
 
-def main() -> None:
+def main(args: list[str] | None = None, prog_name: str | None = None) -> None:
+    """The ``conveyor`` command: ``args`` default to sys.argv (other front ends, such as
+    Django's ``manage.py conveyor``, pass their own)."""
     try:
-        cli.main(standalone_mode=False)
+        cli.main(args=args, prog_name=prog_name, standalone_mode=False)
     except click.exceptions.Abort:
         sys.exit(130)
     except click.ClickException as exc:

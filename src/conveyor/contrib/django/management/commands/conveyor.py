@@ -3,13 +3,9 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
-import click
 from django.core.management.base import BaseCommand
-
-from conveyor.errors import ConveyorError
 
 APP_SPEC = "conveyor.contrib.django.boot:app"
 # Django's own options, which manage.py has acted on already.
@@ -51,15 +47,6 @@ class Command(BaseCommand):
 
 def run(args: list[str], prog_name: str) -> None:
     """The conveyor CLI's main(), with these arguments."""
-    from conveyor.cli import cli
+    from conveyor.cli import main
 
-    try:
-        cli.main(args=args, prog_name=prog_name, standalone_mode=False)
-    except click.exceptions.Abort:
-        sys.exit(130)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except ConveyorError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+    main(args, prog_name)
