@@ -210,3 +210,67 @@ def test_a_worker_reaps_only_in_its_maintenance_turn(private_redis: RedisServer)
     finally:
         holder.close()
         app.close()
+
+
+def finish_in(backend: RedisBackend, queues: list[str], at: float) -> list[int]:
+    """One job per queue, claimed and acked at ``at``: its ids, in the order of ``queues``."""
+    ids = [j.id for j in backend.enqueue_many([job(q) for q in queues], now=at)]
+    for q in queues:
+        [c] = backend.claim(q, 1, worker_id="w", lease_s=30, now=at)
+        backend.ack(Lease(c.id, c.lease_token or ""), None, now=at)
+    return ids
+
+
+def test_prune_carries_the_keys_of_the_due_jobs_and_a_slice_of_queues(
+        backend: RedisBackend) -> None:
+    finish_in(backend, [f"q{i}" for i in range(2000)], T0 + 1000)  # finished, not yet due
+    # Due jobs in five other queues, finished in the reverse order of their queue names.
+    due = [finish_in(backend, [f"d{k}"], T0 + 100 - 10 * k)[0] for k in range(5)]
+    [dead] = backend.enqueue_many([job("x", max_attempts=1)], now=T0)
+    assert backend.claim("x", 1, worker_id="w", lease_s=5, now=T0)
+    assert backend.reap(now=T0 + 10).dead == [dead.id]
+    # The first prune of this backend looks the store over once (see the upgrade test).
+    assert backend.prune(older_than=500, states=(JobState.CANCELLED,), now=T0 + 1100) == 0
+    calls = spy(backend)
+
+    assert backend.prune(older_than=500, limit=3, now=T0 + 1100) == 3
+    assert [backend.get(i) is None for i in due] == [False, False, True, True, True]
+    # 2,007 queues (22,077 keys as blocks): one prune carries the header, the blocks of the
+    # queues of the due jobs it reads (up to limit) and the fixed slice of queues whose fair
+    # hashes it tidies.
+    calls = [c for c in calls if c[0] != "get"]
+    assert len(calls) == 1 and calls[0][0] == "prune", calls
+    assert calls[0][1] <= HEADER + BLOCK * (3 + SWEEP_PER_REAP), calls
+
+    assert backend.prune(older_than=500, states=(JobState.SUCCEEDED, JobState.DEAD),
+                         limit=10, now=T0 + 1100) == 3
+    assert all(backend.get(i) is None for i in [*due, dead.id])
+    assert backend.prune(older_than=500, limit=10, now=T0 + 1100) == 0
+    assert sum(q.succeeded for q in backend.stats(now=T0 + 1100).queues) == 2000
+
+
+def test_a_store_written_before_the_finished_index_is_pruned_oldest_first(
+        backend: RedisBackend, private_redis: RedisServer) -> None:
+    old = [finish_in(backend, [f"q{k}"], T0 + 100 - k)[0] for k in range(30)]  # q29 oldest
+    [recent] = finish_in(backend, ["q0"], T0 + 1000)
+    r = private_redis.client()
+    p = backend.keys.p
+    # What the previous version left: finished jobs in the queues' own sets only.
+    r.delete(*(f"{p}:done:{s}" for s in ("succeeded", "dead", "cancelled")), f"{p}:indexed:done")
+    fresh = open_backend(private_redis.url)
+    assert isinstance(fresh, RedisBackend)
+    try:
+        assert fresh.prune(older_than=500, limit=10, now=T0 + 1100) == 10
+        assert [fresh.get(i) is None for i in old] == [False] * 20 + [True] * 10
+        assert fresh.prune(older_than=500, limit=100, now=T0 + 1100) == 20
+        assert fresh.get(recent) is not None
+        assert r.get(f"{p}:indexed:done") == "1"
+        # A worker of the old version, still running during the upgrade, finishes a job without
+        # telling the index: the per-prune sweep slice finds it within one round of the queues.
+        [straggler] = finish_in(fresh, ["q5"], T0 + 1200)
+        r.delete(f"{p}:done:succeeded")
+        pruned = sum(fresh.prune(older_than=500, now=T0 + 2000 + k) for k in range(5))
+        assert pruned == 2
+        assert fresh.get(straggler) is None and fresh.get(recent) is None
+    finally:
+        fresh.close()
