@@ -12,7 +12,7 @@ from support import running_worker
 
 from conveyor import Conveyor, JobState
 from conveyor.backends import open_backend
-from conveyor.backends.base import Lease, NewJob
+from conveyor.backends.base import ErrorInfo, Lease, NewJob
 from conveyor.backends.redis import SWEEP_PER_REAP, RedisBackend
 from conveyor.backends.redis.keys import QUEUE_KEYS, STORE_KEYS
 
@@ -274,3 +274,40 @@ def test_a_store_written_before_the_finished_index_is_pruned_oldest_first(
         assert fresh.get(straggler) is None and fresh.get(recent) is None
     finally:
         fresh.close()
+
+
+def test_every_finish_and_removal_keeps_the_finished_index_in_step(
+        backend: RedisBackend, private_redis: RedisServer) -> None:
+    r = private_redis.client()
+
+    def leased(queue: str, **kw: Any) -> Lease:
+        backend.enqueue_many([job(queue, **kw)], now=T0)
+        [c] = backend.claim(queue, 1, worker_id="w", lease_s=5, now=T0)
+        return Lease(c.id, c.lease_token or "")
+
+    def in_step() -> None:
+        for s in ("succeeded", "dead", "cancelled"):
+            own = {f"{m}/{q}": score for q in r.smembers(backend.keys.queues)
+                   for m, score in r.zrange(backend.keys.queue(q, s), 0, -1, withscores=True)}
+            assert dict(r.zrange(backend.keys.done_index(s), 0, -1, withscores=True)) == own, s
+
+    backend.ack(leased("a"), None, now=T0 + 1)
+    assert backend.ack_many([(leased("b"), None), (leased("a"), '"x"')], now=T0 + 2) == [True] * 2
+    backend.kill(leased("c"), ErrorInfo("rejected", "no"), now=T0 + 3)
+    assert backend.retry(leased("d", max_attempts=1), ErrorInfo("exception", "x"), delay=0,
+                         now=T0 + 4) == JobState.DEAD
+    leased("e", max_attempts=1)
+    assert len(backend.reap(now=T0 + 60).dead) == 1
+    [waiting] = backend.enqueue_many([job("f", delay=60)], now=T0)
+    assert backend.cancel(waiting.id, now=T0 + 5)
+    in_step()
+    assert len(r.zrange(backend.keys.done_index("dead"), 0, -1)) == 3
+    assert backend.redrive(queue="c", now=T0 + 70) == 1
+    assert backend.purge(state=JobState.DEAD, queue="d") == 1
+    assert backend.purge(state=JobState.CANCELLED) == 1
+    in_step()
+    assert len(r.zrange(backend.keys.done_index("dead"), 0, -1)) == 1
+    assert backend.prune(older_than=0, states=(JobState.SUCCEEDED, JobState.DEAD),
+                         now=T0 + 100) == 4
+    in_step()
+    assert all(r.zcard(backend.keys.done_index(s)) == 0 for s in ("succeeded", "dead"))

@@ -3,9 +3,11 @@ the global indexes (for stores written before those existed), prune finished job
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 
+from ...errors import StorageFull
 from ...job import JobState
 from ..base import MAX_STALLS, ReapResult
 from .core import RedisCore
@@ -120,8 +122,12 @@ class MaintenanceMixin(RedisCore):
                         cursors[q] = nxt
                     else:
                         del cursors[q]
-            self._transport.call("mark finished index",
-                                 lambda: r.set(self.keys.indexed_done, "1"), safe=True)
+            # At maxmemory the mark is refused (SET is no script with allow-oom) while prune must
+            # go on freeing memory: left unmarked, the store is copied again (idempotent) by the
+            # next backend.
+            with contextlib.suppress(StorageFull):
+                self._transport.call("mark finished index",
+                                     lambda: r.set(self.keys.indexed_done, "1"), safe=True)
         self._done_swept = True
 
     def prune(
