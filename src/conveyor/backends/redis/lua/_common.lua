@@ -331,7 +331,7 @@ local function queues_complete()
 end
 
 -- A queue whose last job was deleted leaves P:queues, so the scripts that go over every queue
--- (stats, prune, purge, redrive, listing) stop paying for it; its fair-sharing rounds go too
+-- (stats, purge, redrive, listing) stop paying for it; its fair-sharing rounds go too
 -- (no job carries a tag of them). Enqueue names it again (enqueue's SADD, or enqueue_one's for
 -- the first job of an inbox: the prelude has folded this queue's inbox, so it is empty).
 local function forget_queue_if_empty(q)
