@@ -13,7 +13,7 @@ from support import running_worker
 from conveyor import Conveyor, JobState
 from conveyor.backends import open_backend
 from conveyor.backends.base import ErrorInfo, Lease, NewJob
-from conveyor.backends.redis import SWEEP_PER_REAP, RedisBackend
+from conveyor.backends.redis import SWEEP_PER_REAP, RedisBackend, maintenance
 from conveyor.backends.redis.keys import QUEUE_KEYS, STORE_KEYS
 
 T0 = 1_700_000_000.0
@@ -311,3 +311,25 @@ def test_every_finish_and_removal_keeps_the_finished_index_in_step(
                          now=T0 + 100) == 4
     in_step()
     assert all(r.zcard(backend.keys.done_index(s)) == 0 for s in ("succeeded", "dead"))
+
+
+def test_the_finished_index_copy_pages_through_a_long_set_with_equal_times(
+        backend: RedisBackend, private_redis: RedisServer, monkeypatch: Any) -> None:
+    monkeypatch.setattr(maintenance, "DONE_SWEEP_BUDGET", 0)  # 100 entries per set and call
+    for n, at in ((120, T0 + 1), (130, T0 + 2)):  # each batch finished at one time
+        backend.enqueue_many([job("a") for _ in range(n)], now=T0)
+        claimed = backend.claim("a", n, worker_id="w", lease_s=30, now=T0)
+        assert all(backend.ack_many([(Lease(c.id, c.lease_token or ""), None) for c in claimed],
+                                    now=at))
+    r = private_redis.client()
+    p = backend.keys.p
+    r.delete(f"{p}:done:succeeded", f"{p}:indexed:done")
+    fresh = open_backend(private_redis.url)
+    assert isinstance(fresh, RedisBackend)
+    try:
+        calls = spy(fresh)
+        assert fresh.prune(older_than=0, now=T0 + 10) == 250
+        # 100 of the first time and its 20 ties, then 100 of the second and its 30, then none.
+        assert [name for name, _ in calls] == ["sweep_done"] * 3 + ["prune"]
+    finally:
+        fresh.close()

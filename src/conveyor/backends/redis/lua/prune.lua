@@ -8,13 +8,14 @@
 -- or redriven by a client of the previous version) is dropped, one whose job finished later
 -- is rescored; neither is counted.
 -- The first nslice blocks are a slice of the queue set, which the client goes round a bounded
--- number of queues per call. Their own finished sets' due entries are copied into
--- P:done:<state> first (sweep_queue), so a job finished by a worker of the previous version is
--- found. Then one HSCAN step of up to limit fields of each one's P:q:<queue>:fair drops the
--- last tags 't:<priority>:<fair key>' at or below the vtime 'v:<priority>' of their round (they
--- mean nothing any more), and the fields of the layout before rounds were per priority
--- ('vtime', 'k:<fair key>'); the cursor is kept in the hash's 'scan' field, so successive
--- rounds walk the whole hash.
+-- number of queues per call. Their own finished sets' oldest due entries (limit / nslice per
+-- queue and state: most of them are in the index already) are copied into P:done:<state> first
+-- (sweep_queue), so a job finished by a worker of the previous version is found. Then one
+-- HSCAN step of up to limit fields of each one's P:q:<queue>:fair drops the last tags
+-- 't:<priority>:<fair key>' at or below the vtime 'v:<priority>' of their round (they mean
+-- nothing any more), and the fields of the layout before rounds were per priority ('vtime',
+-- 'k:<fair key>'); the cursor is kept in the hash's 'scan' field, so successive rounds walk
+-- the whole hash.
 -- KEYS: the common header, then the blocks of the slice, then those of the due jobs' queues.
 -- ARGV: n, queue names; now ('' = the store's clock), older_than, limit, nslice, then states
 --   (each one of succeeded, dead, cancelled: the client refuses the others)
@@ -24,10 +25,11 @@ local cutoff = now - tonumber(arg(2))
 local before = '(' .. num(cutoff)
 local limit = tonumber(arg(3))
 local nslice = tonumber(arg(4))
+local per_queue = math.max(1, math.floor(limit / math.max(nslice, 1)))
 local heads, need, asked = {}, {}, {}
 for s = A + 4, #ARGV do
   local state = ARGV[s]
-  for i = 1, nslice do sweep_queue(Q[QNAMES[i]], state, before, limit) end
+  for i = 1, nslice do sweep_queue(Q[QNAMES[i]], state, before, per_queue) end
   local _, found, missing = due_entries(K_GLOBAL[state], before, limit)
   heads[#heads + 1] = {state, found}
   for _, qn in ipairs(missing) do
