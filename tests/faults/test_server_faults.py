@@ -16,7 +16,8 @@ server (never the machine's shared one). After ~2 s of load:
   their application_name) every U(0.3, 1.0) s, for STORM s (R4b).
 
 Pass: lost = 0 over ``ok`` enqueues, unexpected = 0, every ``ok`` job succeeded; no attempt ran
-twice and no result came from a stale attempt; every enqueue error is a ConveyorError, none
+twice (on Redis, except one whose first run started in the last AOF_LOSS_S before the kill: its
+claim may be among the writes everysec loses) and no result came from a stale attempt; every enqueue error is a ConveyorError, none
 took longer than 20 s (Redis: 5 s); every worker process is alive at the end (none was
 restarted); the first job to start after the server is back starts within 10 s; PostgreSQL:
 no worker session ``idle in transaction`` for over 5 s at the end, and after the storm the workers hold no
@@ -55,6 +56,7 @@ RATE = 150.0
 # to start after the server is back and the recovery check has nothing to measure.
 JOBS = pick(1500, 6000)
 WORKERS, CONCURRENCY, LEASE = 3, 4, 2.0
+AOF_LOSS_S = 2.0  # the writes appendfsync everysec may lose at a crash of redis-server
 APP_PREFIX = "fsrv-"
 
 SESSIONS = f"SELECT state, count(*) FROM pg_stat_activity WHERE application_name LIKE '{APP_PREFIX}%' GROUP BY state"
@@ -121,6 +123,17 @@ def run_scenario(scenario: str, store: FaultStore, make_cluster) -> None:  # typ
         effects = read_effects(cluster.log)
         report = check(f"server fault {scenario}", store.name, seed, history, effects, all_jobs(app.backend))
         report.faults = faults
+        if scenario == "redis-kill9":
+            # With appendfsync everysec a SIGKILLed Redis comes back without its last second or
+            # two of writes (one fsync a second, postponed up to a second more while the disk is
+            # slow): a claim made then is forgotten, and its job is claimed again as the same
+            # attempt. That is the documented loss of the setting (docs/redis.md), not a fencing
+            # failure: such an attempt may run twice if its first run started in that window.
+            lost_window = {(int(r["job"]), int(r["attempt"])) for r in effects
+                           if t_fault - AOF_LOSS_S <= r["t0"] <= t_fault}
+            excused = [k for k in report.same_attempt_twice if k in lost_window]
+            report.same_attempt_twice = [k for k in report.same_attempt_twice if k not in lost_window]
+            faults["attempts_rerun_after_aof_loss"] = len(excused)
         starts_after = sorted(r["t0"] for r in effects if r["t0"] >= t_back)
         first_start_s = starts_after[0] - t_back if starts_after else None
         errors = history.by_type("fail") + history.by_type("info")
