@@ -21,7 +21,7 @@ from psycopg.rows import dict_row
 
 from ...errors import InvalidName, JobNotFound, StoreError
 from ...payload import NAME_RE
-from ..base import EnqueueResult, NewJob, depth_limits, refuse_overflow
+from ..base import EnqueueResult, NewBatch, NewJob, depth_limits, refuse_overflow
 from .connection import PooledBackend, bounded, translate
 from .queries import CHANNEL, DEPTH_LOCK, ENQUEUE_ONE, Q
 
@@ -33,10 +33,12 @@ class Enqueuing(PooledBackend):
 
     def enqueue_many(
         self, jobs: Sequence[NewJob], *, now: float | None = None,
-        connection: psycopg.Connection[Any] | None = None,
+        connection: psycopg.Connection[Any] | None = None, batches: Sequence[NewBatch] = (),
     ) -> list[EnqueueResult]:
         """With ``connection``, the jobs are written in the caller's transaction (a savepoint
         inside it): rolled back, there are no jobs; committed, there is exactly one each."""
+        if batches or any(j.after or j.after_refs or j.batch_id or j.callback_of for j in jobs):
+            raise NotImplementedError("dependencies and batches are not in this store yet")
         if not jobs:
             return []
         if connection is not None:

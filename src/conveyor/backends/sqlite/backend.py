@@ -23,6 +23,7 @@ from ..base import (
     EnqueueResult,
     ErrorInfo,
     Lease,
+    NewBatch,
     NewJob,
     Page,
     ReapResult,
@@ -50,8 +51,10 @@ class SqliteBackend(SqliteConnections, Backend):
         return float(self._read(Q["now"])[0][0])
 
     # -- producer ---------------------------------------------------------------------
-    def enqueue_many(self, jobs: Sequence[NewJob], *,
-                     now: float | None = None) -> list[EnqueueResult]:
+    def enqueue_many(self, jobs: Sequence[NewJob], *, now: float | None = None,
+                     batches: Sequence[NewBatch] = ()) -> list[EnqueueResult]:
+        if batches or any(j.after or j.after_refs or j.batch_id or j.callback_of for j in jobs):
+            raise NotImplementedError("dependencies and batches are not in this store yet")
         if not jobs:
             return []
         with self._group_lock:
