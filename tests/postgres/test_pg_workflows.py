@@ -143,3 +143,29 @@ def test_a_cascade_wakes_a_waiter_of_a_cancelled_descendant(
         assert backend.cancel(res[0].id, now=T0)
         got = [n.payload for n in listener.notifies(timeout=2.0, stop_after=1)]
     assert got == [str(grandchild)]
+
+
+def test_a_finish_that_waited_on_a_childs_enqueue_sees_the_child(
+    url: str, backend: PostgresBackend
+) -> None:
+    """The stranding order made certain: the child's enqueue (in a caller's transaction) holds
+    the parent's row lock while the parent's ack waits for it; the ack's trigger then reads the
+    child, which committed after the ack's statement began."""
+    import threading
+    import time
+
+    parent = enqueue(backend)
+    lease = take(backend)
+    with psycopg.connect(url) as conn:
+        [res] = backend.enqueue_many([new_job(after=(parent,), queue="kids")], now=T0,
+                                     connection=conn)
+        acked = threading.Event()
+        t = threading.Thread(target=lambda: (backend.ack(lease, None, now=T0), acked.set()))
+        t.start()
+        time.sleep(0.5)
+        assert not acked.is_set()  # waiting for the enqueue's lock on the parent
+        conn.commit()
+        t.join(10)
+    assert acked.is_set()
+    job = backend.get(res.id)
+    assert job is not None and job.state is JobState.AVAILABLE
