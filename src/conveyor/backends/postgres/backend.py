@@ -212,10 +212,16 @@ class PostgresBackend(Enqueuing, Claiming, Administering, Listening, Locking):
                 left = limit - deleted
                 if left <= 0:
                     break
-                deleted += conn.execute(
+                row = conn.execute(
                     Q["prune"],
                     {"state": str(state), "older_than": older_than, "limit": left, "now": now},
-                ).rowcount
+                ).fetchone()
+                assert row is not None
+                deleted += row["n"]
+                batches = row["batches"]
+                while batches:  # a batch emptied, then the batches it was nested in
+                    gone = conn.execute(Q["prune_batches"], {"ids": batches}).fetchall()
+                    batches = sorted({r["parent_id"] for r in gone if r["parent_id"]})
             conn.execute(Q["prune_fair_tags"], {"limit": limit})
             conn.execute(Q["prune_rate_claims"], {"now": now, "limit": limit})
         return deleted
