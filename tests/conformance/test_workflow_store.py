@@ -315,7 +315,7 @@ def test_a_child_written_while_its_parent_finishes_is_never_stranded(backend: Ba
         t = threading.Thread(target=write_child, args=(parent, go, children))
         t.start()
         go.wait()
-        backend.ack(lease, None)
+        backend.ack(lease, None, now=T0)
         t.join()
         assert state(backend, children[0]) is JobState.AVAILABLE, f"round {round_}"
 
