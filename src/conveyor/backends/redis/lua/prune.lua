@@ -1,6 +1,8 @@
 -- prune: delete up to limit finished jobs of the given states whose finished_at is more than
 -- older_than seconds before now, oldest first within each state. Deleting a job deletes its
--- hash (with its step records), errors and index entries, and frees a unique key it held.
+-- hash (with its step records), errors and index entries, and frees a unique key it held, and
+-- its workflow keys (forget_links in _deps.lua). A job with a child not yet finished is kept
+-- (the child may read its result); it is passed over, looking at up to as many again.
 -- Then, per queue, one HSCAN step of up to limit fields of P:q:<queue>:fair drops the last tags
 -- 't:<priority>:<fair key>' at or below the vtime 'v:<priority>' of their round (they mean
 -- nothing any more), and the fields of the layout before rounds were per priority ('vtime',
@@ -21,15 +23,22 @@ for s = A + 3, #ARGV do
   local found = {}
   for _, qn in ipairs(QNAMES) do
     local r = redis.call('ZRANGEBYSCORE', Q[qn][state], '-inf', before, 'WITHSCORES',
-      'LIMIT', 0, left)
+      'LIMIT', 0, 2 * left)
     for k = 1, #r, 2 do found[#found + 1] = {r[k], tonumber(r[k + 1]), Q[qn]} end
   end
   table.sort(found, function(a, b) return a[2] < b[2] end)
-  for k = 1, math.min(left, #found) do
-    delete_job(found[k][3], found[k][1], state)
-    deleted = deleted + 1
+  local gone = 0
+  for k = 1, #found do
+    if gone >= left then break end
+    local id = found[k][1]
+    if not has_unfinished_kid(id) then
+      forget_links(id)
+      delete_job(found[k][3], id, state)
+      gone = gone + 1
+    end
   end
-  left = left - math.min(left, #found)
+  deleted = deleted + gone
+  left = left - gone
 end
 local budget = math.max(tonumber(arg(3)), 1)
 for _, qn in ipairs(QNAMES) do
