@@ -169,9 +169,12 @@ def test_a_batch_runs_on_success_once_with_its_id(app: Conveyor) -> None:
 
 def test_a_failed_member_cancels_on_success_and_runs_on_complete(app: Conveyor) -> None:
     @app.task(name="member", max_attempts=1)
-    def member(fail: bool) -> None:
+    def member(fail: bool) -> str | None:
         if fail:
             raise Reject("bad member")
+        ctx = current_job()
+        assert ctx is not None
+        return ctx.batch_id
 
     @app.task(name="noop")
     def noop() -> str:
@@ -179,9 +182,10 @@ def test_a_failed_member_cancels_on_success_and_runs_on_complete(app: Conveyor) 
 
     with running_worker(app):
         with app.batch(on_success=noop.s(), on_complete=noop.s()) as b:
-            member.enqueue(False)
+            good = member.enqueue(False)
             member.enqueue(True)
         assert b.on_complete_job is not None and b.on_success_job is not None
+        assert good.wait(10).result == b.id
         assert b.on_complete_job.wait(10).state is JobState.SUCCEEDED
         assert b.on_success_job.wait(10).state is JobState.CANCELLED
     info = app.get_batch(b.id)
@@ -249,3 +253,23 @@ def test_a_waiting_job_is_listed_and_counted(app: Conveyor) -> None:
     assert [j.id for j in waiting] == [child.id]
     [q] = app.backend.stats().queues
     assert (q.waiting, q.available) == (1, 1)
+
+
+def test_pass_result_on_a_signed_app(make_app: Callable[..., Conveyor]) -> None:
+    """The stored arguments leave the first parameter out and are signed so; the worker checks
+    the signature before it fills that parameter with the parent's result."""
+    app = make_app(signing_key="k" * 32)
+
+    @app.task(name="start")
+    def start() -> int:
+        return 20
+
+    @app.task(name="add")
+    def add(value: int, more: int) -> int:
+        return value + more
+
+    with running_worker(app):
+        jobs = app.chain(start.s(), add.s(more=1), add.s(more=2), pass_result=True)
+        last = jobs[-1].wait(10)
+    assert last.state is JobState.SUCCEEDED, last.errors
+    assert last.result == 23

@@ -383,3 +383,27 @@ def test_get_batch_asks_the_store(app: Conveyor) -> None:
     info = app.get_batch("known")
     assert info is not None and info.total == 3
     assert app.get_batch("unknown") is None
+
+
+def test_async_enqueues_join_the_block_and_other_threads_do_not(app: Conveyor, spy: SpyStore,
+                                                                 tasks: Any) -> None:
+    import asyncio
+    import threading
+
+    async def inside() -> list[Any]:
+        one = await tasks.fetch.aenqueue("https://a")
+        more = await tasks.fetch.aenqueue_many([("https://b",)])
+        return [one, *more]
+
+    with app.batch() as b:
+        handles = asyncio.run(inside())
+        elsewhere: list[Job] = []
+        t = threading.Thread(target=lambda: elsewhere.append(tasks.fetch.enqueue("https://c")))
+        t.start()
+        t.join()
+        assert len(spy.calls) == 1  # the other thread's job was written at once
+    assert all(isinstance(h, conveyor.PendingJob) for h in handles)
+    written, _ = spy.last
+    assert [args_of(j)["url"] for j in written] == ["https://a", "https://b"]
+    assert {j.batch_id for j in written} == {b.id}
+    assert elsewhere[0].batch_id is None
