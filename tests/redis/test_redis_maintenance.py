@@ -12,8 +12,8 @@ from support import running_worker
 
 from conveyor import Conveyor, JobState
 from conveyor.backends import open_backend
-from conveyor.backends.base import Lease, NewJob
-from conveyor.backends.redis import SWEEP_PER_REAP, RedisBackend
+from conveyor.backends.base import ErrorInfo, Lease, NewJob
+from conveyor.backends.redis import SWEEP_PER_REAP, RedisBackend, maintenance
 from conveyor.backends.redis.keys import QUEUE_KEYS, STORE_KEYS
 
 T0 = 1_700_000_000.0
@@ -210,3 +210,126 @@ def test_a_worker_reaps_only_in_its_maintenance_turn(private_redis: RedisServer)
     finally:
         holder.close()
         app.close()
+
+
+def finish_in(backend: RedisBackend, queues: list[str], at: float) -> list[int]:
+    """One job per queue, claimed and acked at ``at``: its ids, in the order of ``queues``."""
+    ids = [j.id for j in backend.enqueue_many([job(q) for q in queues], now=at)]
+    for q in queues:
+        [c] = backend.claim(q, 1, worker_id="w", lease_s=30, now=at)
+        backend.ack(Lease(c.id, c.lease_token or ""), None, now=at)
+    return ids
+
+
+def test_prune_carries_the_keys_of_the_due_jobs_and_a_slice_of_queues(
+        backend: RedisBackend) -> None:
+    finish_in(backend, [f"q{i}" for i in range(2000)], T0 + 1000)  # finished, not yet due
+    # Due jobs in five other queues, finished in the reverse order of their queue names.
+    due = [finish_in(backend, [f"d{k}"], T0 + 100 - 10 * k)[0] for k in range(5)]
+    [dead] = backend.enqueue_many([job("x", max_attempts=1)], now=T0)
+    assert backend.claim("x", 1, worker_id="w", lease_s=5, now=T0)
+    assert backend.reap(now=T0 + 10).dead == [dead.id]
+    # The first prune of this backend looks the store over once (see the upgrade test).
+    assert backend.prune(older_than=500, states=(JobState.CANCELLED,), now=T0 + 1100) == 0
+    calls = spy(backend)
+
+    assert backend.prune(older_than=500, limit=3, now=T0 + 1100) == 3
+    assert [backend.get(i) is None for i in due] == [False, False, True, True, True]
+    # 2,007 queues (22,077 keys as blocks): one prune carries the header, the blocks of the
+    # queues of the due jobs it reads (up to limit) and the fixed slice of queues whose fair
+    # hashes it tidies.
+    calls = [c for c in calls if c[0] != "get"]
+    assert len(calls) == 1 and calls[0][0] == "prune", calls
+    assert calls[0][1] <= HEADER + BLOCK * (3 + SWEEP_PER_REAP), calls
+
+    assert backend.prune(older_than=500, states=(JobState.SUCCEEDED, JobState.DEAD),
+                         limit=10, now=T0 + 1100) == 3
+    assert all(backend.get(i) is None for i in [*due, dead.id])
+    assert backend.prune(older_than=500, limit=10, now=T0 + 1100) == 0
+    assert sum(q.succeeded for q in backend.stats(now=T0 + 1100).queues) == 2000
+
+
+def test_a_store_written_before_the_finished_index_is_pruned_oldest_first(
+        backend: RedisBackend, private_redis: RedisServer) -> None:
+    old = [finish_in(backend, [f"q{k}"], T0 + 100 - k)[0] for k in range(30)]  # q29 oldest
+    [recent] = finish_in(backend, ["q0"], T0 + 1000)
+    r = private_redis.client()
+    p = backend.keys.p
+    # What the previous version left: finished jobs in the queues' own sets only.
+    r.delete(*(f"{p}:done:{s}" for s in ("succeeded", "dead", "cancelled")), f"{p}:indexed:done")
+    fresh = open_backend(private_redis.url)
+    assert isinstance(fresh, RedisBackend)
+    try:
+        assert fresh.prune(older_than=500, limit=10, now=T0 + 1100) == 10
+        assert [fresh.get(i) is None for i in old] == [False] * 20 + [True] * 10
+        assert fresh.prune(older_than=500, limit=100, now=T0 + 1100) == 20
+        assert fresh.get(recent) is not None
+        assert r.get(f"{p}:indexed:done") == "1"
+        # A worker of the old version, still running during the upgrade, finishes a job without
+        # telling the index: the per-prune sweep slice finds it within one round of the queues.
+        [straggler] = finish_in(fresh, ["q5"], T0 + 1200)
+        r.delete(f"{p}:done:succeeded")
+        pruned = sum(fresh.prune(older_than=500, now=T0 + 2000 + k) for k in range(5))
+        assert pruned == 2
+        assert fresh.get(straggler) is None and fresh.get(recent) is None
+    finally:
+        fresh.close()
+
+
+def test_every_finish_and_removal_keeps_the_finished_index_in_step(
+        backend: RedisBackend, private_redis: RedisServer) -> None:
+    r = private_redis.client()
+
+    def leased(queue: str, **kw: Any) -> Lease:
+        backend.enqueue_many([job(queue, **kw)], now=T0)
+        [c] = backend.claim(queue, 1, worker_id="w", lease_s=5, now=T0)
+        return Lease(c.id, c.lease_token or "")
+
+    def in_step() -> None:
+        for s in ("succeeded", "dead", "cancelled"):
+            own = {f"{m}/{q}": score for q in r.smembers(backend.keys.queues)
+                   for m, score in r.zrange(backend.keys.queue(q, s), 0, -1, withscores=True)}
+            assert dict(r.zrange(backend.keys.done_index(s), 0, -1, withscores=True)) == own, s
+
+    backend.ack(leased("a"), None, now=T0 + 1)
+    assert backend.ack_many([(leased("b"), None), (leased("a"), '"x"')], now=T0 + 2) == [True] * 2
+    backend.kill(leased("c"), ErrorInfo("rejected", "no"), now=T0 + 3)
+    assert backend.retry(leased("d", max_attempts=1), ErrorInfo("exception", "x"), delay=0,
+                         now=T0 + 4) == JobState.DEAD
+    leased("e", max_attempts=1)
+    assert len(backend.reap(now=T0 + 60).dead) == 1
+    [waiting] = backend.enqueue_many([job("f", delay=60)], now=T0)
+    assert backend.cancel(waiting.id, now=T0 + 5)
+    in_step()
+    assert len(r.zrange(backend.keys.done_index("dead"), 0, -1)) == 3
+    assert backend.redrive(queue="c", now=T0 + 70) == 1
+    assert backend.purge(state=JobState.DEAD, queue="d") == 1
+    assert backend.purge(state=JobState.CANCELLED) == 1
+    in_step()
+    assert len(r.zrange(backend.keys.done_index("dead"), 0, -1)) == 1
+    assert backend.prune(older_than=0, states=(JobState.SUCCEEDED, JobState.DEAD),
+                         now=T0 + 100) == 4
+    in_step()
+    assert all(r.zcard(backend.keys.done_index(s)) == 0 for s in ("succeeded", "dead"))
+
+
+def test_the_finished_index_copy_pages_through_a_long_set_with_equal_times(
+        backend: RedisBackend, private_redis: RedisServer, monkeypatch: Any) -> None:
+    monkeypatch.setattr(maintenance, "DONE_SWEEP_BUDGET", 0)  # 100 entries per set and call
+    for n, at in ((120, T0 + 1), (130, T0 + 2)):  # each batch finished at one time
+        backend.enqueue_many([job("a") for _ in range(n)], now=T0)
+        claimed = backend.claim("a", n, worker_id="w", lease_s=30, now=T0)
+        assert all(backend.ack_many([(Lease(c.id, c.lease_token or ""), None) for c in claimed],
+                                    now=at))
+    r = private_redis.client()
+    p = backend.keys.p
+    r.delete(f"{p}:done:succeeded", f"{p}:indexed:done")
+    fresh = open_backend(private_redis.url)
+    assert isinstance(fresh, RedisBackend)
+    try:
+        calls = spy(fresh)
+        assert fresh.prune(older_than=0, now=T0 + 10) == 250
+        # 100 of the first time and its 20 ties, then 100 of the second and its 30, then none.
+        assert [name for name, _ in calls] == ["sweep_done"] * 3 + ["prune"]
+    finally:
+        fresh.close()

@@ -42,6 +42,8 @@ class RedisCore(Backend):
         self._one_keys: dict[str, list[str]] = {}  # enqueue_one's keys per queue
         self._swept = False  # this backend saw the store marked as indexed (or swept it)
         self._sweep_at = 0  # where in the queue list the next reap's sweep slice starts
+        self._done_swept = False  # as _swept, for the finished jobs' index (P:done:<state>)
+        self._prune_at = 0  # where in the queue list the next prune's slice starts
         self._unsure: dict[int, str] = {}  # job id -> lease token of a settle left unanswered
         self._wake_lock = threading.Lock()
         self._wake_gen = 0

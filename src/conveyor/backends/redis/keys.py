@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 # The job states that have index sets (P:state:<state>, P:q:<queue>:<state>).
 STATES = ("scheduled", "available", "running", "succeeded", "dead", "cancelled", "waiting")
+FINAL_STATES = ("succeeded", "dead", "cancelled")
 
 # The store-wide keys every script of the shared prelude (_common.lua) gets, in this order
 # (its KEYS header): name in the scripts -> suffix after "{prefix}:". A suffix ending in ':' is
@@ -34,6 +35,9 @@ STORE_KEYS: dict[str, str] = {
     "rate": "rate:",
     "leases": "leases",
     "schedule": "schedule",
+    # One ZSET per final state of every finished job across queues, member id/queue, score =
+    # finished_at: prune reads only the due head.
+    **{f"done:{s}": f"done:{s}" for s in FINAL_STATES},
     # job.wait: wait:<id> counts the waiters of a job (the client sets it, with a TTL), and
     # wait:<id>:done is the list a finish pushes one mark per waiter to; wait:any counts all.
     "wait": "wait:",
@@ -57,6 +61,8 @@ CLIENT_KEYS: dict[str, str] = {
     # Set once every queue's own running and scheduled sets were swept into the global ones
     # (P:leases, P:schedule): a store written before those existed has no such key.
     "indexed": "indexed",
+    # Set once every queue's own finished sets were copied into the done:<state> ZSETs.
+    "indexed_done": "indexed:done",
     "maintenance": "lock:maintenance",
 }
 
@@ -83,6 +89,7 @@ class Keys:
         self.queues, self.ids, self.cron = store["queues"], store["ids"], store["cron"]
         self.leases, self.schedule = store["leases"], store["schedule"]
         self.indexed = f"{p}:{CLIENT_KEYS['indexed']}"
+        self.indexed_done = f"{p}:{CLIENT_KEYS['indexed_done']}"
         self.maintenance = f"{p}:{CLIENT_KEYS['maintenance']}"
 
     def job(self, job_id: int) -> str:
@@ -109,6 +116,10 @@ class Keys:
 
     def state(self, state: str) -> str:
         return self.store[f"state:{state}"]
+
+    def done_index(self, state: str) -> str:
+        """P:done:<state>: the finished jobs of one final state across queues."""
+        return self.store[f"done:{state}"]
 
     def lock(self, name: str) -> str:
         return f"{self.p}:lock:{name}"

@@ -3,9 +3,11 @@ the global indexes (for stores written before those existed), prune finished job
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 
+from ...errors import StorageFull
 from ...job import JobState
 from ..base import MAX_STALLS, ReapResult
 from .core import RedisCore
@@ -15,6 +17,9 @@ from .core import RedisCore
 # lease that only a queue's own ZSET knows (written by an older version) is found within a round.
 SWEEP_QUEUES = 200
 SWEEP_PER_REAP = 20
+# The first prune of a store written before P:done:<state> copies every queue's finished sets
+# into them (see sweep_done.lua): entries one call copies at most, spread over its queues.
+DONE_SWEEP_BUDGET = 20_000
 CLOCK_MARGIN_S = 5.0  # how far past its own clock the client looks for due entries (_due_bound)
 
 
@@ -84,13 +89,46 @@ class MaintenanceMixin(RedisCore):
         """The next few queues of the queue set, going round it: each reap also sweeps them (a
         lease only a queue's own set knows, written by a worker of the previous version still
         running during an upgrade, is found within one round)."""
-        queues = self._all_queues()
-        if self._sweep_at >= len(queues):
-            self._sweep_at = 0
-            queues = self._refresh_queues()
-        chunk = queues[self._sweep_at:self._sweep_at + SWEEP_PER_REAP]
-        self._sweep_at += SWEEP_PER_REAP
+        chunk, self._sweep_at = self._round_robin(self._sweep_at)
         return chunk
+
+    def _round_robin(self, at: int) -> tuple[list[str], int]:
+        """The SWEEP_PER_REAP queues of the queue set from position ``at``, and where the next
+        slice starts; the set is read again at the start of each round."""
+        queues = self._all_queues()
+        if at >= len(queues):
+            at = 0
+            queues = self._refresh_queues()
+        return queues[at:at + SWEEP_PER_REAP], at + SWEEP_PER_REAP
+
+    def _sweep_done_all(self) -> None:
+        """Once per backend: if the store is not marked as having P:done:<state> (written by a
+        version before them), copy every queue's finished sets into them (see sweep_done.lua),
+        in bounded calls, then mark it."""
+        if self._done_swept:
+            return
+        r = self._transport.r
+        if not self._transport.call("check finished index",
+                                    lambda: r.exists(self.keys.indexed_done), safe=True):
+            cursors = {q: ["-inf"] * 3 for q in self._refresh_queues()}
+            while cursors:
+                batch = list(cursors)[:SWEEP_QUEUES]
+                per_set = max(100, DONE_SWEEP_BUDGET // (3 * len(batch)))
+                args = [per_set, *(c for q in batch for c in cursors[q])]
+                res = self._run("sweep_done", batch, args, safe=True)
+                for i, q in enumerate(batch):
+                    nxt = [str(c) for c in res[1][3 * i:3 * i + 3]]
+                    if any(nxt):
+                        cursors[q] = nxt
+                    else:
+                        del cursors[q]
+            # At maxmemory the mark is refused (SET is no script with allow-oom) while prune must
+            # go on freeing memory: left unmarked, the store is copied again (idempotent) by the
+            # next backend.
+            with contextlib.suppress(StorageFull):
+                self._transport.call("mark finished index",
+                                     lambda: r.set(self.keys.indexed_done, "1"), safe=True)
+        self._done_swept = True
 
     def prune(
         self, *, older_than: float, states: Sequence[JobState] = (JobState.SUCCEEDED,),
@@ -103,6 +141,12 @@ class MaintenanceMixin(RedisCore):
             names.append(str(JobState(state)))
         if limit <= 0 or not names:
             return 0
-        args = [self._now_arg(now), repr(float(older_than)), limit, *names]
-        res = self._run("prune", self._all_queues(), args, safe=True, all_queues=True)
+        self._sweep_done_all()
+        # The slice first: the script tidies (and sweeps) its first len(chunk) blocks.
+        chunk, self._prune_at = self._round_robin(self._prune_at)
+        bound = f"({self._due_bound(now) - float(older_than)!r}"
+        due = [q for name in names
+               for q in self._due_queues(self.keys.done_index(name), bound, 2 * limit)]
+        args = [self._now_arg(now), repr(float(older_than)), limit, len(chunk), *names]
+        res = self._run("prune", chunk + [q for q in due if q not in chunk], args, safe=True)
         return int(res[1])

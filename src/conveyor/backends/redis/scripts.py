@@ -45,7 +45,8 @@ BARE_SCRIPTS = ("lock", "unlock", "count_waiter")
 SCRIPT_NAMES = (
     "enqueue", "enqueue_one", "claim", "heartbeat", "ack", "ack_many", "retry", "kill",
     "release", "reap", "promote", "prune", "cancel", "redrive", "purge", "record_worker",
-    "remove_worker", "stats", "list_jobs", "record_step", "peek", "get", "sweep", "get_batch",
+    "remove_worker", "stats", "list_jobs", "record_step", "peek", "get", "sweep", "sweep_done",
+    "get_batch",
     *(f"{name}:strict" for name in STRICT_SCRIPTS),
 )
 

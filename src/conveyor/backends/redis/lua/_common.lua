@@ -33,6 +33,9 @@
 --                            only the expired head (see gmember)
 --   schedule   P:schedule    ZSET of every scheduled job across queues, member = id/queue,
 --                            score = run_at: promote reads only the due head
+--   done:<s>   P:done:<s>    one ZSET per final state (succeeded, dead, cancelled) of every
+--                            job in it across queues, member = id/queue, score = finished_at:
+--                            prune reads only the due head
 --   wait       P:wait:       prefix key; P:wait:<id> is a STRING count of job.wait callers (the
 --                            client INCRs it with a TTL), P:wait:<id>:done a LIST a finish
 --                            pushes one mark per waiter to, P:wait:any the count of all
@@ -89,7 +92,10 @@ local function arg(i) return ARGV[A + i - 1] end
 -- scheduled ZSET writes these two in step (the per-queue sets stay: stats and listing read them).
 local function gmember(q, id) return id .. '/' .. q.name end
 local function split_gmember(m) return string.match(m, '^([^/]+)/(.*)$') end
-local K_GLOBAL = {running = K_LEASES, scheduled = K_SCHEDULE}
+-- P:done:<state> is the same for the finished states (enter, leave, succeed and delete_job
+-- write it), read by prune.
+local K_GLOBAL = {running = K_LEASES, scheduled = K_SCHEDULE, succeeded = K['done:succeeded'],
+  dead = K['done:dead'], cancelled = K['done:cancelled']}
 
 -- The head of a global index (P:leases, P:schedule) scored up to max, at most limit: the
 -- entries whose queue's block the call was given, as {id, queue, member}, and the queues whose
@@ -110,10 +116,10 @@ local function due_entries(index, max, limit)
   return r, found, need
 end
 
--- Copies the entries of a queue's own running or scheduled ZSET scored up to max into the
--- global one (P:leases, P:schedule), at most limit: for a store, or a worker, of the version
--- before those existed (see sweep.lua). Only what is due is copied; reap and promote check
--- each job again. Returns how many were copied.
+-- Copies the entries of a queue's own running, scheduled or finished ZSET scored up to max into
+-- the global one (P:leases, P:schedule, P:done:<state>), at most limit: for a store, or a
+-- worker, of the version before those existed (see sweep.lua). Only what is due is copied;
+-- reap, promote and prune check each job again. Returns how many were copied.
 local function sweep_queue(q, state, max, limit)
   local r = redis.call('ZRANGEBYSCORE', q[state], '-inf', max, 'WITHSCORES', 'LIMIT', 0, limit)
   local args = {}
@@ -326,7 +332,7 @@ local function queues_complete()
 end
 
 -- A queue whose last job was deleted leaves P:queues, so the scripts that go over every queue
--- (stats, prune, purge, redrive, listing) stop paying for it; its fair-sharing rounds go too
+-- (stats, purge, redrive, listing) stop paying for it; its fair-sharing rounds go too
 -- (no job carries a tag of them). Enqueue names it again (enqueue's SADD, or enqueue_one's for
 -- the first job of an inbox: the prelude has folded this queue's inbox, so it is empty).
 local function forget_queue_if_empty(q)
@@ -382,6 +388,7 @@ local function delete_job(q, id, state)
   free_unique(P_JOB .. id, id)
   redis.call('DEL', P_JOB .. id, P_ERR .. id)
   redis.call('ZREM', q[state], id)
+  redis.call('ZREM', K_GLOBAL[state], gmember(q, id))
   redis.call('ZREM', K_STATE[state], id)
   redis.call('ZREM', K_ALL, id)
   redis.call('ZREM', q.jobs, id)
@@ -453,6 +460,7 @@ local function succeed(q, id, key, token, ck, uk, ufor, now, has_result, result,
   end
   redis.call('HSET', key, unpack(fields))
   w.zadd(q.succeeded, t, id)
+  w.zadd(K_GLOBAL.succeeded, t, gmember(q, id))
   w.zadd(K_STATE.succeeded, id, id)
   if uk and not ufor and redis.call('HGET', K_UNIQUE, uk) == id then
     redis.call('HDEL', K_UNIQUE, uk)

@@ -3,46 +3,69 @@
 -- hash (with its step records), errors and index entries, and frees a unique key it held, and
 -- its workflow keys (forget_links in _deps.lua). A job with a child not yet finished is kept
 -- (the child may read its result); it is passed over, looking at up to as many again.
--- Then, per queue, one HSCAN step of up to limit fields of P:q:<queue>:fair drops the last tags
+-- The due jobs are the head of P:done:<state> (all queues), so a call costs O(due + log n)
+-- whatever the number of queues. The client reads those heads first and sends the blocks of
+-- those jobs' queues, as reap does with P:leases; the script answers 'need' for one it missed.
+-- An entry is checked against its queue's own set: one whose job is no longer there (deleted
+-- or redriven by a client of the previous version) is dropped, one whose job finished later
+-- is rescored; neither is counted.
+-- The first nslice blocks are a slice of the queue set, which the client goes round a bounded
+-- number of queues per call. Their own finished sets' oldest due entries (limit / nslice per
+-- queue and state: most of them are in the index already) are copied into P:done:<state> first
+-- (sweep_queue), so a job finished by a worker of the previous version is found. Then one
+-- HSCAN step of up to limit fields of each one's P:q:<queue>:fair drops the last tags
 -- 't:<priority>:<fair key>' at or below the vtime 'v:<priority>' of their round (they mean
 -- nothing any more), and the fields of the layout before rounds were per priority ('vtime',
--- 'k:<fair key>'); the cursor is kept in the hash's 'scan' field, so successive prunes walk
+-- 'k:<fair key>'); the cursor is kept in the hash's 'scan' field, so successive rounds walk
 -- the whole hash.
--- KEYS: the common header, then the blocks of every queue in P:queues.
--- ARGV: n, queue names; now ('' = the store's clock), older_than, limit, then states (each one
---   of succeeded, dead, cancelled: the client refuses the others)
--- Returns {'ok', count} or {'stale'} (nothing changed).
-if not queues_complete() then return {'stale'} end
+-- KEYS: the common header, then the blocks of the slice, then those of the due jobs' queues.
+-- ARGV: n, queue names; now ('' = the store's clock), older_than, limit, nslice, then states
+--   (each one of succeeded, dead, cancelled: the client refuses the others)
+-- Returns {'ok', count} or {'need', queue...} (nothing deleted).
 local now = clock(arg(1))
-local before = '(' .. num(now - tonumber(arg(2)))
-local left = tonumber(arg(3))
-local deleted = 0
-for s = A + 3, #ARGV do
-  if left <= 0 then break end
+local cutoff = now - tonumber(arg(2))
+local before = '(' .. num(cutoff)
+local limit = tonumber(arg(3))
+local nslice = tonumber(arg(4))
+local per_queue = math.max(1, math.floor(limit / math.max(nslice, 1)))
+local heads, need, asked = {}, {}, {}
+for s = A + 4, #ARGV do
   local state = ARGV[s]
-  local found = {}
-  for _, qn in ipairs(QNAMES) do
-    local r = redis.call('ZRANGEBYSCORE', Q[qn][state], '-inf', before, 'WITHSCORES',
-      'LIMIT', 0, 2 * left)
-    for k = 1, #r, 2 do found[#found + 1] = {r[k], tonumber(r[k + 1]), Q[qn]} end
-  end
-  table.sort(found, function(a, b) return a[2] < b[2] end)
-  local gone = 0
-  for k = 1, #found do
-    if gone >= left then break end
-    local id = found[k][1]
-    if not has_unfinished_kid(id) then
-      forget_links(id)
-      delete_job(found[k][3], id, state)
-      gone = gone + 1
+  for i = 1, nslice do sweep_queue(Q[QNAMES[i]], state, before, per_queue) end
+  local _, found, missing = due_entries(K_GLOBAL[state], before, 2 * limit)
+  heads[#heads + 1] = {state, found}
+  for _, qn in ipairs(missing) do
+    if not asked[qn] then
+      asked[qn] = true
+      need[#need + 1] = qn
     end
   end
-  deleted = deleted + gone
-  left = left - gone
 end
-local budget = math.max(tonumber(arg(3)), 1)
-for _, qn in ipairs(QNAMES) do
-  local fair = Q[qn].fair
+if #need > 0 then return {'need', unpack(need)} end
+local left = limit
+local deleted = 0
+for _, head in ipairs(heads) do
+  local state, found = head[1], head[2]
+  local index = K_GLOBAL[state]
+  for k = 1, #found do
+    if left <= 0 then break end
+    local id, q, m = found[k][1], found[k][2], found[k][3]
+    local at = redis.call('ZSCORE', q[state], id)
+    if not at then
+      redis.call('ZREM', index, m)
+    elseif tonumber(at) >= cutoff then
+      redis.call('ZADD', index, at, m)
+    elseif not has_unfinished_kid(id) then
+      forget_links(id)
+      delete_job(q, id, state)
+      deleted = deleted + 1
+      left = left - 1
+    end
+  end
+end
+local budget = math.max(limit, 1)
+for i = 1, nslice do
+  local fair = Q[QNAMES[i]].fair
   local cursor = redis.call('HGET', fair, 'scan') or '0'
   local r = redis.call('HSCAN', fair, cursor, 'COUNT', budget)
   local vt, drop = {}, {}
