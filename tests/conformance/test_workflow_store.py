@@ -437,3 +437,25 @@ def test_a_batch_record_goes_with_its_last_member(backend: Backend) -> None:
     assert backend.get_batch("b-1") is not None
     backend.prune(older_than=1.0, now=T0 + 500)
     assert backend.get_batch("b-1") is None
+
+
+def test_a_waiting_job_holds_its_unique_key(backend: Backend) -> None:
+    parent = enqueue(backend)
+    child = enqueue(backend, after=(parent,), unique_key="report:7")
+    [again] = backend.enqueue_many([new_job(unique_key="report:7")], now=T0 + 1)
+    assert again.id == child and not again.created
+    assert backend.cancel(parent, now=T0 + 2)  # the child is cancelled: the key is free
+    [fresh] = backend.enqueue_many([new_job(unique_key="report:7")], now=T0 + 3)
+    assert fresh.created and fresh.id != child
+
+
+def test_purge_of_a_dead_parent_leaves_no_trace_of_its_links(backend: Backend) -> None:
+    parent = enqueue(backend)
+    child = enqueue(backend, after=(parent,), on_parent_failure="run")
+    kill(backend, parent)
+    assert state(backend, child) is JobState.AVAILABLE
+    assert backend.purge(job_ids=[parent]) == 1
+    assert backend.get(parent) is None
+    succeed(backend, child, now=T0 + 1)
+    backend.prune(older_than=1.0, now=T0 + 100)
+    assert backend.get(child) is None

@@ -17,7 +17,7 @@ from stores import postgres_store
 from support import T0, new_job
 
 from conveyor import JobState
-from conveyor.backends.base import Lease
+from conveyor.backends.base import ErrorInfo, Lease
 from conveyor.backends.postgres import PostgresBackend, Q
 from conveyor.backends.postgres import migrate as pg_migrate
 
@@ -169,3 +169,18 @@ def test_a_finish_that_waited_on_a_childs_enqueue_sees_the_child(
     assert acked.is_set()
     job = backend.get(res.id)
     assert job is not None and job.state is JobState.AVAILABLE
+
+
+
+def test_purge_takes_the_edges_of_what_it_deletes(url: str, backend: PostgresBackend) -> None:
+    """Edges have no foreign keys (no trigger on ordinary deletes): purge deletes them itself."""
+    parent = enqueue(backend)
+    child = enqueue(backend, after=(parent,), on_parent_failure="run")
+    lease = take(backend)
+    backend.kill(lease, ErrorInfo("rejected", "made dead for the test"), now=T0)
+    assert backend.purge(job_ids=[parent]) == 1
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM conveyor_edges WHERE parent_id = %s",
+                           [parent]).fetchone()
+    assert row is not None and row[0] == 0
+    assert backend.get(child) is not None

@@ -12,7 +12,7 @@ from ...job import Job, JobState
 from ..base import BatchInfo, Page, Stats, WorkerInfo, check_filters, queue_stats_from_rows
 from .connection import PooledBackend, bounded, translate
 from .enqueue import retag_plan, run_plan
-from .queries import Q, notify, notify_freed, row_to_job
+from .queries import Q, forget_batches, notify, notify_freed, row_to_job
 
 
 class Administering(PooledBackend):
@@ -129,10 +129,13 @@ class Administering(PooledBackend):
             raise ValueError(f"purge only deletes finished jobs, not {state}")
         check_filters(queue=queue)
         with self._tx() as conn:
-            return conn.execute(
+            row = conn.execute(
                 Q["purge"], {"state": str(state), "queue": queue,
                              "ids": list(job_ids) if job_ids is not None else None}
-            ).rowcount
+            ).fetchone()
+            assert row is not None
+            forget_batches(conn, row["batches"])
+            return int(row["n"])
 
     def cancel(self, job_id: int, *, now: float | None = None) -> bool:
         with self._tx() as conn:

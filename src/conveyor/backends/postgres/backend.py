@@ -24,7 +24,7 @@ from .listen import Listening
 from .locks import Locking
 from .migrate import LATEST as SCHEMA_VERSION
 from .migrate import migrate as migrate_schema
-from .queries import CHANNEL, KEEP_ERRORS, Q, error_json, notify, notify_freed
+from .queries import CHANNEL, KEEP_ERRORS, Q, error_json, forget_batches, notify, notify_freed
 
 
 class PostgresBackend(Enqueuing, Claiming, Administering, Listening, Locking):
@@ -218,10 +218,7 @@ class PostgresBackend(Enqueuing, Claiming, Administering, Listening, Locking):
                 ).fetchone()
                 assert row is not None
                 deleted += row["n"]
-                batches = row["batches"]
-                while batches:  # a batch emptied, then the batches it was nested in
-                    gone = conn.execute(Q["prune_batches"], {"ids": batches}).fetchall()
-                    batches = sorted({r["parent_id"] for r in gone if r["parent_id"]})
+                forget_batches(conn, row["batches"])
             conn.execute(Q["prune_fair_tags"], {"limit": limit})
             conn.execute(Q["prune_rate_claims"], {"now": now, "limit": limit})
         return deleted
@@ -260,3 +257,4 @@ class PostgresBackend(Enqueuing, Claiming, Administering, Listening, Locking):
                             conn.autocommit = True
         except psycopg.Error as exc:
             raise translate(exc) from exc
+

@@ -106,3 +106,10 @@ def claimed_jobs(rows: list[dict[str, Any]]) -> list[Job]:
 def error_json(error: ErrorInfo) -> str:
     return json.dumps({"kind": error.kind, "type": error.type, "message": error.message,
                        "traceback": error.traceback}, ensure_ascii=False)
+
+def forget_batches(conn: Any, batches: list[str]) -> None:
+    """Delete the records of these batches if their last member went (prune, purge), then of
+    the batches they were nested in, in the caller's transaction."""
+    while batches:
+        gone = conn.execute(Q["prune_batches"], {"ids": batches}).fetchall()
+        batches = sorted({r["parent_id"] for r in gone if r["parent_id"]})

@@ -26,7 +26,7 @@ WHERE %(unique_key)s::text IS NULL OR NOT EXISTS (
     SELECT 1 FROM conveyor_jobs AS d
     WHERE d.unique_key = %(unique_key)s AND d.state = 'succeeded'
       AND d.finished_at + make_interval(secs => d.unique_for) > t.now)
-ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('scheduled', 'available', 'running')
+ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('waiting', 'scheduled', 'available', 'running')
 DO NOTHING
 RETURNING id, uid, extract(epoch FROM created_at)::float8 AS at;
 
@@ -73,7 +73,7 @@ SELECT array_agg(id ORDER BY id) AS ids, array_agg(uid ORDER BY id) AS uids,
 -- Which of these keys a job holds now: an unfinished one, or a succeeded one in its window.
 SELECT DISTINCT unique_key FROM conveyor_jobs
 WHERE unique_key = ANY(%(keys)s::text[])
-  AND (state IN ('scheduled', 'available', 'running')
+  AND (state IN ('waiting', 'scheduled', 'available', 'running')
        OR (state = 'succeeded' AND finished_at + make_interval(secs => unique_for) > :NOW));
 
 -- name: take_fair_tags
@@ -102,7 +102,7 @@ SELECT count(*) AS n FROM conveyor_jobs WHERE queue = %(queue)s AND state IN ('s
 -- name: find_unique
 -- The job holding the key: the unfinished one, else the latest succeeded one in its window.
 (SELECT id, extract(epoch FROM :NOW)::float8 AS at FROM conveyor_jobs
- WHERE unique_key = %(unique_key)s AND state IN ('scheduled', 'available', 'running'))
+ WHERE unique_key = %(unique_key)s AND state IN ('waiting', 'scheduled', 'available', 'running'))
 UNION ALL
 (SELECT id, extract(epoch FROM :NOW)::float8 AS at FROM conveyor_jobs
  WHERE unique_key = %(unique_key)s AND state = 'succeeded'
@@ -475,7 +475,7 @@ SET state = 'available', attempt = 0, run_at = :NOW, finished_at = NULL, worker_
 WHERE j.id = %(id)s AND j.state = 'dead'
   AND (j.unique_key IS NULL OR NOT EXISTS (
         SELECT 1 FROM conveyor_jobs AS o
-        WHERE o.unique_key = j.unique_key AND o.state IN ('scheduled', 'available', 'running')))
+        WHERE o.unique_key = j.unique_key AND o.state IN ('waiting', 'scheduled', 'available', 'running')))
 RETURNING j.id, j.queue, j.priority, j.fair_key;
 
 -- name: redrive_all
@@ -600,9 +600,24 @@ FROM (SELECT 1) AS one
 LEFT JOIN conveyor_steps AS s ON s.job_id = %(id)s AND s.step = %(step)s;
 
 -- name: purge
-DELETE FROM conveyor_jobs
-WHERE state = %(state)s AND (%(queue)s::text IS NULL OR queue = %(queue)s)
-  AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]));
+-- As prune, the deleted jobs' edges go with them and their batches come back for prune_batches.
+-- A purge is an operator's order: a job is deleted even if a child of it is unfinished (that
+-- child's parent_results() then lacks it).
+WITH gone AS (
+    DELETE FROM conveyor_jobs
+    WHERE state = %(state)s AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+    RETURNING id, has_children, parents, batch_id, callback_of
+), as_parent AS (
+    DELETE FROM conveyor_edges WHERE parent_id IN (SELECT id FROM gone WHERE has_children)
+), as_child AS (
+    DELETE FROM conveyor_edges AS e
+    USING (SELECT g.id, p.id AS parent_id FROM gone AS g, unnest(g.parents) AS p(id)) AS x
+    WHERE e.parent_id = x.parent_id AND e.child_id = x.id
+)
+SELECT (SELECT count(*) FROM gone) AS n,
+       ARRAY(SELECT DISTINCT b FROM gone, LATERAL (VALUES (batch_id), (callback_of)) AS v(b)
+             WHERE b IS NOT NULL) AS batches;
 
 -- name: stats_now
 SELECT extract(epoch FROM :NOW)::float8 AS now;
@@ -717,7 +732,7 @@ WHERE %(unique_key)s::text IS NULL OR NOT EXISTS (
     SELECT 1 FROM conveyor_jobs AS d
     WHERE d.unique_key = %(unique_key)s AND d.state = 'succeeded'
       AND d.finished_at + make_interval(secs => d.unique_for) > t.now)
-ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('scheduled', 'available', 'running')
+ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('waiting', 'scheduled', 'available', 'running')
 DO NOTHING
 RETURNING id, uid, state, created_at
 ), edges AS (
