@@ -19,6 +19,7 @@ from .errors import (
     StorageFull,
     StoreError,
     StoreUnavailable,
+    UnknownParent,
     UnknownTask,
     WaitInTask,
     WaitTimeout,
@@ -26,14 +27,18 @@ from .errors import (
 from .executor import JobContext, current_job
 from .hooks import HookEvent
 from .job import Job, JobState
+from .pending import PendingJob
 from .retry import RetryPolicy
 from .task import Task
+from .workflow import Batch, Group, Signature
 
 __all__ = [
     "ArgumentsError",
+    "Batch",
     "ConfigurationError",
     "Conveyor",
     "ConveyorError",
+    "Group",
     "HookEvent",
     "IncludeError",
     "InvalidName",
@@ -44,16 +49,19 @@ __all__ = [
     "LeaseLost",
     "PayloadError",
     "PayloadTooLarge",
+    "PendingJob",
     "QueueFull",
     "Reject",
     "ResultTooLarge",
     "Retry",
     "RetryPolicy",
+    "Signature",
     "SignatureInvalid",
     "StorageFull",
     "StoreError",
     "StoreUnavailable",
     "Task",
+    "UnknownParent",
     "UnknownTask",
     "WaitInTask",
     "WaitTimeout",

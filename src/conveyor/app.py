@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from . import payload, tracing
 from .backends import absolute_url, open_backend, redact_url
-from .backends.base import Backend
+from .backends.base import Backend, BatchInfo
 from .cron import Schedule
 from .errors import ConfigurationError, IncludeError, InvalidName, JobNotFound, UnknownTask
 from .hooks import Hooks
@@ -21,6 +21,7 @@ from .retry import ExceptionFilter, RetryPolicy, exception_classes
 from .signing import Signer
 from .task import Task
 from .waiting import bind
+from .workflow import Batch, Group, Signature, Step, chain
 
 if TYPE_CHECKING:
     from .metrics import Metrics
@@ -45,6 +46,14 @@ def _check_include(include: Sequence[str]) -> tuple[str, ...]:
                 f"include: {module!r} is not a module name (dotted, as `import` takes it, "
                 "e.g. 'myapp.tasks')")
     return tuple(include)
+
+
+def _refuse_after(after: object) -> None:
+    # Named so that a port of a dependent periodic job gets this rather than a TypeError.
+    if after is not None:
+        raise ConfigurationError(
+            "a cron schedule cannot have after=: each tick is a new job with no parents; "
+            "enqueue the dependent jobs from the cron task (app.chain, after=[...])")
 
 
 class Conveyor:
@@ -245,12 +254,13 @@ class Conveyor:
         kwargs: dict[str, Any] | None = None, priority: int = 0, queue: str | None = None,
         max_attempts: int | None = None, timeout: float | None = None,
         retry: RetryPolicy | None = None, retry_on: ExceptionFilter | None = None,
-        dead_on: ExceptionFilter | None = None,
+        dead_on: ExceptionFilter | None = None, after: Any = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]:
         """Register a function as a task and enqueue it at every tick of a cron expression:
         ``@app.cron("*/5 * * * *", timezone="Europe/Paris")``. The schedule is named after the
         task unless ``name`` is given; ``kwargs`` are passed to every run. Workers run the
         scheduler; see :mod:`conveyor.cron` for the misfire and daylight-saving rules."""
+        _refuse_after(after)
         as_task = self.task(queue=queue, max_attempts=max_attempts, timeout=timeout,
                             priority=priority, retry=retry, retry_on=retry_on, dead_on=dead_on)
 
@@ -265,9 +275,10 @@ class Conveyor:
     def schedule(
         self, task: Task[Any, Any] | str, expression: str, *, name: str | None = None,
         timezone: str = "UTC", kwargs: dict[str, Any] | None = None, priority: int = 0,
-        queue: str | None = None,
+        queue: str | None = None, after: Any = None,
     ) -> Schedule:
         """Enqueue an already registered task at every tick of ``expression`` (see ``cron``)."""
+        _refuse_after(after)
         t = self.get_task(task) if isinstance(task, str) else task
         call = dict(kwargs or {})
         # Bound and encoded now: a bad schedule fails when it is declared, not at 3 am.
@@ -326,6 +337,38 @@ class Conveyor:
         if job is None:
             raise JobNotFound(f"no job with id {job_id}")
         return bind(job, self)
+
+    def chain(self, *steps: Step, pass_result: bool = False) -> list[Job]:
+        """Enqueue ``steps`` (``task.s(...)`` or ``app.group(...)``) so that each waits for the
+        one before it, in one atomic write, and return their jobs in order: the last one's
+        ``wait()`` gives the chain's result. A step's parent failing (dead, cancelled) cancels
+        the rest. ``pass_result=True``: each step after the first gets its parent's result as
+        its first argument (after a group, the list of the group's results, in order); its
+        other arguments are given in ``.s(...)`` as usual. See docs/workflows.md."""
+        return chain(self, steps, pass_result=pass_result)
+
+    def group(self, *signatures: Signature) -> Group:
+        """Signatures that run side by side, as one step of ``app.chain``."""
+        return Group(tuple(signatures))
+
+    def batch(self, *, on_success: Signature | None = None,
+              on_complete: Signature | None = None) -> Batch:
+        """``with app.batch(on_success=report.s(), on_complete=cleanup.s()) as b:``: every
+        enqueue in the block is written at its end, in one atomic write, as members of batch
+        ``b.id``; ``on_success`` runs once if every member succeeded, ``on_complete`` once
+        when every member has finished, however it finished. A callback whose function takes
+        a ``batch_id`` parameter gets the batch's id there. Inside the block, enqueue returns
+        a pending handle (usable in ``after=``; ``handle.job`` once the block has ended). An
+        exception in the block writes nothing. See docs/workflows.md."""
+        return Batch(self, on_success, on_complete)
+
+    def get_batch(self, batch_id: str) -> BatchInfo | None:
+        """A batch's counts (total, waiting, pending, succeeded, dead, cancelled) and its
+        callbacks' job ids, or None if the store holds no such batch (never written, or pruned
+        with its last member)."""
+        if not isinstance(batch_id, str) or not batch_id:
+            raise InvalidName(f"batch id must be a non-empty str, got {batch_id!r}")
+        return self.backend.get_batch(batch_id)
 
     def cancel(self, job_id: int) -> bool:
         """Cancel a waiting job (it never runs) or a running one (its worker stops it: async

@@ -39,6 +39,16 @@ class JobNotFound(ConveyorError, LookupError):
     """No job with this id exists in the store."""
 
 
+class UnknownParent(JobNotFound, ValueError):
+    """A job's ``after=`` names a job the store does not hold (never enqueued, or pruned), or
+    refers to a job later in the same write (which would allow a cycle). Nothing was written."""
+
+    def __init__(self, job_id: int | str, detail: str = "") -> None:
+        self.job_id = job_id
+        msg = f"after= names job {job_id}, which the store does not hold"
+        super().__init__(f"{msg}: {detail}" if detail else msg)
+
+
 class LeaseLost(ConveyorError):
     """The caller's lease on a job is gone: it expired, was reaped, released or cancelled.
 

@@ -17,9 +17,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from . import payload
 from .backends.base import Backend, ErrorInfo, ErrorKind, Lease, transactional
 from .cron import tick_of
-from .errors import ArgumentsError, ConfigurationError, PayloadError, Reject, ResultTooLarge, Retry
+from .errors import (
+    ArgumentsError,
+    ConfigurationError,
+    JobNotFound,
+    PayloadError,
+    Reject,
+    ResultTooLarge,
+    Retry,
+)
 from .hooks import JobHooks
-from .job import Job
+from .job import Job, JobState
 from .threads import CallTimedOut, TaskThreads, ThreadCall
 
 if TYPE_CHECKING:
@@ -101,6 +109,27 @@ class JobContext:
     def attempt(self) -> int:
         """This attempt's number: 1 for the first run, 2 for the first retry or redelivery."""
         return self.job.attempts
+
+    @property
+    def batch_id(self) -> str | None:
+        """The batch this job is a member of (the innermost), or None."""
+        return self.job.batch_id
+
+    @property
+    def callback_of(self) -> str | None:
+        """For a batch's ``on_success``/``on_complete`` callback: that batch's id."""
+        return self.job.callback_of
+
+    def parent_results(self) -> dict[int, Any]:
+        """``{parent id: result}`` for the jobs this one was enqueued ``after=`` (a chain's
+        previous step, a batch's members for its callback), read from the store. A parent
+        that did not succeed (with ``on_parent_failure="run"``) gives None. The store keeps a
+        finished parent while any child is unfinished, so the results are there while this job
+        runs; JobNotFound if one is gone all the same (deleted by hand)."""
+        if self._backend is None:
+            raise ConfigurationError("parent_results() needs the job's store: it runs inside a "
+                                     "worker")
+        return read_parent_results(self._backend, self.job)
 
     @property
     def cron_tick(self) -> dt.datetime | None:
@@ -203,6 +232,19 @@ class JobContext:
                 raise
             finally:
                 self._connection = None
+
+
+def read_parent_results(backend: Backend, job: Job) -> dict[int, Any]:
+    """``{parent id: result}`` of ``job``'s parents, in ascending ids (the order a chain or a
+    group wrote them)."""
+    out: dict[int, Any] = {}
+    for parent_id in job.parents:
+        parent = backend.get(parent_id)
+        if parent is None:
+            raise JobNotFound(f"parent job {parent_id} of job {job.id} is no longer stored, "
+                              "so its result cannot be read")
+        out[parent_id] = parent.result if parent.state is JobState.SUCCEEDED else None
+    return out
 
 
 _current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar(
@@ -381,6 +423,8 @@ class Execution:
                 message=f"stored arguments are a {type(stored).__name__}, not an object",
             ))
         try:
+            if payload.PASS_RESULT_KEY in job.meta:
+                stored = self._with_parent_result(task, stored)
             args, kwargs = task.rebuild_call(stored)
         except ArgumentsError as exc:
             return Outcome(OutcomeKind.DEAD, error=error_from(exc, "bad_arguments"))
@@ -389,6 +433,29 @@ class Execution:
         ctx.run(_current.set, self.context)
         self._task, self._call = task, (args, kwargs, ctx)
         return None
+
+    def _with_parent_result(self, task: Task[Any, Any],
+                            stored: dict[str, Any]) -> dict[str, Any]:
+        """A chain step's stored arguments with the first parameter, left open at enqueue
+        (``pass_result=True``), filled with its parent's result: the list of them, in the
+        order the parents were written, after a group."""
+        job = self.job
+        spec = job.meta[payload.PASS_RESULT_KEY]
+        try:
+            name = payload.first_parameter(task.signature, task.name)
+        except ConfigurationError as exc:
+            raise ArgumentsError(str(exc)) from None
+        if name in stored:
+            raise ArgumentsError(f"the stored arguments already give {name!r}, which the "
+                                 "previous step's result was to fill")
+        if self.backend is None or not job.parents:
+            raise ArgumentsError("the job takes its parent's result, but has no parent to read")
+        try:
+            results = list(read_parent_results(self.backend, job).values())
+        except JobNotFound as exc:
+            raise ArgumentsError(str(exc)) from None
+        many = isinstance(spec, dict) and spec.get("many")
+        return {name: results if many else results[-1], **stored}
 
     async def _run(self) -> Outcome:
         assert self._task is not None and self._call is not None

@@ -17,9 +17,15 @@ class JobState(StrEnum):
 
     ``scheduled`` → ``available`` → ``running`` → one of the final states ``succeeded``,
     ``dead`` or ``cancelled``; a failed attempt goes back to ``scheduled`` (or ``available``)
-    while attempts remain.
+    while attempts remain. A job enqueued ``after=`` other jobs starts ``waiting`` until they
+    finish.
     """
 
+    WAITING = "waiting"
+    """Enqueued with ``after=`` parents that have not all finished; becomes ``available`` (or
+    ``scheduled``, if its ``run_at`` is still ahead) in the same store write as its last
+    parent's success, or ``cancelled`` when a parent goes dead or is cancelled (unless it was
+    enqueued with ``on_parent_failure="run"``)."""
     SCHEDULED = "scheduled"
     """Waiting for its ``run_at``: a delay, or a retry's backoff."""
     AVAILABLE = "available"
@@ -43,7 +49,9 @@ class JobState(StrEnum):
 
 FINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED})
 WAITING_STATES = frozenset({JobState.SCHEDULED, JobState.AVAILABLE})
-UNFINISHED_STATES = frozenset({JobState.SCHEDULED, JobState.AVAILABLE, JobState.RUNNING})
+UNFINISHED_STATES = frozenset(
+    {JobState.WAITING, JobState.SCHEDULED, JobState.AVAILABLE, JobState.RUNNING}
+)
 
 
 @dataclass(frozen=True)
@@ -108,6 +116,16 @@ class Job:
     rate_period: float | None = None
     # Exactly-once steps this job has recorded (JobContext.once): step name -> its result.
     steps: dict[str, Any] = field(default_factory=dict)
+    parents: tuple[int, ...] = ()
+    """The jobs it was enqueued ``after=`` (ascending ids); empty for a job without
+    dependencies."""
+    on_parent_failure: str = "cancel"
+    """What a parent going dead or cancelled does to it while it is ``waiting``: ``cancel`` it
+    (the default) or ``run`` it anyway once every parent has finished."""
+    batch_id: str | None = None
+    """The batch it is a member of (the innermost, for nested batches), if any."""
+    callback_of: str | None = None
+    """The batch whose ``on_success`` or ``on_complete`` callback this job is, if any."""
     stalls: int = 0
     """Leases that ran out before the job started (held in a dead worker's prefetch, or claimed
     by a reply that was lost): given back without counting an attempt, up to MAX_STALLS times."""

@@ -29,7 +29,8 @@ log = logging.getLogger("conveyor.metrics")
 
 RUN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600)
 # Succeeded and cancelled counts grow with retention; the scrape leaves them out (see stats()).
-COUNTED_STATES = (JobState.SCHEDULED, JobState.AVAILABLE, JobState.RUNNING, JobState.DEAD)
+COUNTED_STATES = (JobState.WAITING, JobState.SCHEDULED, JobState.AVAILABLE, JobState.RUNNING,
+                  JobState.DEAD)
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300,
                900, 3600)
 

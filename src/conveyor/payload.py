@@ -14,7 +14,14 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .errors import ArgumentsError, InvalidName, PayloadError, PayloadTooLarge, ResultTooLarge
+from .errors import (
+    ArgumentsError,
+    ConfigurationError,
+    InvalidName,
+    PayloadError,
+    PayloadTooLarge,
+    ResultTooLarge,
+)
 
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
 # A result is written with its job and read back by every list of jobs: big enough for any
@@ -245,3 +252,19 @@ def _all_before_present(params: Mapping[str, inspect.Parameter], name: str,
         if param.kind in positional and other not in stored:
             return False
     return True
+
+
+# meta key of a job whose first parameter is filled with its parent's result when it runs
+# (a chain with pass_result=True; executor.Execution fills it).
+PASS_RESULT_KEY = "pass_result"
+
+
+def first_parameter(sig: inspect.Signature, task_name: str) -> str:
+    """The parameter a chain with ``pass_result`` fills with the previous step's result."""
+    params = list(sig.parameters.values())
+    if not params or params[0].kind not in (inspect.Parameter.POSITIONAL_ONLY,
+                                            inspect.Parameter.POSITIONAL_OR_KEYWORD):
+        raise ConfigurationError(
+            f"task {task_name} cannot take the previous step's result (pass_result=True): "
+            "its first parameter must be an ordinary positional one")
+    return params[0].name

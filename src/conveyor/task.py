@@ -13,10 +13,17 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Generic, NoReturn, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, ParamSpec, TypeVar, cast
 
-from . import payload, signing, tracing
-from .backends.base import Backend, EnqueueResult, NewJob, TransactionalStore, transactional
+from . import payload, pending, signing, tracing
+from .backends.base import (
+    Backend,
+    EnqueueResult,
+    NewBatch,
+    NewJob,
+    TransactionalStore,
+    transactional,
+)
 from .errors import ArgumentsError, ConfigurationError, JobNotFound, PayloadError, QueueFull
 from .job import Job, JobState, fast_constructor
 from .retry import ExceptionClasses, RetryPolicy
@@ -24,10 +31,11 @@ from .waiting import bind
 
 if TYPE_CHECKING:
     from .app import Conveyor
+    from .workflow import Signature
 
 P = ParamSpec("P")
 R = TypeVar("R")
-# The NewJob fields that make a kind of job in _built: the same for every job of one call.
+# The NewJob fields that make a kind of job in built(): the same for every job of one call.
 _JOB_KIND = ("task", "queue", "max_attempts", "priority", "timeout", "unique_key", "fair_key",
              "concurrency_key", "concurrency_limit", "rate_key", "rate_limit", "rate_period")
 
@@ -64,6 +72,9 @@ class EnqueueOptions:
     rate_key: str | None = None  # at most rate_limit claims per rate_period seconds with this key
     rate_limit: int | None = None
     rate_period: float | None = None
+    # Dependencies: Jobs' ids, or handles of jobs pending in an open batch block (pending.py).
+    after: tuple[Any, ...] = ()
+    on_parent_failure: str = "cancel"  # or "run": what a parent going dead/cancelled does
 
 
 def _transactional(backend: Backend) -> TransactionalStore:
@@ -121,6 +132,11 @@ def _check_options(opts: EnqueueOptions) -> EnqueueOptions:
     if not (opts.rate_key is None) == (opts.rate_limit is None) == (opts.rate_period is None):
         raise ConfigurationError(
             "rate_key and rate_limit go together (a task's default key is its name)")
+    if opts.on_parent_failure not in pending.ON_PARENT_FAILURE:
+        raise ConfigurationError(
+            "on_parent_failure must be 'cancel' (a parent that goes dead or is cancelled "
+            "cancels the job) or 'run' (it runs once every parent has finished), got "
+            f"{opts.on_parent_failure!r}")
     if not _finite(opts.wait_if_full) or opts.wait_if_full < 0:
         raise ConfigurationError(
             f"wait_if_full must be a non-negative number of seconds, got {opts.wait_if_full!r}")
@@ -209,12 +225,16 @@ class _Enqueuer(Generic[P, R]):
         return self._new_jobs([(args, kwargs)], trace)[0]
 
     def _new_jobs(self, calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]],
-                  trace: dict[str, str] | None) -> list[NewJob]:
+                  trace: dict[str, str] | None,
+                  pass_result: dict[str, Any] | None = None) -> list[NewJob]:
         """The calls' jobs. What every job of one call shares is worked out once, not per job
         (see docs/benchmarks.md, "Design measurements"), then each call is bound, checked and
-        encoded."""
+        encoded. ``pass_result`` (a chain's): the first parameter is left unbound, to be filled
+        with the parent's result when the job runs (see executor.fill_parent_result)."""
         task, app, o = self.task, self.task.app, self._opts
         meta: dict[str, Any] = {tracing.META_KEY: trace} if trace else {}
+        if pass_result is not None:
+            meta[payload.PASS_RESULT_KEY] = pass_result
         max_depth = app.max_depths.get(o.queue)
         # Without a trace, what the jobs share is the same call after call: the constructor is
         # kept, not made again for every one-by-one enqueue.
@@ -236,11 +256,18 @@ class _Enqueuer(Generic[P, R]):
                 self._kept_maker = (o, max_depth, make)
         fn, name, sig, names = task.fn, task.name, task.signature, task.plain_parameters
         what, limit, signer = f"arguments of {name}", app.max_payload_bytes, app.signer
+        open_param = payload.first_parameter(sig, name) if pass_result is not None else None
         new = []
         for args, kwargs in calls:
             try:
-                bound = payload.bind_arguments(fn, args, kwargs, task_name=name, sig=sig,
-                                               names=names)
+                if open_param is None:
+                    bound = payload.bind_arguments(fn, args, kwargs, task_name=name, sig=sig,
+                                                   names=names)
+                else:
+                    # Bound with a stand-in for the first parameter, which is then left out.
+                    bound = payload.bind_arguments(fn, (None, *args), kwargs, task_name=name,
+                                                   sig=sig, names=names)
+                    del bound[open_param]
             except ArgumentsError as exc:
                 celery = [k for k in kwargs if _CELERY_OPTIONS.get(k) and k not in sig.parameters]
                 if celery:
@@ -255,73 +282,18 @@ class _Enqueuer(Generic[P, R]):
             else:
                 signature = signer.sign(name, o.queue, bound)
                 new.append(make(args=text, meta=json.dumps({**meta, signing.META_KEY: signature})))
+        batch = pending.current()
+        if o.after or batch is not None:
+            after, refs = pending.resolve_after(o.after)
+            batch_id = batch.id if batch is not None else None
+            mode = cast(pending.ParentFailure, o.on_parent_failure)
+            new = [replace(j, after=after, after_refs=refs, on_parent_failure=mode,
+                           batch_id=batch_id) for j in new]
         return new
 
     def _jobs(self, new: Sequence[NewJob], connection: Any = None) -> list[Job]:
-        backend = self.task.app.backend
-        store = _transactional(backend) if connection is not None else None
-        deadline = time.monotonic() + self._opts.wait_if_full
-        pause = 0.01
-        while True:
-            try:
-                if store is None:
-                    results = backend.enqueue_many(new)
-                else:
-                    results = store.enqueue_many(new, connection=connection)
-                break
-            except QueueFull as exc:
-                # In a caller's transaction we must not wait: its locks would block the workers.
-                if connection is not None or time.monotonic() + pause > deadline:
-                    if self.task.app.metrics is not None:
-                        self.task.app.metrics.refused.labels(exc.queue).inc()
-                    raise
-                time.sleep(pause)
-                pause = min(pause * 2, 0.5)
-        metrics = self.task.app.metrics
-        if metrics is not None:
-            for item, res in zip(new, results, strict=True):
-                if res.created:
-                    metrics.enqueued.labels(item.queue, item.task).inc()
-        return self._built(new, results, connection)
-
-    def _built(self, new: Sequence[NewJob], results: Sequence[EnqueueResult],
-               connection: Any) -> list[Job]:
-        # A bulk enqueue's jobs differ in little but their args: what they share goes into one
-        # constructor per kind of job, and every args text is parsed in one call rather than
-        # one per job (see docs/benchmarks.md, "Design measurements").
-        created = [item.args for item, res in zip(new, results, strict=True) if res.created]
-        # One by one: raw_decode, without json.loads' checks for whitespace around the value.
-        if len(created) == 1:
-            decoded = iter((_raw_decode(created[0])[0],))
-        else:
-            decoded = iter(json.loads(f"[{','.join(created)}]"))
-        jobs = []
-        for item, res in zip(new, results, strict=True):
-            if not res.created:
-                backend = self.task.app.backend
-                # Read it where it is visible: it may sit uncommitted in the caller's transaction.
-                existing = (
-                    _transactional(backend).get(res.id, connection=connection)
-                    if connection is not None else backend.get(res.id)
-                )
-                if existing is None:
-                    raise JobNotFound(
-                        f"job {res.id} holding unique key {item.unique_key!r} vanished")
-                jobs.append(existing)
-                continue
-            make = _job_maker(_kind_of(item))
-            run_at = item.run_at if item.run_at is not None else res.at + item.delay
-            state = JobState.SCHEDULED if run_at > res.at else JobState.AVAILABLE
-            if item.meta == "{}":
-                jobs.append(make(id=res.id, args=next(decoded), state=state, run_at=run_at,
-                                 created_at=res.at, uid=res.uid))
-            else:
-                jobs.append(make(id=res.id, args=next(decoded), state=state, run_at=run_at,
-                                 created_at=res.at, uid=res.uid, meta=payload.decode(item.meta)))
-        app = self.task.app
-        for job in jobs:
-            bind(job, app)  # so that job.wait() knows its store
-        return jobs
+        return submit(self.task.app, new, connection=connection,
+                      wait_if_full=self._opts.wait_if_full)
 
     def _split_connection(self, kwargs: dict[str, Any]) -> Any:
         # ``enqueue(..., connection=conn)`` unless the task itself has a ``connection`` parameter.
@@ -346,6 +318,7 @@ class _Enqueuer(Generic[P, R]):
         connection = self._split_connection(kwargs)
         new = [self._new_job(args, kwargs, tracing.carrier())]
         if connection is not None and _is_async_connection(connection):
+            _refuse_in_batch(connection)
             store = _transactional(self.task.app.backend)
             try:
                 results = await store.aenqueue_many(new, connection=connection)
@@ -353,8 +326,8 @@ class _Enqueuer(Generic[P, R]):
                 if self.task.app.metrics is not None:
                     self.task.app.metrics.refused.labels(exc.queue).inc()
                 raise
-            if results[0].created:
-                return self._built(new, results, None)[0]
+            if results[0].created and not new[0].after:
+                return built(self.task.app, new, results, None)[0]
             existing = await store.aget(results[0].id, connection=connection)
             if existing is None:
                 raise JobNotFound(
@@ -384,6 +357,62 @@ class _Enqueuer(Generic[P, R]):
     async def aenqueue_many(self, calls: Iterable[Sequence[Any] | Mapping[str, Any]]) -> list[Job]:
         """``enqueue_many`` for async code: the store write runs off the event loop."""
         return await asyncio.to_thread(self.enqueue_many, list(calls))
+
+    def options(
+        self, *, delay: float | dt.timedelta | None = None,
+        run_at: float | dt.datetime | None = None, priority: int | None = None,
+        queue: str | None = None, unique_key: str | None = None, max_attempts: int | None = None,
+        timeout: float | None = None, connection: Any = None, wait_if_full: float | None = None,
+        unique_for: float | dt.timedelta | None = None, fair_key: str | None = None,
+        concurrency_key: str | None = None, concurrency_limit: int | None = None,
+        rate_key: str | None = None, rate_limit: str | tuple[int, float] | None = None,
+        after: Any = None, on_parent_failure: str | None = None,
+    ) -> TaskCall[P, R]:
+        """Per-call overrides: ``send_email.options(delay=10, priority=1).enqueue(42)``.
+
+        ``unique_key``: while a job with this key is unfinished, enqueue returns it instead of
+        making another; ``unique_for`` keeps the key taken that long after the job succeeds.
+        ``fair_key`` (a tenant id): claims rotate across the fair keys waiting in the queue, so
+        one tenant's backlog cannot starve another's. ``wait_if_full``: seconds to wait for room
+        in a queue at its max_depth before raising QueueFull.
+        ``concurrency_key``/``concurrency_limit``: at most that many running jobs with the key,
+        across all workers (the task's own limit, if any, is keyed by its name).
+        ``rate_key``/``rate_limit`` (``"100/m"``): at most that many starts per period with the key.
+        Jobs over a limit wait, without using attempts.
+        ``after=[job, ...]`` (Jobs, ids, or the handles enqueue returns inside an
+        ``app.batch()`` block): the job is ``waiting`` until they have all finished (see
+        docs/workflows.md); ``on_parent_failure="run"`` runs it even if one of them went dead
+        or was cancelled (the default, ``"cancel"``, cancels it). Options add up:
+        ``task.options(delay=5).options(after=[job])``.
+        """
+        changes: dict[str, Any] = {}
+        if concurrency_limit is not None:
+            changes["concurrency_limit"] = concurrency_limit
+            changes["concurrency_key"] = (concurrency_key or self._opts.concurrency_key
+                                          or self.task.name)
+        elif concurrency_key is not None:
+            changes["concurrency_key"] = concurrency_key
+        if rate_limit is not None:
+            changes["rate_limit"], changes["rate_period"] = parse_rate(rate_limit)
+            changes["rate_key"] = rate_key or self._opts.rate_key or self.task.name
+        elif rate_key is not None:
+            changes["rate_key"] = rate_key
+        if unique_for is not None:
+            changes["unique_for"] = _to_seconds(unique_for)
+        if delay is not None:
+            changes["delay"] = _to_seconds(delay)
+        if run_at is not None:
+            changes["run_at"] = _to_timestamp(run_at)
+        if after is not None:
+            changes["after"] = pending.check_after(after)
+        for key, value in (("on_parent_failure", on_parent_failure), ("priority", priority),
+                           ("queue", queue), ("unique_key", unique_key),
+                           ("max_attempts", max_attempts), ("timeout", timeout),
+                           ("connection", connection), ("wait_if_full", wait_if_full),
+                           ("fair_key", fair_key)):
+            if value is not None:
+                changes[key] = value
+        return TaskCall(self.task, _check_options(replace(self._opts, **changes)))
 
     # Celery's names, so a ported call fails saying what to write instead of a bare AttributeError.
     def delay(self, *args: Any, **kwargs: Any) -> NoReturn:
@@ -457,6 +486,14 @@ class Task(_Enqueuer[P, R]):
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)
 
+    def s(self, *args: Any, **kwargs: Any) -> Signature:
+        """This task with these arguments, not enqueued yet: a step of ``app.chain``, a member
+        of ``app.group``, a batch's callback (docs/workflows.md). ``.options(...)`` and
+        ``.enqueue()`` work on it as on the task."""
+        from .workflow import signature
+
+        return signature(self, args, kwargs)
+
     def rebuild_call(self, stored: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Stored named arguments as ``(args, kwargs)`` for the function, as
         ``payload.rebuild_call`` makes them; raises ArgumentsError if they no longer fit.
@@ -471,52 +508,6 @@ class Task(_Enqueuer[P, R]):
                 pass  # not a prefix: the general rules decide
         return payload.rebuild_call(self.fn, stored, self.signature)
 
-    def options(
-        self, *, delay: float | dt.timedelta | None = None,
-        run_at: float | dt.datetime | None = None, priority: int | None = None,
-        queue: str | None = None, unique_key: str | None = None, max_attempts: int | None = None,
-        timeout: float | None = None, connection: Any = None, wait_if_full: float | None = None,
-        unique_for: float | dt.timedelta | None = None, fair_key: str | None = None,
-        concurrency_key: str | None = None, concurrency_limit: int | None = None,
-        rate_key: str | None = None, rate_limit: str | tuple[int, float] | None = None,
-    ) -> TaskCall[P, R]:
-        """Per-call overrides: ``send_email.options(delay=10, priority=1).enqueue(42)``.
-
-        ``unique_key``: while a job with this key is unfinished, enqueue returns it instead of
-        making another; ``unique_for`` keeps the key taken that long after the job succeeds.
-        ``fair_key`` (a tenant id): claims rotate across the fair keys waiting in the queue, so
-        one tenant's backlog cannot starve another's. ``wait_if_full``: seconds to wait for room
-        in a queue at its max_depth before raising QueueFull.
-        ``concurrency_key``/``concurrency_limit``: at most that many running jobs with the key,
-        across all workers (the task's own limit, if any, is keyed by its name).
-        ``rate_key``/``rate_limit`` (``"100/m"``): at most that many starts per period with the key.
-        Jobs over a limit wait, without using attempts.
-        """
-        changes: dict[str, Any] = {}
-        if concurrency_limit is not None:
-            changes["concurrency_limit"] = concurrency_limit
-            changes["concurrency_key"] = concurrency_key or self._opts.concurrency_key or self.name
-        elif concurrency_key is not None:
-            changes["concurrency_key"] = concurrency_key
-        if rate_limit is not None:
-            changes["rate_limit"], changes["rate_period"] = parse_rate(rate_limit)
-            changes["rate_key"] = rate_key or self._opts.rate_key or self.name
-        elif rate_key is not None:
-            changes["rate_key"] = rate_key
-        if unique_for is not None:
-            changes["unique_for"] = _to_seconds(unique_for)
-        if delay is not None:
-            changes["delay"] = _to_seconds(delay)
-        if run_at is not None:
-            changes["run_at"] = _to_timestamp(run_at)
-        for key, value in (("priority", priority), ("queue", queue), ("unique_key", unique_key),
-                           ("max_attempts", max_attempts), ("timeout", timeout),
-                           ("connection", connection), ("wait_if_full", wait_if_full),
-                           ("fair_key", fair_key)):
-            if value is not None:
-                changes[key] = value
-        return TaskCall(self, _check_options(replace(self._opts, **changes)))
-
     def __repr__(self) -> str:
         return f"<Task {self.name} queue={self.queue!r}>"
 
@@ -527,3 +518,113 @@ class TaskCall(_Enqueuer[P, R]):
     def __init__(self, task: Task[P, R], opts: EnqueueOptions) -> None:
         self.task = task
         self._opts = opts
+
+
+def _refuse_in_batch(connection: Any) -> None:
+    if connection is not None and pending.current() is not None:
+        raise ConfigurationError(
+            "enqueue with connection= inside an app.batch() block: the batch writes its jobs "
+            "itself, in one write when the block ends")
+
+
+def submit(app: Conveyor, new: Sequence[NewJob], *, connection: Any = None,
+           wait_if_full: float = 0.0, batches: Sequence[NewBatch] = ()) -> list[Job]:
+    """Write the jobs, or, inside an ``app.batch()`` block, add them to its write and return
+    their pending handles (which stand in for Jobs until the block ends)."""
+    batch = pending.current()
+    if batch is None:
+        return write_jobs(app, new, connection=connection, wait_if_full=wait_if_full,
+                          batches=batches)
+    _refuse_in_batch(connection)
+    if batch.buffer.app is not app:
+        raise ConfigurationError(
+            "a job of another app enqueued inside an app.batch() block: a batch is written to "
+            "one store")
+    batch.buffer.batches.extend(batches)
+    return cast(list[Job], batch.buffer.add(new))
+
+
+def write_jobs(app: Conveyor, new: Sequence[NewJob], *, connection: Any = None,
+               wait_if_full: float = 0.0, batches: Sequence[NewBatch] = ()) -> list[Job]:
+    """One atomic write of the jobs (and batch records); the Jobs as stored."""
+    backend = app.backend
+    store = _transactional(backend) if connection is not None else None
+    deadline = time.monotonic() + wait_if_full
+    pause = 0.01
+    while True:
+        try:
+            if store is not None:
+                results = store.enqueue_many(new, connection=connection, batches=batches)
+            elif batches:
+                results = backend.enqueue_many(new, batches=batches)
+            else:
+                results = backend.enqueue_many(new)
+            break
+        except QueueFull as exc:
+            # In a caller's transaction we must not wait: its locks would block the workers.
+            if connection is not None or time.monotonic() + pause > deadline:
+                if app.metrics is not None:
+                    app.metrics.refused.labels(exc.queue).inc()
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
+    metrics = app.metrics
+    if metrics is not None:
+        for item, res in zip(new, results, strict=True):
+            if res.created:
+                metrics.enqueued.labels(item.queue, item.task).inc()
+    return built(app, new, results, connection)
+
+
+def built(app: Conveyor, new: Sequence[NewJob], results: Sequence[EnqueueResult],
+          connection: Any) -> list[Job]:
+    """The Jobs just written, made from what was written rather than read back.
+
+    A bulk enqueue's jobs differ in little but their args: what they share goes into one
+    constructor per kind of job, and every args text is parsed in one call rather than one per
+    job (see docs/benchmarks.md, "Design measurements"). A job with parents is read back unless
+    every parent is a job this write created (then it is ``waiting``): whether a parent had
+    already finished is the store's to say."""
+    created = [item.args for item, res in zip(new, results, strict=True) if res.created]
+    # One by one: raw_decode, without json.loads' checks for whitespace around the value.
+    if len(created) == 1:
+        decoded = iter((_raw_decode(created[0])[0],))
+    else:
+        decoded = iter(json.loads(f"[{','.join(created)}]"))
+    jobs = []
+    backend = app.backend
+    for item, res in zip(new, results, strict=True):
+        if res.created:
+            args = next(decoded)
+        if not res.created or item.after or not all(results[r].created for r in item.after_refs):
+            # Read it where it is visible: it may sit uncommitted in the caller's transaction.
+            existing = (
+                _transactional(backend).get(res.id, connection=connection)
+                if connection is not None else backend.get(res.id)
+            )
+            if existing is None:
+                raise JobNotFound(f"job {res.id} vanished as it was written"
+                                  if res.created else
+                                  f"job {res.id} holding unique key {item.unique_key!r} vanished")
+            jobs.append(existing)
+            continue
+        make = _job_maker(_kind_of(item))
+        run_at = item.run_at if item.run_at is not None else res.at + item.delay
+        extra: dict[str, Any] = {}
+        if item.after_refs:
+            state = JobState.WAITING
+            extra["parents"] = tuple(sorted({results[r].id for r in item.after_refs}))
+            extra["on_parent_failure"] = item.on_parent_failure
+        else:
+            state = JobState.SCHEDULED if run_at > res.at else JobState.AVAILABLE
+        if item.batch_id is not None:
+            extra["batch_id"] = item.batch_id
+        if item.callback_of is not None:
+            extra["callback_of"] = item.callback_of
+        if item.meta != "{}":
+            extra["meta"] = payload.decode(item.meta)
+        jobs.append(make(id=res.id, args=args, state=state, run_at=run_at, created_at=res.at,
+                         uid=res.uid, **extra))
+    for job in jobs:
+        bind(job, app)  # so that job.wait() knows its store
+    return jobs

@@ -87,6 +87,14 @@ def work(n: int, sleep: float = 0.0, together: int = 0, pad: str = "") -> dict[s
     return {"n": n, "attempt": rec["attempt"], "pid": rec["pid"]}
 
 
+@app.task(name="fault.callback", max_attempts=100, timeout=60)
+def callback(tag: str) -> dict[str, Any]:
+    """A workflow's callback (a batch's on_success/on_complete): records that it ran."""
+    rec = effect("callback", 0, tag=tag, t0=time.time())
+    faultpoints.hit("in_handler")
+    return {"tag": tag, "attempt": rec["attempt"]}
+
+
 # -- poison jobs (R6) ---------------------------------------------------------------------------
 @app.task(name="fault.crash", max_attempts=3, timeout=30)
 def crash(n: int) -> None:

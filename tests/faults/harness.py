@@ -271,9 +271,9 @@ def all_jobs(backend: Backend, *, task: str | None = None, queue: str | None = N
 
 
 def unfinished(backend: Backend) -> int:
-    """Jobs scheduled, available or running, on every queue."""
+    """Jobs waiting (for parents), scheduled, available or running, on every queue."""
     stats = backend.stats(finished=False)
-    return sum(q.scheduled + q.available + q.running for q in stats.queues)
+    return sum(q.waiting + q.scheduled + q.available + q.running for q in stats.queues)
 
 
 def drain(backend: Backend, timeout: float, what: str | Callable[[], str] = "") -> float:

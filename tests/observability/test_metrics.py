@@ -93,6 +93,21 @@ def test_worker_records_outcomes_run_time_lag_and_store_gauges(app: Conveyor) ->
     assert metrics.registry is app.metrics.registry
 
 
+def test_jobs_waiting_for_their_parents_are_a_state_of_the_store_gauge(app: Conveyor) -> None:
+    app.enable_metrics()
+
+    @app.task(name="noop")
+    def noop() -> None:
+        return None
+
+    parent = noop.enqueue()
+    noop.options(after=[parent]).enqueue()
+    noop.options(after=[parent]).enqueue()
+    data = samples(app)
+    assert value(data, "conveyor_queue_jobs", queue="default", state="waiting") == 2
+    assert value(data, "conveyor_queue_depth", queue="default") == 1
+
+
 def test_store_gauges_follow_injected_time(app: Conveyor) -> None:
     """Oldest-job age is the store's view: a job due 30 s ago is 30 s old."""
     from conveyor.metrics import StoreCollector

@@ -23,13 +23,14 @@ def job(n: int = 0, **kw: Any) -> NewJob:
 
 @pytest.fixture
 def enqueue_calls(backend: RedisBackend, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The number of jobs each enqueue script call carried (21 arguments per job after 3: see enqueue.lua)."""
+    """The number of jobs each enqueue script call carried (26 arguments per job after 4 and
+    the batches' pairs: see enqueue.lua)."""
     calls: list[int] = []
     run = backend._run
 
     def spy(name: str, queues: Any, args: Any, **kw: Any) -> Any:
         if name == "enqueue":
-            calls.append((len(args) - 3) // 21)
+            calls.append((len(args) - 4 - 2 * int(args[3])) // 26)
         return run(name, queues, args, **kw)
 
     monkeypatch.setattr(backend, "_run", spy)

@@ -40,6 +40,35 @@ passes over it to the jobs behind, looking at no more than ``CLAIM_SCAN`` waitin
 all, so its cost stays bounded (a queue whose first ``CLAIM_SCAN`` jobs are all held back
 claims nothing until one frees: give heavily limited work its own queue or a fair key).
 
+Dependencies (workflows). A job written with parents (``NewJob.after`` ids, ``after_refs``
+positions in the same write) records one edge per parent and starts ``waiting`` while any parent
+is unfinished. The rules, the same on every store:
+
+* Enqueue checks every parent in the same atomic write. An unknown id, or a reference to its own
+  or a later position, raises UnknownParent and writes nothing (so no cycle can form: a new job
+  can only come after jobs that exist before it). A parent already ``succeeded`` counts as done;
+  one already ``dead`` or ``cancelled`` counts as a failed parent (below). A job whose parents
+  are all done goes straight to ``available``/``scheduled``.
+* When a parent reaches a final state, each of its ``waiting`` children is settled in the same
+  transaction or script as that transition (ack, ack_many, ack_and_claim, retry that goes dead,
+  kill, reap that goes dead, cancel, and PostgreSQL's transactional completion): success counts
+  the parent done; ``dead`` or ``cancelled`` cancels a child with ``on_parent_failure="cancel"``
+  (recorded in its errors as kind ``parent_failed``, naming the parent) and counts the parent
+  done for one with ``"run"``. The child whose last parent is done becomes ``available`` (or
+  ``scheduled`` until its ``run_at``), exactly once however many parents finish at the same
+  moment. A child cancelled this way settles its own children in turn (a cascade, in the same
+  write). A fast path stays fast: a job that has no children pays for none of this.
+* ``cancel`` of a waiting job works as for any unfinished job, and cascades the same way.
+  ``redrive`` of a dead parent does not revive children already cancelled.
+* ``claim`` never takes a ``waiting`` job; ``reap`` and ``promote`` never touch one.
+* ``prune`` never deletes a finished job that has an unfinished child (the child may still read
+  its result: ``parent_results``), so a workflow's jobs go together once its last job finished.
+  Batch records go with their last member.
+* Batches (``enqueue_many(..., batches=[NewBatch])``): see NewBatch. A batch's callbacks are jobs
+  with ``callback_of`` set and ``after`` every member; ``on_success`` is the one with
+  ``on_parent_failure="cancel"`` (it runs only if every member succeeded), ``on_complete`` the
+  one with ``"run"``. ``get_batch`` counts members by state, nested batches included.
+
 Beside this module: ``types.py`` holds the values that cross the seam (NewJob, Lease,
 ErrorInfo, Stats, ...), ``capabilities.py`` what a store can do as protocols (wake-ups, cron,
 steps, transactional completion, loop claims), and ``common.py`` helpers the stores share.
@@ -77,11 +106,13 @@ from .common import (
     refuse_overflow,
 )
 from .types import (
+    BatchInfo,
     ClaimReply,
     EnqueueResult,
     ErrorInfo,
     ErrorKind,
     Lease,
+    NewBatch,
     NewJob,
     Page,
     QueueStats,
@@ -92,8 +123,10 @@ from .types import (
 
 # Existing importers name all of these from here.
 __all__ = [
-    "CLAIM_ID_RE", "CLAIM_SCAN", "LOCK_NAME_RE", "MAX_STALLS", "Backend", "ClaimReply",
-    "CronStore", "EnqueueResult", "ErrorInfo", "ErrorKind", "Lease", "LoopClaims", "NewJob",
+    "CLAIM_ID_RE", "CLAIM_SCAN", "LOCK_NAME_RE", "MAX_STALLS", "Backend", "BatchInfo",
+    "ClaimReply",
+    "CronStore", "EnqueueResult", "ErrorInfo", "ErrorKind", "Lease", "LoopClaims", "NewBatch",
+    "NewJob",
     "Page", "QueueStats", "ReapResult", "Stats", "StepStore", "StoreLock",
     "TransactionalStore", "WakeUps", "WorkerInfo", "check_claim_id", "check_filters",
     "check_lock_name", "depth_limits", "new_claim_id", "new_uids", "queue_full",
@@ -143,13 +176,18 @@ class Backend(abc.ABC):
 
     # -- producer -----------------------------------------------------------------------
     @abc.abstractmethod
-    def enqueue_many(self, jobs: Sequence[NewJob], *,
-                     now: float | None = None) -> list[EnqueueResult]:
+    def enqueue_many(self, jobs: Sequence[NewJob], *, now: float | None = None,
+                     batches: Sequence[NewBatch] = ()) -> list[EnqueueResult]:
         """Write all jobs in one atomic operation and return their ids, in order.
 
         A job with ``max_depth`` may not take its queue's waiting jobs (scheduled and
         available; running ones don't count) past that limit: then the whole batch is
         refused with QueueFull and nothing is written.
+
+        Jobs with ``after``/``after_refs`` and the ``batches`` records are written in the same
+        operation (see "Dependencies" above). A job with a ``unique_key`` that matches an
+        unfinished job is not created (its id is returned, as always); a later job of the same
+        call that refers to it by ``after_refs`` depends on that existing job.
         """
 
     # -- worker (fenced) ----------------------------------------------------------------
@@ -274,6 +312,11 @@ class Backend(abc.ABC):
     # -- inspection and administration ----------------------------------------------------
     @abc.abstractmethod
     def get(self, job_id: int) -> Job | None: ...
+
+    def get_batch(self, batch_id: str) -> BatchInfo | None:
+        """The batch's counts and callbacks (see BatchInfo), or None if the store holds no such
+        batch (never written, or pruned with its last member)."""
+        raise NotImplementedError(f"{type(self).__name__} has no batches yet")
 
     @abc.abstractmethod
     def list_jobs(

@@ -23,7 +23,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..job import Job
-from .types import ClaimReply, EnqueueResult, Lease, NewJob
+from .types import ClaimReply, EnqueueResult, Lease, NewBatch, NewJob
 
 
 class WakeUps(Protocol):
@@ -87,7 +87,8 @@ class TransactionalStore(Protocol):
         ...
 
     def enqueue_many(self, jobs: Sequence[NewJob], *, now: float | None = None,
-                     connection: Any = None) -> list[EnqueueResult]: ...
+                     connection: Any = None,
+                     batches: Sequence[NewBatch] = ()) -> list[EnqueueResult]: ...
 
     async def aenqueue_many(self, jobs: Sequence[NewJob], *, connection: Any,
                             now: float | None = None) -> list[EnqueueResult]: ...

@@ -22,6 +22,7 @@ ErrorKind = Literal[
     "lease_expired",  # written by the stores' reap, never by the worker
     "dead_on",  # the exception is in the task's dead_on: dead at once
     "not_in_retry_on",  # the task has a retry_on and the exception is not in it: dead at once
+    "parent_failed",  # a job it was enqueued after= went dead or was cancelled: cancelled
 ]
 
 
@@ -52,6 +53,55 @@ class NewJob:
     rate_key: str | None = None
     rate_limit: int | None = None
     rate_period: float | None = None
+    # Dependencies (workflows): the job starts ``waiting`` until these jobs have finished. ``after``
+    # holds ids of jobs already in the store; ``after_refs`` positions of jobs earlier in the same
+    # ``enqueue_many`` call (a chain written at once). A reference to a later position or to itself
+    # is refused (a cycle), as is an id the store does not hold: UnknownParent, nothing written.
+    after: tuple[int, ...] = ()
+    after_refs: tuple[int, ...] = ()
+    on_parent_failure: Literal["cancel", "run"] = "cancel"
+    # The batch (NewBatch.id) this job is a member of, or whose callback it is.
+    batch_id: str | None = None
+    callback_of: str | None = None
+
+
+@dataclass(frozen=True)
+class NewBatch:
+    """A batch written by ``enqueue_many(jobs, batches=[...])`` together with its jobs: its members
+    are the jobs with ``batch_id == id``, its callbacks the jobs with ``callback_of == id`` (each
+    enqueued ``after=`` every member, so it leaves ``waiting`` exactly once, with the last
+    member's finish). ``parent_id``: the enclosing batch of a nested one, written in the same call
+    or before it; the inner batch's members and callbacks count as members of the outer one."""
+
+    id: str
+    parent_id: str | None = None
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """A batch as ``Backend.get_batch`` reads it: counts over its members, nested batches'
+    members and callbacks included, and its own callbacks' ids."""
+
+    id: str
+    created_at: float
+    parent_id: str | None = None
+    total: int = 0
+    waiting: int = 0
+    pending: int = 0  # scheduled, available or running
+    succeeded: int = 0
+    dead: int = 0
+    cancelled: int = 0
+    on_success: int | None = None  # the callback job's id
+    on_complete: int | None = None
+
+    @property
+    def finished(self) -> int:
+        return self.succeeded + self.dead + self.cancelled
+
+    @property
+    def is_finished(self) -> bool:
+        """Every member has reached a final state (callbacks are not members)."""
+        return self.finished == self.total
 
 
 @dataclass(frozen=True)
@@ -102,6 +152,7 @@ class ReapResult:
 @dataclass(frozen=True)
 class QueueStats:
     queue: str
+    waiting: int = 0  # enqueued after= jobs that have not all finished; not depth
     scheduled: int = 0
     available: int = 0  # includes scheduled jobs whose run_at has passed: they are waiting too
     running: int = 0

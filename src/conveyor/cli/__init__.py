@@ -17,6 +17,7 @@ import click
 from ..errors import ConveyorError
 from ..health import health_command
 from .commands.alerts import alerts
+from .commands.batches import batches
 from .commands.cron import cron, cron_list
 from .commands.dashboard import dashboard_cmd
 from .commands.demo import demo
@@ -175,8 +176,8 @@ def main(args: list[str] | None = None, prog_name: str | None = None) -> None:
         sys.exit(1)
 
 
-for _command in (worker, enqueue, cron, stats, jobs, dlq, migrate, demo, dashboard_cmd, alerts,
-                 health_command):
+for _command in (worker, enqueue, cron, stats, jobs, batches, dlq, migrate, demo, dashboard_cmd,
+                 alerts, health_command):
     cli.add_command(_command)
 _add_global_options(cli)
 # Commands that may create a new SQLite file (a first worker, a first job); the rest only read

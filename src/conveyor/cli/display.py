@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..backends import redact_url
-from ..backends.base import Stats
+from ..backends.base import BatchInfo, Stats
 from ..job import Job
 from ..redact import redact, shown_json, shown_text
 from .context import console
@@ -57,15 +57,16 @@ def stats_view(stats: Stats, url: str, previous: Stats | None = None) -> Group:
     """The queues table; with ``previous`` (the last refresh) also throughput and failure rate."""
     rates = previous is not None and stats.now > previous.now
     table = Table(title=f"queues on {redact_url(url)}", title_justify="left")
-    columns = ["queue", "depth", "oldest waiting", "scheduled", "running", "succeeded", "dead",
-               "cancelled", "lease expiries"]
+    columns = ["queue", "depth", "oldest waiting", "scheduled", "waiting", "running", "succeeded",
+               "dead", "cancelled", "lease expiries"]
     if rates:
         columns += ["done/s", "failed"]
     for col in columns:
         table.add_column(col, justify="left" if col == "queue" else "right")
     before = {q.queue: q for q in previous.queues} if previous is not None else {}
     for q in stats.queues:
-        row = [q.queue, str(q.depth), age(q.oldest_available_age), str(q.scheduled), str(q.running),
+        row = [q.queue, str(q.depth), age(q.oldest_available_age), str(q.scheduled),
+               str(q.waiting), str(q.running),
                str(q.succeeded), f"[red]{q.dead}[/red]" if q.dead else "0", str(q.cancelled),
                str(q.lease_expiries)]
         if rates:
@@ -119,6 +120,14 @@ def show_job(job: Job) -> None:
         ("unique key", shown_text(job.unique_key, SHOWN_CHARS) if job.unique_key else "-"),
         ("timeout", f"{job.timeout:g}s"),
     ]
+    # Workflows: only for a job that is part of one.
+    if job.parents:
+        rows.append(("parents", ", ".join(map(str, job.parents))))
+        rows.append(("on parent failure", job.on_parent_failure))
+    if job.batch_id is not None:
+        rows.append(("batch", job.batch_id))
+    if job.callback_of is not None:
+        rows.append(("callback of", job.callback_of))
     for k, v in rows:
         table.add_row(k, escape(v))
     console.print(table)
@@ -148,3 +157,27 @@ def jobs_table(jobs: list[Job], title: str) -> Table:
                       escape(shown_json(j.args, 60, say_cut=False)), last_error,
                       when(j.finished_at))
     return table
+
+
+# -- batches -------------------------------------------------------------------------------
+def show_batch(info: BatchInfo) -> None:
+    table = Table(show_header=False, box=None)
+    table.add_column(style="bold")
+    table.add_column()
+    done = f"{info.finished}/{info.total}" + (" (finished)" if info.is_finished else "")
+    rows = [
+        ("id", info.id), ("created", when(info.created_at)),
+        ("inside batch", info.parent_id or "-"), ("total", str(info.total)),
+        ("finished", done), ("waiting", str(info.waiting)), ("pending", str(info.pending)),
+        ("succeeded", str(info.succeeded)), ("dead", str(info.dead)),
+        ("cancelled", str(info.cancelled)),
+        ("on success", str(info.on_success) if info.on_success is not None else "-"),
+        ("on complete", str(info.on_complete) if info.on_complete is not None else "-"),
+    ]
+    for k, v in rows:
+        table.add_row(k, escape(v))
+    console.print(table)
+
+
+def batch_dict(info: BatchInfo) -> dict[str, Any]:
+    return asdict(info) | {"finished": info.finished, "is_finished": info.is_finished}

@@ -34,6 +34,7 @@ from .views import QueueRow, attempts_of, recent_rate, workers_by_queue
 JOB_ACTIONS = ("retry", "cancel", "purge")
 DEAD_ACTIONS = ("redrive", "purge")
 MAX_JOB_ID = 2**63 - 1  # every store keeps ids in a signed 64-bit integer
+MAX_BATCH_ID_CHARS = 255  # app.batch ids are 32 hex digits: anything far longer is no batch
 
 
 class Pages(Rendering):
@@ -48,6 +49,7 @@ class Pages(Rendering):
             Route("/jobs/{job_id:int}", self._page(self.job), methods=get, name="job"),
             Route("/jobs/{job_id:int}/{action}", self._page(self.job_action, form=True),
                   methods=post, name="job_action"),
+            Route("/batches/{batch_id}", self._page(self.batch), methods=get, name="batch"),
             Route("/dead", self._page(self.dead), methods=get, name="dead"),
             Route("/dead/{action}", self._page(self.dead_action, form=True), methods=post,
                   name="dead_action"),
@@ -147,6 +149,16 @@ class Pages(Rendering):
                            steps_json=fmt.to_json(job.steps, pretty=True) if job.steps else None,
                            cron_tick=tick.isoformat() if tick else None,
                            known_task=job.task in self.d.conveyor.tasks)
+
+    def batch(self, request: Request, _: dict[str, list[str]]) -> Response:
+        batch_id = str(request.path_params["batch_id"])
+        info = (self.d.backend.get_batch(batch_id) if len(batch_id) <= MAX_BATCH_ID_CHARS
+                else None)
+        if info is None:
+            return self.error(request, 404, "No such batch",
+                              "The store has no such batch (never written, or pruned with its "
+                              "last member).")
+        return self.render(request, "batch.html", now=self.d.backend.now(), info=info)
 
     def job_action(self, request: Request, form: dict[str, list[str]]) -> Response:
         job_id = int(request.path_params["job_id"])

@@ -4,12 +4,14 @@ a file may hold the demo at all."""
 from __future__ import annotations
 
 import contextlib
+import re
 import sqlite3
 import time
 import urllib.parse
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 from ..app import Conveyor
@@ -93,8 +95,19 @@ def summarize(conveyor: Conveyor) -> Summary:
 
 
 # -- the demo run -----------------------------------------------------------------------------
-DEMO_TABLES = {"conveyor_jobs", "conveyor_counters", "conveyor_workers", "conveyor_queue_clock",
-               "conveyor_fair_tags", "conveyor_cron", "conveyor_rate_claims", "sqlite_sequence"}
+def _store_tables() -> frozenset[str]:
+    """The tables a Conveyor SQLite store has: those its migrations create (read from them, so
+    a new migration's table is the demo's own at once), and SQLite's own sequence table."""
+    folder = resources.files("conveyor.backends.sql").joinpath("sqlite")
+    names = {"sqlite_sequence"}
+    for f in folder.iterdir():
+        if f.name.endswith(".sql"):
+            names.update(re.findall(r"CREATE TABLE (?:IF NOT EXISTS )?(\w+)", f.read_text("utf-8"),
+                                    flags=re.I))
+    return frozenset(names)
+
+
+DEMO_TABLES = _store_tables()
 
 
 def _not_a_demo_store(path: Path) -> str | None:

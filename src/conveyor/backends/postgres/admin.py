@@ -9,10 +9,10 @@ import psycopg
 from psycopg.rows import dict_row
 
 from ...job import Job, JobState
-from ..base import Page, Stats, WorkerInfo, check_filters, queue_stats_from_rows
+from ..base import BatchInfo, Page, Stats, WorkerInfo, check_filters, queue_stats_from_rows
 from .connection import PooledBackend, bounded, translate
 from .enqueue import retag_plan, run_plan
-from .queries import Q, notify, notify_freed, row_to_job
+from .queries import Q, forget_batches, notify, notify_freed, row_to_job
 
 
 class Administering(PooledBackend):
@@ -40,6 +40,20 @@ class Administering(PooledBackend):
         except psycopg.Error as exc:
             raise translate(exc) from exc
         return row_to_job(row) if row else None
+
+    def get_batch(self, batch_id: str) -> BatchInfo | None:
+        with self._tx() as conn:
+            row = conn.execute(Q["get_batch"], {"id": batch_id}).fetchone()
+        if row is None:
+            return None
+        n = row["counts"]
+        return BatchInfo(
+            id=row["id"], created_at=row["created_at"], parent_id=row["parent_id"],
+            total=sum(n.values()), waiting=n.get("waiting", 0),
+            pending=n.get("scheduled", 0) + n.get("available", 0) + n.get("running", 0),
+            succeeded=n.get("succeeded", 0), dead=n.get("dead", 0),
+            cancelled=n.get("cancelled", 0), on_success=row["on_success"],
+            on_complete=row["on_complete"])
 
     def list_jobs(
         self, *, state: JobState | None = None, queue: str | None = None, task: str | None = None,
@@ -115,10 +129,13 @@ class Administering(PooledBackend):
             raise ValueError(f"purge only deletes finished jobs, not {state}")
         check_filters(queue=queue)
         with self._tx() as conn:
-            return conn.execute(
+            row = conn.execute(
                 Q["purge"], {"state": str(state), "queue": queue,
                              "ids": list(job_ids) if job_ids is not None else None}
-            ).rowcount
+            ).fetchone()
+            assert row is not None
+            forget_batches(conn, row["batches"])
+            return int(row["n"])
 
     def cancel(self, job_id: int, *, now: float | None = None) -> bool:
         with self._tx() as conn:

@@ -24,7 +24,7 @@ from .listen import Listening
 from .locks import Locking
 from .migrate import LATEST as SCHEMA_VERSION
 from .migrate import migrate as migrate_schema
-from .queries import CHANNEL, KEEP_ERRORS, Q, error_json, notify, notify_freed
+from .queries import CHANNEL, KEEP_ERRORS, Q, error_json, forget_batches, notify, notify_freed
 
 
 class PostgresBackend(Enqueuing, Claiming, Administering, Listening, Locking):
@@ -212,10 +212,13 @@ class PostgresBackend(Enqueuing, Claiming, Administering, Listening, Locking):
                 left = limit - deleted
                 if left <= 0:
                     break
-                deleted += conn.execute(
+                row = conn.execute(
                     Q["prune"],
                     {"state": str(state), "older_than": older_than, "limit": left, "now": now},
-                ).rowcount
+                ).fetchone()
+                assert row is not None
+                deleted += row["n"]
+                forget_batches(conn, row["batches"])
             conn.execute(Q["prune_fair_tags"], {"limit": limit})
             conn.execute(Q["prune_rate_claims"], {"now": now, "limit": limit})
         return deleted
@@ -254,3 +257,4 @@ class PostgresBackend(Enqueuing, Claiming, Administering, Listening, Locking):
                             conn.autocommit = True
         except psycopg.Error as exc:
             raise translate(exc) from exc
+

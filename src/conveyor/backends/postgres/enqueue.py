@@ -19,9 +19,9 @@ from psycopg import errors as pgerrors
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
-from ...errors import InvalidName, JobNotFound, StoreError
+from ...errors import InvalidName, JobNotFound, StoreError, UnknownParent
 from ...payload import NAME_RE
-from ..base import EnqueueResult, NewJob, depth_limits, refuse_overflow
+from ..base import EnqueueResult, NewBatch, NewJob, depth_limits, refuse_overflow
 from .connection import PooledBackend, bounded, translate
 from .queries import CHANNEL, DEPTH_LOCK, ENQUEUE_ONE, Q
 
@@ -33,11 +33,11 @@ class Enqueuing(PooledBackend):
 
     def enqueue_many(
         self, jobs: Sequence[NewJob], *, now: float | None = None,
-        connection: psycopg.Connection[Any] | None = None,
+        connection: psycopg.Connection[Any] | None = None, batches: Sequence[NewBatch] = (),
     ) -> list[EnqueueResult]:
         """With ``connection``, the jobs are written in the caller's transaction (a savepoint
         inside it): rolled back, there are no jobs; committed, there is exactly one each."""
-        if not jobs:
+        if not jobs and not batches:
             return []
         if connection is not None:
             try:
@@ -46,10 +46,10 @@ class Enqueuing(PooledBackend):
                     # A savepoint: the batch is all or nothing.
                     with connection.transaction(), \
                             connection.cursor(row_factory=dict_row) as cur:
-                        return run_plan(cur, _enqueue_plan(jobs, now))
+                        return run_plan(cur, _enqueue_plan(jobs, now, batches))
             except psycopg.Error as exc:
                 raise translate(exc) from exc
-        if len(jobs) == 1 and _plain(jobs[0]):
+        if len(jobs) == 1 and not batches and _plain(jobs[0]):
             # The common case in one autocommit statement: the insert and its wake-up commit
             # together (the notification is delivered at that commit), one round trip instead
             # of BEGIN, insert, notify and COMMIT.
@@ -62,7 +62,7 @@ class Enqueuing(PooledBackend):
             assert row is not None  # no unique key: the insert always writes its row
             return [EnqueueResult(row["id"], True, row["at"], row["uid"])]
         with self._tx() as conn, conn.cursor() as cur:
-            return run_plan(cur, _enqueue_plan(jobs, now))
+            return run_plan(cur, _enqueue_plan(jobs, now, batches))
 
     async def aenqueue_many(
         self, jobs: Sequence[NewJob], *, connection: psycopg.AsyncConnection[Any],
@@ -125,7 +125,13 @@ def _join_transaction(conn: psycopg.Connection[Any]) -> None:
 def _plain(job: NewJob) -> bool:
     """A job whose enqueue is the insert alone: no unique key to look up, no queue depth to
     check under a lock, no fair tag to reserve."""
-    return job.unique_key is None and job.max_depth is None and job.fair_key is None
+    return (job.unique_key is None and job.max_depth is None and job.fair_key is None
+            and not _in_workflow(job))
+
+
+def _in_workflow(job: NewJob) -> bool:
+    """A job with parents, or of a batch: written by _workflow_plan."""
+    return bool(job.after or job.after_refs or job.batch_id or job.callback_of)
 
 
 def _plain_values(job: NewJob) -> tuple[Any, ...]:
@@ -228,13 +234,17 @@ async def arun_plan(cur: psycopg.AsyncCursor[dict[str, Any]], plan: Plan[T]) -> 
         return cast(T, done.value)
 
 
-def _enqueue_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[EnqueueResult]]:
+def _enqueue_plan(jobs: Sequence[NewJob], now: float | None,
+                  batches: Sequence[NewBatch] = ()) -> Plan[list[EnqueueResult]]:
     """Write a batch in the open transaction; raising (QueueFull) lets the caller roll it back."""
+    _check_refs(jobs)
     limits = depth_limits(jobs)
     for queue in sorted(limits):
         # Serialise enqueuers of a limited queue (sorted: no deadlock between batches), so
         # two of them cannot both see room for the last slot.
         yield _Stmt("none", DEPTH_LOCK, [queue])
+    if batches or any(_in_workflow(job) for job in jobs):
+        return (yield from _workflow_plan(jobs, now, batches, limits))
     if len(jobs) > 1 and all(_plain(job) for job in jobs):
         return (yield from _plain_batch_plan(jobs, now))
     tags = yield from _fair_tags_plan(jobs, now)
@@ -256,14 +266,98 @@ def _enqueue_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[Enqueu
         else:
             raise StoreError(
                 f"unique key {job.unique_key!r} keeps changing hands during enqueue; retry")
+    yield from _finish_plan(jobs, results, limits,
+                            {j.queue for j, r in zip(jobs, results, strict=True) if r.created})
+    return results
+
+
+def _finish_plan(jobs: Sequence[NewJob], results: list[EnqueueResult], limits: dict[str, int],
+                 woken: set[str]) -> Plan[None]:
+    """The depth check of limited queues, and the wake-up of the queues that got a job."""
     for queue, limit in sorted(limits.items()):
         depth = yield _Stmt("one", Q["depth"], {"queue": queue})
         refuse_overflow(queue, limit, depth["n"], jobs, results)
-    queues = sorted({j.queue for j, r in zip(jobs, results, strict=True) if r.created})
-    if queues:
+    if woken:
         # Delivered at commit, so a woken worker always finds the job.
-        yield _Stmt("none", Q["notify"], {"channel": CHANNEL, "queues": queues})
+        yield _Stmt("none", Q["notify"], {"channel": CHANNEL, "queues": sorted(woken)})
+
+
+def _check_refs(jobs: Sequence[NewJob]) -> None:
+    """after_refs name earlier positions only (no cycle can form); checked before any write."""
+    for i, job in enumerate(jobs):
+        for ref in job.after_refs:
+            if not 0 <= ref < i:
+                raise UnknownParent(ref, f"after_refs of job {i} must name an earlier position")
+
+
+FINAL = frozenset({"succeeded", "dead", "cancelled"})
+
+
+def _workflow_plan(jobs: Sequence[NewJob], now: float | None, batches: Sequence[NewBatch],
+                   limits: dict[str, int]) -> Plan[list[EnqueueResult]]:
+    """Jobs with parents or of batches, one insert each, in order (a reference needs the id of
+    the job it names). Parents outside the call are locked and marked first, all in one
+    statement in id order (link_parents); each child's state follows from theirs."""
+    if batches:
+        yield _Stmt("none", Q["insert_batches"], {
+            "ids": [b.id for b in batches], "parent_ids": [b.parent_id for b in batches],
+            "now": now})
+    states: dict[int, str] = {}  # parent id -> its state, as locked (or as written here)
+    outside = sorted({p for job in jobs for p in job.after})
+    if outside:
+        yield from _link_plan(outside, states)
+    referenced = {r for job in jobs for r in job.after_refs}
+    tags = yield from _fair_tags_plan(jobs, now)
+    results: list[EnqueueResult] = []
+    woken: set[str] = set()
+    for i, (job, tag) in enumerate(zip(jobs, tags, strict=True)):
+        # A reference to a job that was not created (its unique key is held) names the holder,
+        # which is not locked yet.
+        held = sorted({results[r].id for r in job.after_refs if not results[r].created}
+                      - states.keys())
+        if held:
+            yield from _link_plan(held, states)
+        parents = sorted(set(job.after) | {results[r].id for r in job.after_refs})
+        failed = [p for p in parents if states[p] in ("dead", "cancelled")]
+        param = {
+            **_insert_params(job, now, tag), "has_children": i in referenced,
+            "parents": parents or None,
+            "parents_left": sum(states[p] not in FINAL for p in parents),
+            "on_parent_failure": job.on_parent_failure if parents else None,
+            "batch_id": job.batch_id, "callback_of": job.callback_of,
+            "failed_parent": failed[0] if failed and job.on_parent_failure == "cancel" else None,
+            "parent_ids": parents, "parent_done": [states[p] in FINAL for p in parents],
+        }
+        row = yield _Stmt("one", Q["insert_after"], param)
+        for _ in range(UNIQUE_RACE_TRIES):
+            if row is not None:
+                results.append(EnqueueResult(row["id"], True, row["at"], row["uid"]))
+                states[row["id"]] = row["state"]
+                if row["state"] in ("available", "scheduled"):
+                    woken.add(job.queue)
+                break
+            found = yield _Stmt("one", Q["find_unique"],
+                                {"unique_key": job.unique_key, "now": now})
+            if found is not None:
+                results.append(EnqueueResult(found["id"], False, found["at"]))
+                break
+            row = yield _Stmt("one", Q["insert_after"], param)
+        else:
+            raise StoreError(
+                f"unique key {job.unique_key!r} keeps changing hands during enqueue; retry")
+    yield from _finish_plan(jobs, results, limits, woken)
     return results
+
+
+def _link_plan(ids: list[int], states: dict[int, str]) -> Plan[None]:
+    """Lock and mark these parents (link_parents), recording their states; UnknownParent for
+    an id the store does not hold."""
+    rows = yield _Stmt("all", Q["link_parents"], {"ids": ids})
+    found = {r["id"]: r["state"] for r in rows}
+    for p in ids:
+        if p not in found:
+            raise UnknownParent(p)
+    states.update(found)
 
 
 def _plain_batch_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[EnqueueResult]]:

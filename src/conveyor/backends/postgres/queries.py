@@ -26,7 +26,8 @@ JOB_COLUMNS = ("id", "queue", "task", "state", "priority", "run_at", "attempt", 
                "timeout_s", "lease_token", "lease_expires_at", "worker_id", "unique_key",
                "errors", "meta", "created_at", "attempted_at", "finished_at", "fair_key",
                "fair_tag", "unique_for", "concurrency_key", "concurrency_limit", "rate_key",
-               "rate_limit", "rate_period", "args", "result", "uid", "stalls")
+               "rate_limit", "rate_period", "args", "result", "uid", "stalls", "parents",
+               "on_parent_failure", "batch_id", "callback_of")
 
 
 def _job_columns(sql: str) -> str:
@@ -90,7 +91,9 @@ def row_to_job(row: dict[str, Any]) -> Job:
         meta=row["meta"], fair_key=row["fair_key"], steps=row["steps"],
         concurrency_key=row["concurrency_key"], concurrency_limit=row["concurrency_limit"],
         rate_key=row["rate_key"], rate_limit=row["rate_limit"], rate_period=row["rate_period"],
-        stalls=row["stalls"],
+        stalls=row["stalls"], parents=tuple(sorted(row["parents"] or ())),
+        on_parent_failure=row["on_parent_failure"] or "cancel", batch_id=row["batch_id"],
+        callback_of=row["callback_of"],
     )
 
 
@@ -103,3 +106,10 @@ def claimed_jobs(rows: list[dict[str, Any]]) -> list[Job]:
 def error_json(error: ErrorInfo) -> str:
     return json.dumps({"kind": error.kind, "type": error.type, "message": error.message,
                        "traceback": error.traceback}, ensure_ascii=False)
+
+def forget_batches(conn: Any, batches: list[str]) -> None:
+    """Delete the records of these batches if their last member went (prune, purge), then of
+    the batches they were nested in, in the caller's transaction."""
+    while batches:
+        gone = conn.execute(Q["prune_batches"], {"ids": batches}).fetchall()
+        batches = sorted({r["parent_id"] for r in gone if r["parent_id"]})

@@ -11,7 +11,7 @@ from typing import Any
 import redis
 
 from ...job import Job, JobState
-from ..base import Page, QueueStats, Stats, WorkerInfo
+from ..base import BatchInfo, Page, QueueStats, Stats, WorkerInfo
 from .codec import _to_job, named
 from .core import RedisCore
 from .keys import STATES
@@ -63,7 +63,8 @@ class AdminMixin(RedisCore):
                 continue  # every job of this queue was pruned: as absent as on the SQL stores
             due, oldest = int(rec.get("due", 0)), rec.get("oldest", "")
             queues.append(QueueStats(
-                queue=rec["queue"], scheduled=counts["scheduled"] - due,
+                queue=rec["queue"], waiting=counts["waiting"],
+                scheduled=counts["scheduled"] - due,
                 available=counts["available"] + due, running=counts["running"],
                 succeeded=counts["succeeded"], dead=counts["dead"],
                 cancelled=counts["cancelled"],
@@ -120,6 +121,22 @@ class AdminMixin(RedisCore):
             total += int(res[1])
             if not int(res[2]):
                 return total
+
+    def get_batch(self, batch_id: str) -> BatchInfo | None:
+        res = self._run("get_batch", [], [batch_id], safe=True)
+        if not res:
+            return None
+        created_at, parent_id, on_success, on_complete = res[:4]
+        counts = {str(s): int(n) for s, n in zip(res[4::2], res[5::2], strict=True)}
+        return BatchInfo(
+            id=batch_id, created_at=float(created_at), parent_id=parent_id or None,
+            total=sum(counts.values()), waiting=counts.get("waiting", 0),
+            pending=sum(counts.get(s, 0) for s in ("scheduled", "available", "running")),
+            succeeded=counts.get("succeeded", 0), dead=counts.get("dead", 0),
+            cancelled=counts.get("cancelled", 0),
+            on_success=int(on_success) if on_success else None,
+            on_complete=int(on_complete) if on_complete else None,
+        )
 
     def cancel(self, job_id: int, *, now: float | None = None) -> bool:
         res = self._run("cancel", self._guess([job_id]), [self._now_arg(now), int(job_id)],

@@ -88,6 +88,18 @@ def _limits(h: dict[str, str]) -> Mapping[str, Any]:
     return limits
 
 
+def _links(h: dict[str, str]) -> Mapping[str, Any]:
+    """The job's workflow fields, stored only when set: its parents (the field 'parents', ids
+    joined by ','), on_parent_failure (with them), batch_id and callback_of."""
+    if "parents" not in h and "batch_id" not in h and "callback_of" not in h:
+        return _NO_LIMITS
+    links: dict[str, Any] = {"batch_id": h.get("batch_id"), "callback_of": h.get("callback_of")}
+    if h.get("parents"):
+        links["parents"] = tuple(sorted(int(i) for i in h["parents"].split(",")))
+        links["on_parent_failure"] = h.get("on_parent_failure", "cancel")
+    return links
+
+
 def _to_job(job_id: int, h: dict[str, str], errors: Sequence[str]) -> Job:
     raw_meta = h.get("meta", "{}")
     meta = {} if raw_meta == "{}" else json.loads(raw_meta)
@@ -110,7 +122,7 @@ def _to_job(job_id: int, h: dict[str, str], errors: Sequence[str]) -> Job:
         errors=[json.loads(e) for e in errors], unique_key=h.get("unique_key"),
         worker_id=h.get("worker_id"), lease_token=h.get("lease_token"),
         lease_expires_at=_opt_float(h.get("lease_expires_at")), meta=meta,
-        fair_key=h.get("fair_key"), stalls=int(h.get("stalls", 0)), **_limits(h),
+        fair_key=h.get("fair_key"), stalls=int(h.get("stalls", 0)), **_limits(h), **_links(h),
         # k[:1] first: most jobs have no step, and a method call per field is the dearer test.
         steps={k[len(STEP_PREFIX):]: json.loads(v) for k, v in h.items()
                if k[:1] == "s" and k.startswith(STEP_PREFIX)},

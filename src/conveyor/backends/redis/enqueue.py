@@ -8,9 +8,16 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ...errors import InvalidName, JobNotFound, PayloadError, QueueFull, StoreError
+from ...errors import (
+    InvalidName,
+    JobNotFound,
+    PayloadError,
+    QueueFull,
+    StoreError,
+    UnknownParent,
+)
 from ...payload import NAME_RE
-from ..base import EnqueueResult, NewJob, new_uids, queue_full
+from ..base import EnqueueResult, NewBatch, NewJob, new_uids, queue_full
 from .core import MAX_CACHED_QUEUES, RedisCore
 from .scripts import OOM_SLACK
 
@@ -21,18 +28,23 @@ ENQUEUE_CHUNK = 1000
 
 
 class EnqueueMixin(RedisCore):
-    def enqueue_many(self, jobs: Sequence[NewJob], *,
-                     now: float | None = None) -> list[EnqueueResult]:
+    def enqueue_many(self, jobs: Sequence[NewJob], *, now: float | None = None,
+                     batches: Sequence[NewBatch] = ()) -> list[EnqueueResult]:
         """Up to ENQUEUE_CHUNK jobs: one atomic script, all or nothing. A bigger batch is every
         job checked first (a bad one anywhere writes nothing), then written ENQUEUE_CHUNK jobs
         per script, in order, each chunk all or nothing, so Redis is never held for long. A
         chunk that fails (QueueFull, StorageFull, StoreUnavailable) leaves the chunks before it
         written, and the error says how many jobs that is. Ids increase in batch order; another
-        producer's jobs may come between two chunks."""
-        if not jobs:
+        producer's jobs may come between two chunks.
+
+        A batch with dependencies (after, after_refs) or batches is never split: a reference
+        may cross any chunk boundary, and the parents' checks and the children's edges must be
+        one write, so it is one script however long."""
+        linked = bool(batches) or any(_linked(j) for j in jobs)
+        if not jobs and not batches:
             return []
-        if len(jobs) <= ENQUEUE_CHUNK:
-            res = self._enqueue(jobs, "", 0.0, now)
+        if len(jobs) <= ENQUEUE_CHUNK or linked:
+            res = self._enqueue(jobs, "", 0.0, now, batches)
             assert res is not None
             return res
         for n, job in enumerate(jobs):
@@ -50,15 +62,22 @@ class EnqueueMixin(RedisCore):
         return done
 
     def _enqueue(self, jobs: Sequence[NewJob], cron: str, tick: float,
-                 now: float | None) -> list[EnqueueResult] | None:
+                 now: float | None,
+                 batches: Sequence[NewBatch] = ()) -> list[EnqueueResult] | None:
         """Run the enqueue script; with a cron schedule name, only if it takes that tick (None
         if not)."""
-        if not cron and len(jobs) == 1 and _plain(jobs[0]):
+        if not cron and not batches and len(jobs) == 1 and _plain(jobs[0]):
             return [self._enqueue_one(jobs[0], now)]
-        args: list[Any] = [self._now_arg(now), cron, repr(float(tick))]
+        args: list[Any] = [self._now_arg(now), cron, repr(float(tick)), len(batches)]
+        for batch in batches:
+            _check_batch_id(batch.id, "NewBatch.id")
+            if batch.parent_id is not None:
+                _check_batch_id(batch.parent_id, "NewBatch.parent_id")
+            args += [batch.id, batch.parent_id or ""]
         uids = new_uids(len(jobs))
         for n, job in enumerate(jobs):
             _validate(job, n)
+            _validate_links(job, n)
             args += [
                 uids[n], job.queue, job.task, job.args, str(job.priority),
                 repr(float(job.delay)), "" if job.run_at is None else repr(float(job.run_at)),
@@ -71,10 +90,17 @@ class EnqueueMixin(RedisCore):
                 "" if job.concurrency_limit is None else str(job.concurrency_limit),
                 job.rate_key or "", "" if job.rate_limit is None else str(job.rate_limit),
                 "" if job.rate_period is None else repr(float(job.rate_period)),
+                ",".join(str(int(i)) for i in job.after),
+                ",".join(str(int(i)) for i in job.after_refs),
+                job.on_parent_failure, job.batch_id or "", job.callback_of or "",
             ]
         res = self._run("enqueue", [j.queue for j in jobs], args, safe=False)
         if res and res[0] == "full":
             raise queue_full(str(res[1]), int(res[2]), int(res[3]))
+        if res and res[0] == "unknown":
+            raise UnknownParent(str(res[1]), f"{res[2]}; nothing was written")
+        if res and res[0] == "batch":
+            raise StoreError(f"batch {res[1]!r} {res[2]}; nothing was written")
         if res and res[0] == "taken":
             return None
         at = float(res[0])
@@ -137,6 +163,32 @@ class EnqueueMixin(RedisCore):
         return bool(int(res[1])), None if stored == "null" else stored
 
 
+def _linked(job: NewJob) -> bool:
+    """Whether the job has dependencies or belongs to a batch (the general script, unsplit)."""
+    return bool(job.after or job.after_refs or job.batch_id is not None
+                or job.callback_of is not None)
+
+
+def _check_batch_id(value: Any, what: str) -> None:
+    if not isinstance(value, str) or not 1 <= len(value) <= 255:
+        raise ValueError(f"{what} must be a str of 1-255 characters, got {value!r}")
+
+
+def _validate_links(job: NewJob, n: int) -> None:
+    """The workflow fields, checked before anything is sent (the script checks that parents
+    and batches exist)."""
+    for what, ids in (("after", job.after), ("after_refs", job.after_refs)):
+        if not isinstance(ids, tuple | list) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise ValueError(f"job {n} of the batch: {what} must be a tuple of ints, got {ids!r}")
+    if job.on_parent_failure not in ("cancel", "run"):
+        raise ValueError(f"job {n} of the batch: on_parent_failure must be 'cancel' or 'run', "
+                         f"got {job.on_parent_failure!r}")
+    for what, value in (("batch_id", job.batch_id), ("callback_of", job.callback_of)):
+        if value is not None:
+            _check_batch_id(value, f"job {n} of the batch: {what}")
+
+
 def _plain(job: NewJob) -> bool:
     """A job enqueue_one.lua can write: due now, and none of the options that need the enqueue
     script's checks or extra writes. (Anything else, a bad value included, goes the general
@@ -146,7 +198,7 @@ def _plain(job: NewJob) -> bool:
         and job.fair_key is None and job.concurrency_key is None
         and job.concurrency_limit is None and job.rate_key is None and job.rate_limit is None
         and job.rate_period is None and job.run_at is None
-        and type(job.delay) in (int, float) and job.delay <= 0
+        and type(job.delay) in (int, float) and job.delay <= 0 and not _linked(job)
     )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 # The job states that have index sets (P:state:<state>, P:q:<queue>:<state>).
-STATES = ("scheduled", "available", "running", "succeeded", "dead", "cancelled")
+STATES = ("scheduled", "available", "running", "succeeded", "dead", "cancelled", "waiting")
 FINAL_STATES = ("succeeded", "dead", "cancelled")
 
 # The store-wide keys every script of the shared prelude (_common.lua) gets, in this order
@@ -41,6 +41,14 @@ STORE_KEYS: dict[str, str] = {
     # job.wait: wait:<id> counts the waiters of a job (the client sets it, with a TTL), and
     # wait:<id>:done is the list a finish pushes one mark per waiter to; wait:any counts all.
     "wait": "wait:",
+    # Workflows (backends/base.py, "Dependencies"): kids:<id> is a ZSET of the job's children,
+    # score 0 while the edge is unsettled (the parent has not finished since the child was
+    # written), 1 once settled; batch:<batch id> a HASH of the batch (created_at, parent_id,
+    # on_success, on_complete); members:<batch id> a SET of its members' ids, nested batches'
+    # members and callbacks included.
+    "kids": "kids:",
+    "batch": "batch:",
+    "members": "members:",
 }
 
 # Each queue's keys, "{prefix}:q:<queue>:<name>", in the order of a script's block for the

@@ -146,7 +146,7 @@ class MaintenanceMixin(RedisCore):
         chunk, self._prune_at = self._round_robin(self._prune_at)
         bound = f"({self._due_bound(now) - float(older_than)!r}"
         due = [q for name in names
-               for q in self._due_queues(self.keys.done_index(name), bound, limit)]
+               for q in self._due_queues(self.keys.done_index(name), bound, 2 * limit)]
         args = [self._now_arg(now), repr(float(older_than)), limit, len(chunk), *names]
         res = self._run("prune", chunk + [q for q in due if q not in chunk], args, safe=True)
         return int(res[1])

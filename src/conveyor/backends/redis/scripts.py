@@ -35,6 +35,10 @@ OOM_SLACK = 1024  # bytes of caller text a script may write past maxmemory
 # Scripts that do without _common.lua's prelude (its header of store keys, the queue blocks,
 # and its helpers made on every call): only _core.lua comes before them.
 LEAN_SCRIPTS = {"enqueue_one", "get"}
+# Scripts that finish, write or delete jobs, and so settle or keep their dependencies and
+# batches: _deps.lua comes after _common.lua in these only (every other script skips its cost).
+DEPS_SCRIPTS = {"enqueue", "ack", "ack_many", "retry", "kill", "reap", "cancel", "prune", "purge",
+                "get_batch"}
 # Store-wide locks (try_lock) and job.wait's waiter counts: their own keys, no helpers.
 BARE_SCRIPTS = ("lock", "unlock", "count_waiter")
 
@@ -42,6 +46,7 @@ SCRIPT_NAMES = (
     "enqueue", "enqueue_one", "claim", "heartbeat", "ack", "ack_many", "retry", "kill",
     "release", "reap", "promote", "prune", "cancel", "redrive", "purge", "record_worker",
     "remove_worker", "stats", "list_jobs", "record_step", "peek", "get", "sweep", "sweep_done",
+    "get_batch",
     *(f"{name}:strict" for name in STRICT_SCRIPTS),
 )
 
@@ -68,6 +73,8 @@ def _load_script(name: str) -> str:
     common = folder.joinpath("_core.lua").read_text("utf-8")
     if name not in LEAN_SCRIPTS:
         common += "\n" + folder.joinpath("_common.lua").read_text("utf-8")
+    if name in DEPS_SCRIPTS:
+        common += "\n" + folder.joinpath("_deps.lua").read_text("utf-8")
     body = folder.joinpath(f"{name}.lua").read_text("utf-8")
     # A shebang makes Redis 7 check the script's flags before it runs: a script that grows the
     # store is refused whole at maxmemory instead of failing at its first write, half-done.

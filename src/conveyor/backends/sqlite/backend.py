@@ -12,7 +12,7 @@ import contextlib
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any
 
 from ...errors import JobNotFound, LeaseLost, StoreError
@@ -20,9 +20,11 @@ from ...job import Job, JobState
 from ..base import (
     MAX_STALLS,
     Backend,
+    BatchInfo,
     EnqueueResult,
     ErrorInfo,
     Lease,
+    NewBatch,
     NewJob,
     Page,
     ReapResult,
@@ -34,6 +36,7 @@ from ..base import (
     queue_stats_from_rows,
 )
 from .connection import EnqueueGroup, Q, SqliteConnections, translate
+from .flow import Settled, forget, read_batch, settle
 from .writes import FairTags, ack_in, claim_in, enqueue_in, row_to_job, step_path
 
 KEEP_ERRORS = 20  # failed attempts a job keeps in its errors list (the newest)
@@ -50,9 +53,9 @@ class SqliteBackend(SqliteConnections, Backend):
         return float(self._read(Q["now"])[0][0])
 
     # -- producer ---------------------------------------------------------------------
-    def enqueue_many(self, jobs: Sequence[NewJob], *,
-                     now: float | None = None) -> list[EnqueueResult]:
-        if not jobs:
+    def enqueue_many(self, jobs: Sequence[NewJob], *, now: float | None = None,
+                     batches: Sequence[NewBatch] = ()) -> list[EnqueueResult]:
+        if not jobs and not batches:
             return []
         with self._group_lock:
             group = self._group
@@ -60,7 +63,7 @@ class SqliteBackend(SqliteConnections, Backend):
             if group is None:
                 group = self._group = EnqueueGroup()
             index = len(group.calls)
-            group.calls.append((jobs, now))
+            group.calls.append((jobs, now, batches))
         if lead:
             self._write_group(group)
         else:
@@ -79,13 +82,13 @@ class SqliteBackend(SqliteConnections, Backend):
                 with self._group_lock:  # the lock is ours: a call from now on starts the next group
                     self._group = None
                 alone = len(group.calls) == 1
-                for jobs, now in group.calls:
+                for jobs, now, batches in group.calls:
                     if alone:  # no savepoint needed: a failure rolls the transaction back
-                        results.append(enqueue_in(conn, jobs, t if now is None else now))
+                        results.append(enqueue_in(conn, jobs, t if now is None else now, batches))
                         continue
                     conn.execute("SAVEPOINT enqueue")
                     try:
-                        results.append(enqueue_in(conn, jobs, t if now is None else now))
+                        results.append(enqueue_in(conn, jobs, t if now is None else now, batches))
                     except Exception as exc:
                         conn.execute("ROLLBACK TO enqueue")
                         results.append(translate(exc, "write failed, nothing was changed")
@@ -150,12 +153,12 @@ class SqliteBackend(SqliteConnections, Backend):
         worker_id: str, lease_s: float, now: float | None = None, start: int | None = None,
     ) -> tuple[list[bool], list[Job]]:
         """One transaction: a commit (and its fsync under synchronous=full) for both."""
+        settled = Settled()
         with self._write(now) as (conn, t):
-            held = ack_in(conn, t, acks)
+            held = ack_in(conn, t, acks, settled)
             jobs = (claim_in(conn, t, queue, limit, worker_id, lease_s, start, new_claim_id())
                     if limit > 0 else [])
-        if self._signal.waited:
-            self._signal.finished(lease.job_id for lease, _ in acks)
+        self._finished([lease.job_id for lease, _ in acks], settled)
         return held, jobs
 
     def release_claim(self, queue: str, claim_id: str, *, now: float | None = None) -> list[int]:
@@ -183,26 +186,39 @@ class SqliteBackend(SqliteConnections, Backend):
         return lost
 
     def ack(self, lease: Lease, result: str | None, *, now: float | None = None) -> None:
+        settled = None
         with self._write(now) as (conn, t):
-            cur = conn.execute(Q["ack"], {"id": lease.job_id, "token": lease.token, "now": t,
-                                          "result": result})
-            if cur.rowcount != 1:
+            row = conn.execute(Q["ack"], {"id": lease.job_id, "token": lease.token, "now": t,
+                                          "result": result}).fetchone()
+            if row is None:
                 raise LeaseLost(lease.job_id, "ack refused")
+            if row[0]:  # has children
+                settled = settle(conn, t, [(lease.job_id, "succeeded")])
+        self._finished((lease.job_id,), settled)
+
+    def _finished(self, job_ids: Iterable[int], settled: Settled | None) -> None:
+        """After the commit: wake job.wait for the jobs finished (the cascade's too), and idle
+        workers for children that became available, as an enqueue does."""
+        if settled is not None and settled.ready:
+            self._signal.fire()
         if self._signal.waited:
-            self._signal.finished((lease.job_id,))
+            if settled is not None and settled.finished:
+                job_ids = [*job_ids, *settled.finished]
+            self._signal.finished(job_ids)
 
     def ack_many(self, acks: Sequence[tuple[Lease, str | None]], *,
                  now: float | None = None) -> list[bool]:
         if not acks:
             return []
+        settled = Settled()
         with self._write(now) as (conn, t):
-            held = ack_in(conn, t, acks)
-        if self._signal.waited:
-            self._signal.finished(lease.job_id for lease, _ in acks)
+            held = ack_in(conn, t, acks, settled)
+        self._finished([lease.job_id for lease, _ in acks], settled)
         return held
 
     def retry(self, lease: Lease, error: ErrorInfo, *, delay: float,
               now: float | None = None) -> JobState:
+        settled = None
         with self._write(now) as (conn, t):
             row = conn.execute(
                 Q["retry"],
@@ -215,25 +231,29 @@ class SqliteBackend(SqliteConnections, Backend):
             if row is None:
                 raise LeaseLost(lease.job_id, "retry refused")
             state = JobState(row[0])
+            if state is JobState.DEAD and row[1]:
+                settled = settle(conn, t, [(lease.job_id, "dead")])
         if state is JobState.AVAILABLE:
             self._signal.fire()
-        elif state is JobState.DEAD and self._signal.waited:
-            self._signal.finished((lease.job_id,))
+        elif state is JobState.DEAD:
+            self._finished((lease.job_id,), settled)
         return state
 
     def kill(self, lease: Lease, error: ErrorInfo, *, now: float | None = None) -> None:
+        settled = None
         with self._write(now) as (conn, t):
-            cur = conn.execute(
+            row = conn.execute(
                 Q["kill"],
                 {
                     "id": lease.job_id, "token": lease.token, "now": t,
                     "keep_errors": KEEP_ERRORS, "error": self._error_json(conn, lease, error, t),
                 },
-            )
-            if cur.rowcount != 1:
+            ).fetchone()
+            if row is None:
                 raise LeaseLost(lease.job_id, "kill refused")
-        if self._signal.waited:
-            self._signal.finished((lease.job_id,))
+            if row[0]:
+                settled = settle(conn, t, [(lease.job_id, "dead")])
+        self._finished((lease.job_id,), settled)
 
     @staticmethod
     def _error_json(conn: sqlite3.Connection, lease: Lease, error: ErrorInfo, t: float) -> str:
@@ -265,14 +285,17 @@ class SqliteBackend(SqliteConnections, Backend):
                 per_queue[row["queue"]] = per_queue.get(row["queue"], 0) + 1
             for queue, n in per_queue.items():
                 conn.execute(Q["count_up"], {"queue": queue, "name": "lease_expired", "n": n})
+            parents = [(r["id"], "dead") for r in rows
+                       if r["state"] == "dead" and r["has_children"]]
+            settled = settle(conn, t, parents) if parents else None
         result = ReapResult(
             requeued=sorted(r["id"] for r in rows if r["state"] == "available"),
             dead=sorted(r["id"] for r in rows if r["state"] == "dead"),
         )
         if result.requeued:
             self._signal.fire()
-        if result.dead and self._signal.waited:
-            self._signal.finished(result.dead)
+        if result.dead:
+            self._finished(result.dead, settled)
         return result
 
     def promote(self, *, limit: int = 1000, now: float | None = None) -> int:
@@ -294,9 +317,11 @@ class SqliteBackend(SqliteConnections, Backend):
                 left = limit - deleted
                 if left <= 0:
                     break
-                deleted += conn.execute(
+                rows = conn.execute(
                     Q["prune"], {"state": str(state), "before": t - older_than, "limit": left}
-                ).rowcount
+                ).fetchall()
+                forget(conn, rows)
+                deleted += len(rows)
             conn.execute(Q["prune_fair_tags"], {"limit": limit})
             conn.execute(Q["prune_rate_claims"], {"now": t, "limit": limit})
         return deleted
@@ -305,6 +330,17 @@ class SqliteBackend(SqliteConnections, Backend):
     def get(self, job_id: int) -> Job | None:
         rows = self._read(Q["get"], {"id": job_id})
         return row_to_job(rows[0]) if rows else None
+
+    def get_batch(self, batch_id: str) -> BatchInfo | None:
+        try:
+            with self._using() as conn:
+                conn.execute("BEGIN")  # the batch and its counts from one snapshot
+                try:
+                    return read_batch(conn, batch_id)
+                finally:
+                    conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise translate(exc, "read failed") from exc
 
     def list_jobs(
         self, *, state: JobState | None = None, queue: str | None = None, task: str | None = None,
@@ -397,21 +433,26 @@ class SqliteBackend(SqliteConnections, Backend):
         check_filters(queue=queue)
         sql = ("DELETE FROM conveyor_jobs WHERE state = :state"
                " AND (:queue IS NULL OR queue = :queue)")
+        back = " RETURNING id, has_children, parents, batch_id"
         with self._write(None) as (conn, _):
             if job_ids is None:
-                return conn.execute(sql, {"state": str(state), "queue": queue}).rowcount
-            return sum(
-                conn.execute(sql + " AND id = :id",
-                             {"state": str(state), "queue": queue, "id": i}).rowcount
-                for i in job_ids
-            )
+                rows = conn.execute(sql + back, {"state": str(state), "queue": queue}).fetchall()
+            else:
+                rows = [row for i in job_ids for row in conn.execute(
+                    sql + " AND id = :id" + back,
+                    {"state": str(state), "queue": queue, "id": i}).fetchall()]
+            forget(conn, rows)
+            return len(rows)
 
     def cancel(self, job_id: int, *, now: float | None = None) -> bool:
+        settled = None
         with self._write(now) as (conn, t):
-            cancelled = bool(conn.execute(Q["cancel"], {"id": job_id, "now": t}).rowcount)
-        if cancelled and self._signal.waited:
-            self._signal.finished((job_id,))
-        return cancelled
+            row = conn.execute(Q["cancel"], {"id": job_id, "now": t}).fetchone()
+            if row is not None and row[0]:
+                settled = settle(conn, t, [(job_id, "cancelled")])
+        if row is not None:
+            self._finished((job_id,), settled)
+        return row is not None
 
     @contextlib.contextmanager
     def finish_watch(self, job_id: int) -> Iterator[Callable[[float], None]]:

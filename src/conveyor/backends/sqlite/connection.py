@@ -20,7 +20,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from ...errors import ConfigurationError, StorageFull, StoreError
 from .. import forking
-from ..base import EnqueueResult, NewJob, StoreLock, check_lock_name
+from ..base import EnqueueResult, NewBatch, NewJob, StoreLock, check_lock_name
 from ..sql import load_queries
 from .migrate import migrate
 
@@ -64,7 +64,8 @@ class EnqueueGroup:
     The first call to come leads: it writes them all once it holds the write lock, and every
     call that comes while it waits for the lock joins its group."""
 
-    calls: list[tuple[Sequence[NewJob], float | None]] = field(default_factory=list)
+    calls: list[tuple[Sequence[NewJob], float | None, Sequence[NewBatch]]] = field(
+        default_factory=list)
     results: list[list[EnqueueResult] | BaseException] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
 

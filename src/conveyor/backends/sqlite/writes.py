@@ -11,8 +11,18 @@ from typing import Any
 from ...errors import InvalidName
 from ...job import Job, JobState, make_job
 from ...payload import NAME_RE
-from ..base import CLAIM_SCAN, EnqueueResult, Lease, NewJob, depth_limits, new_uids, refuse_overflow
+from ..base import (
+    CLAIM_SCAN,
+    EnqueueResult,
+    Lease,
+    NewBatch,
+    NewJob,
+    depth_limits,
+    new_uids,
+    refuse_overflow,
+)
 from .connection import Q
+from .flow import Settled, enqueue_flow, has_flow, settle
 
 
 def _check_depth(conn: sqlite3.Connection, jobs: Sequence[NewJob],
@@ -22,10 +32,16 @@ def _check_depth(conn: sqlite3.Connection, jobs: Sequence[NewJob],
         refuse_overflow(queue, limit, depth, jobs, results)
 
 
-def enqueue_in(conn: sqlite3.Connection, jobs: Sequence[NewJob], t: float) -> list[EnqueueResult]:
+def enqueue_in(conn: sqlite3.Connection, jobs: Sequence[NewJob], t: float,
+               batches: Sequence[NewBatch] = ()) -> list[EnqueueResult]:
     """Write the batch in the caller's open transaction (which rolls it all back on QueueFull)."""
     results: list[EnqueueResult] = []
     tags = FairTags(conn)
+    if has_flow(jobs, batches):
+        results = enqueue_flow(conn, jobs, batches, t, _insert_values, tags)
+        tags.save()
+        _check_depth(conn, jobs, results)
+        return results
     uids = new_uids(len(jobs))
     if all(job.unique_key is None for job in jobs):
         rows = [_insert_values(job, t, tags.take(job.queue, job.priority, job.fair_key), uid)
@@ -81,13 +97,21 @@ def claim_in(conn: sqlite3.Connection, t: float, queue: str, limit: int, worker_
     return [row_to_job(r) for r in rows]
 
 
-def ack_in(conn: sqlite3.Connection, t: float,
-           acks: Sequence[tuple[Lease, str | None]]) -> list[bool]:
-    return [
-        conn.execute(Q["ack"], {"id": lease.job_id, "token": lease.token, "now": t,
-                                "result": result}).rowcount == 1
-        for lease, result in acks
-    ]
+def ack_in(conn: sqlite3.Connection, t: float, acks: Sequence[tuple[Lease, str | None]],
+           settled: Settled) -> list[bool]:
+    """Ack each lease; the children of the acked jobs that have some are settled in the same
+    transaction (into ``settled``)."""
+    held: list[bool] = []
+    parents: list[tuple[int, str]] = []
+    for lease, result in acks:
+        row = conn.execute(Q["ack"], {"id": lease.job_id, "token": lease.token, "now": t,
+                                      "result": result}).fetchone()
+        held.append(row is not None)
+        if row is not None and row[0]:
+            parents.append((lease.job_id, "succeeded"))
+    if parents:
+        settle(conn, t, parents, settled)
+    return held
 
 
 def _claim_limited(conn: sqlite3.Connection, params: dict[str, Any]) -> list[sqlite3.Row]:
@@ -229,5 +253,8 @@ def row_to_job(row: sqlite3.Row) -> Job:
         concurrency_key=row["concurrency_key"], concurrency_limit=row["concurrency_limit"],
         rate_key=row["rate_key"], rate_limit=row["rate_limit"], rate_period=row["rate_period"],
         stalls=row["stalls"],
+        parents=tuple(json.loads(row["parents"])) if row["parents"] is not None else (),
+        on_parent_failure=row["on_parent_failure"], batch_id=row["batch_id"],
+        callback_of=row["callback_of"],
     )
 

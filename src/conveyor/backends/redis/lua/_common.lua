@@ -133,6 +133,7 @@ end
 
 local function is_unfinished(state)
   return state == 'scheduled' or state == 'available' or state == 'running'
+    or state == 'waiting'
 end
 
 -- ck, rk: the job's concurrency_key and rate_key as the caller read them with HMGET (false when
@@ -395,13 +396,14 @@ local function delete_job(q, id, state)
 end
 
 -- The lease check every fenced call makes: same token, still running, not expired at now.
--- Returns the job's queue (nil when the lease is not held), then its concurrency key, unique key
--- and unique_for (each false when the job has none), read in the same call.
+-- Returns the job's queue (nil when the lease is not held), then its concurrency key, unique key,
+-- unique_for and 'kids' (unsettled children, see _deps.lua) (each false when the job has none),
+-- read in the same call.
 local function fenced(key, token, now)
   local f = redis.call('HMGET', key, 'state', 'lease_token', 'lease_expires_at', 'queue',
-    'concurrency_key', 'unique_key', 'unique_for')
+    'concurrency_key', 'unique_key', 'unique_for', 'kids')
   if f[1] ~= 'running' or f[2] ~= token or tonumber(f[3]) < now then return nil end
-  return f[4], f[5], f[6], f[7]
+  return f[4], f[5], f[6], f[7], f[8]
 end
 
 -- ZREMs and ZADDs gathered over a batch of jobs and written by flush() in a few calls per key

@@ -3,25 +3,36 @@
 -- written only if it takes that schedule's tick (a compare-and-set of P:cron in the same script).
 -- KEYS: the common header, then one queue block per queue the batch uses.
 -- ARGV: n, queue names; now ('' = the store's clock), cron schedule ('' = none), cron tick
---   (unix seconds, when a schedule is given); then 21 values per job:
+--   (unix seconds, when a schedule is given), number of batches nb, then nb pairs: batch id,
+--   enclosing batch id ('' = none); then 26 values per job:
 --   uid (made by the client: random, see Job.uid), queue, task, args (JSON), priority, delay,
 --   run_at ('' = now + delay), max_attempts,
 --   timeout_s, has_unique ('1' or '0'), unique_key, meta (JSON), max_depth ('' = no limit),
 --   unique_for ('' = none), has_fair ('1' or '0'), fair_key, concurrency_key,
 --   concurrency_limit ('' = no concurrency limit: the key is then ignored), rate_key,
---   rate_limit ('' = no rate limit: the key and period are then ignored), rate_period
+--   rate_limit ('' = no rate limit: the key and period are then ignored), rate_period,
+--   after (parent ids joined by ','), after_refs (earlier positions, 0-based, joined by ','),
+--   on_parent_failure ('cancel' or 'run'), batch_id ('' = none), callback_of ('' = none)
+-- Dependencies and batches (see _deps.lua): every parent and batch is checked in the read-only
+-- pass, so a refusal writes nothing. A job whose parents are all done is written ready
+-- (available or scheduled); one with an unfinished parent waiting, with 'pending' = how many;
+-- one with a dead or cancelled parent cancelled at once (unless on_parent_failure is 'run').
+-- A reference to a position whose unique key was held names the holder.
 -- Returns {now, id1, created1, id2, created2, ...}; created is 0 when the unique key is held
 -- (by an unfinished job, or by one that succeeded less than its unique_for ago), whose id is
 -- returned. Returns {'full', queue, depth, limit} and writes nothing (not the tick either) when
 -- the batch would take a queue past its max_depth; {'taken'} and writes nothing when the
--- schedule's recorded tick is not older than the given one.
+-- schedule's recorded tick is not older than the given one; {'unknown', parent id or 'ref',
+-- detail} or {'batch', batch id, why} and writes nothing for a parent or batch that is not
+-- there (or a reference to the job itself or a later one).
 local now = clock(arg(1))
 local cron, tick = arg(2), tonumber(arg(3))
 local t = num(now)
 local out = {t}
 local made = {}
-local W = 21
-local FIRST = A + 3
+local W = 26
+local nb = tonumber(arg(4))
+local FIRST = A + 4 + 2 * nb
 
 if cron ~= '' then
   local last = redis.call('HGET', K_CRON, cron)
@@ -37,20 +48,116 @@ local function holds(holder)
     and tonumber(f[3]) + tonumber(f[2]) > now
 end
 
--- First pass, read only: would the batch overfill a queue? (A script that fails half-way
--- keeps what it wrote, so the check comes before any write.) It decides "created" exactly as
--- the write pass below does.
+-- The batches written with the jobs: id -> enclosing id ('' = none). An enclosing batch is one
+-- written before, or earlier in this list, so the chain of enclosing batches has no cycle.
+local new_batches = {}
+for b = 0, nb - 1 do
+  local bid, outer = arg(5 + 2 * b), arg(6 + 2 * b)
+  if new_batches[bid] or redis.call('EXISTS', P_BATCH .. bid) == 1 then
+    return {'batch', bid, 'exists already'}
+  end
+  if outer ~= '' and not new_batches[outer] and redis.call('EXISTS', P_BATCH .. outer) == 0 then
+    return {'batch', outer, 'is not in the store'}
+  end
+  new_batches[bid] = outer
+end
+local function known_batch(b)
+  return new_batches[b] ~= nil or redis.call('EXISTS', P_BATCH .. b) == 1
+end
+-- The batch b and those enclosing it, innermost first.
+local function chain_of(b)
+  local out = {}
+  while b and b ~= '' do
+    out[#out + 1] = b
+    if new_batches[b] ~= nil then
+      b = new_batches[b]
+    else
+      b = redis.call('HGET', P_BATCH .. b, 'parent_id')
+    end
+  end
+  return out
+end
+local function done_as(state)
+  if state == 'succeeded' then return 'succeeded' end
+  if state == 'dead' or state == 'cancelled' then return state end
+  return 'unfinished'
+end
+
+-- First pass, read only: would the batch overfill a queue, does every parent and batch exist?
+-- (A script that fails half-way keeps what it wrote, so the checks come before any write.) It
+-- decides "created" exactly as the write pass below does. pos[n] (n from 0, the job's
+-- position): ident (an existing id, or '#<position>' of a job this call creates), st (its
+-- parents' view of it: unfinished, succeeded, dead or cancelled), and for a job it creates with
+-- parents: parents ({ident, st}...), outcome (waiting, ready or cancelled), pending, failed_by.
 local adds, limits, claimed = {}, {}, {}
+local pos = {}
 local j = FIRST
+local n = 0
 while j <= #ARGV do
   local qn, has_u, uk, limit = ARGV[j + 1], ARGV[j + 9], ARGV[j + 10], ARGV[j + 12]
+  local after_s, refs_s, mode = ARGV[j + 21], ARGV[j + 22], ARGV[j + 23]
+  local bid, cb = ARGV[j + 24], ARGV[j + 25]
   j = j + W
+  local p = {ident = '#' .. n, st = 'unfinished'}
   local creates = true
   if has_u == '1' then
-    if claimed[uk] or holds(redis.call('HGET', K_UNIQUE, uk)) then creates = false end
-    claimed[uk] = true
+    local earlier = claimed[uk]
+    local holder = redis.call('HGET', K_UNIQUE, uk)
+    if earlier then
+      creates = false
+      p.ident, p.st = pos[earlier].ident, pos[earlier].st
+    elseif holds(holder) then
+      creates = false
+      p.ident, p.st = holder, done_as(redis.call('HGET', P_JOB .. holder, 'state'))
+    end
+    if creates then claimed[uk] = n end
   end
-  if creates then adds[qn] = (adds[qn] or 0) + 1 end
+  if creates and (after_s ~= '' or refs_s ~= '') then
+    local parents, seen = {}, {}
+    local pending, failed_by = 0, nil
+    local function add(ident, st)
+      if seen[ident] then return end
+      seen[ident] = true
+      parents[#parents + 1] = {ident, st}
+      if st == 'unfinished' then
+        pending = pending + 1
+      elseif st ~= 'succeeded' and not failed_by then
+        failed_by = {ident, st}
+      end
+    end
+    for pid in string.gmatch(after_s, '[^,]+') do
+      local st = redis.call('HGET', P_JOB .. pid, 'state')
+      if not st then return {'unknown', pid, 'no such job'} end
+      add(pid, done_as(st))
+    end
+    for r in string.gmatch(refs_s, '[^,]+') do
+      local at = tonumber(r)
+      if at < 0 or at >= n then
+        return {'unknown', r, 'job ' .. n .. ' of the batch refers to position ' .. r
+          .. ' (only earlier jobs of the same call can be named)'}
+      end
+      add(pos[at].ident, pos[at].st)
+    end
+    p.parents, p.pending, p.failed_by = parents, pending, failed_by
+    if failed_by and mode ~= 'run' then
+      p.outcome, p.st = 'cancelled', 'cancelled'
+      if has_u == '1' then claimed[uk] = nil end  -- a finished job holds no unique key
+    elseif pending > 0 then
+      p.outcome = 'waiting'
+    else
+      p.outcome = 'ready'
+    end
+  end
+  if creates then
+    for _, b in ipairs({bid, cb}) do
+      if b ~= '' and not known_batch(b) then return {'batch', b, 'is not in the store'} end
+    end
+  end
+  pos[n] = p
+  n = n + 1
+  if creates and (p.outcome == nil or p.outcome == 'ready') then
+    adds[qn] = (adds[qn] or 0) + 1
+  end
   if limit ~= '' then limits[qn] = tonumber(limit) end
 end
 for qn, limit in pairs(limits) do
@@ -62,6 +169,13 @@ for qn, limit in pairs(limits) do
 end
 
 if cron ~= '' then redis.call('HSET', K_CRON, cron, num(tick)) end
+for bid, outer in pairs(new_batches) do
+  if outer ~= '' then
+    redis.call('HSET', P_BATCH .. bid, 'created_at', t, 'parent_id', outer)
+  else
+    redis.call('HSET', P_BATCH .. bid, 'created_at', t)
+  end
+end
 
 -- Fair tags (start-time fair queuing per (queue, priority), see fair_tags in the prelude).
 local tags = fair_tags()
@@ -74,21 +188,31 @@ local function batch_of(qn)
   local b = per_q[qn]
   if b == nil then
     b = {jobs = {}, scheduled = {}, scheduled_ids = {}, global_scheduled = {}, available = {},
-      due = {}, gated = 0}
+      due = {}, gated = 0, waiting = {}, cancelled = {}}
     per_q[qn] = b
     queues_used[#queues_used + 1] = qn
   end
   return b
 end
-local state_ids = {scheduled = {}, available = {}}
+local state_ids = {scheduled = {}, available = {}, waiting = {}, cancelled = {}}
+local ids_at = {}
+local function id_of_ident(ident)
+  if string.sub(ident, 1, 1) == '#' then return ids_at[tonumber(string.sub(ident, 2))] end
+  return ident
+end
+local cancelled_now = {}  -- {id, failed parent id, how} of jobs cancelled at once
 
 local i = FIRST
+n = -1
 while i <= #ARGV do
+  n = n + 1
+  local p = pos[n]
   local uid = ARGV[i]
   local qn, task, args, prio, delay, run_at_s, maxa, timeout, has_u, uk, meta =
     unpack(ARGV, i + 1, i + 11)
   local ufor, has_fair, fk = ARGV[i + 13], ARGV[i + 14], ARGV[i + 15]
   local ck, climit, rk, rlimit, rperiod = unpack(ARGV, i + 16, i + 20)
+  local mode, bid, cb = ARGV[i + 23], ARGV[i + 24], ARGV[i + 25]
   i = i + W
   local holder = false
   if has_u == '1' then
@@ -96,10 +220,12 @@ while i <= #ARGV do
     if not holds(holder) then holder = false end
   end
   if holder then
+    ids_at[n] = holder
     out[#out + 1] = holder
     out[#out + 1] = 0
   else
     local id = tostring(redis.call('INCR', K_IDS))
+    ids_at[n] = id
     local key = P_JOB .. id
     local q = Q[qn]
     local b = batch_of(qn)
@@ -131,8 +257,58 @@ while i <= #ARGV do
       field('rate_limit', rlimit)
       field('rate_period', rperiod)
     end
+    if bid ~= '' then
+      field('batch_id', bid)
+      for _, outer in ipairs(chain_of(bid)) do
+        redis.call('SADD', P_MEMBERS .. outer, id)
+      end
+    end
+    if cb ~= '' then
+      field('callback_of', cb)
+      redis.call('HSET', P_BATCH .. cb, mode == 'run' and 'on_complete' or 'on_success', id)
+    end
+    local outcome = p.outcome or 'ready'
+    if p.parents then
+      local ps = {}
+      for k, e in ipairs(p.parents) do
+        local pid = id_of_ident(e[1])
+        ps[k] = tonumber(pid)
+        -- The edge: unsettled (0) while the parent is unfinished; a cancelled job has none.
+        if outcome ~= 'cancelled' then
+          if e[2] == 'unfinished' then
+            redis.call('ZADD', P_KIDS .. pid, 0, id)
+            redis.call('HSET', P_JOB .. pid, 'kids', '1')
+          else
+            redis.call('ZADD', P_KIDS .. pid, 1, id)
+          end
+        end
+      end
+      table.sort(ps)
+      for k, v in ipairs(ps) do ps[k] = string.format('%.0f', v) end
+      field('parents', table.concat(ps, ','))
+      field('on_parent_failure', mode)
+    end
     -- As enter() and enter_available() would write them, with the rest of the hash.
-    if run_at > now then
+    if outcome == 'waiting' then
+      field('state', 'waiting')
+      field('pending', string.format('%d', p.pending))
+      local wt = b.waiting
+      wt[#wt + 1] = id
+      wt[#wt + 1] = id
+      local ids = state_ids.waiting
+      ids[#ids + 1] = id
+      ids[#ids + 1] = id
+    elseif outcome == 'cancelled' then
+      field('state', 'cancelled')
+      field('finished_at', t)
+      local cn = b.cancelled
+      cn[#cn + 1] = t
+      cn[#cn + 1] = id
+      local ids = state_ids.cancelled
+      ids[#ids + 1] = id
+      ids[#ids + 1] = id
+      cancelled_now[#cancelled_now + 1] = {id, id_of_ident(p.failed_by[1]), p.failed_by[2]}
+    elseif run_at > now then
       field('state', 'scheduled')
       local sch = b.scheduled
       sch[#sch + 1] = num(run_at)
@@ -160,7 +336,7 @@ while i <= #ARGV do
       made[qn] = (made[qn] or 0) + 1
     end
     redis.call('HSET', key, unpack(fields))
-    if has_u == '1' then redis.call('HSET', K_UNIQUE, uk, id) end
+    if has_u == '1' and outcome ~= 'cancelled' then redis.call('HSET', K_UNIQUE, uk, id) end
     all_ids[#all_ids + 1] = id
     all_ids[#all_ids + 1] = id
     local jobs = b.jobs
@@ -181,6 +357,8 @@ end
 for _, qn in ipairs(queues_used) do
   local q, b = Q[qn], per_q[qn]
   call_many('ZADD', q.jobs, b.jobs)
+  if #b.waiting > 0 then call_many('ZADD', q.waiting, b.waiting) end
+  if #b.cancelled > 0 then call_many('ZADD', q.cancelled, b.cancelled) end
   if #b.available > 0 then
     call_many('ZADD', q.available, b.available)
     call_many('ZADD', q.due, b.due)
@@ -195,5 +373,8 @@ for _, qn in ipairs(queues_used) do
     if b.scheduled_ids[head[1]] then wake(q, 1) end
   end
 end
-for qn, n in pairs(made) do wake(Q[qn], n) end
+for qn, k in pairs(made) do wake(Q[qn], k) end
+for _, c in ipairs(cancelled_now) do
+  add_error(c[1], 0, now, false, parent_failed(c[2], c[3]))
+end
 return out

@@ -1,6 +1,8 @@
 -- prune: delete up to limit finished jobs of the given states whose finished_at is more than
 -- older_than seconds before now, oldest first within each state. Deleting a job deletes its
--- hash (with its step records), errors and index entries, and frees a unique key it held.
+-- hash (with its step records), errors and index entries, and frees a unique key it held, and
+-- its workflow keys (forget_links in _deps.lua). A job with a child not yet finished is kept
+-- (the child may read its result); it is passed over, looking at up to as many again.
 -- The due jobs are the head of P:done:<state> (all queues), so a call costs O(due + log n)
 -- whatever the number of queues. The client reads those heads first and sends the blocks of
 -- those jobs' queues, as reap does with P:leases; the script answers 'need' for one it missed.
@@ -30,7 +32,7 @@ local heads, need, asked = {}, {}, {}
 for s = A + 4, #ARGV do
   local state = ARGV[s]
   for i = 1, nslice do sweep_queue(Q[QNAMES[i]], state, before, per_queue) end
-  local _, found, missing = due_entries(K_GLOBAL[state], before, limit)
+  local _, found, missing = due_entries(K_GLOBAL[state], before, 2 * limit)
   heads[#heads + 1] = {state, found}
   for _, qn in ipairs(missing) do
     if not asked[qn] then
@@ -53,7 +55,8 @@ for _, head in ipairs(heads) do
       redis.call('ZREM', index, m)
     elseif tonumber(at) >= cutoff then
       redis.call('ZADD', index, at, m)
-    else
+    elseif not has_unfinished_kid(id) then
+      forget_links(id)
       delete_job(q, id, state)
       deleted = deleted + 1
       left = left - 1

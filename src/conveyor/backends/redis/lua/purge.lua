@@ -1,4 +1,5 @@
--- purge: delete finished jobs of one state (the client refuses unfinished states).
+-- purge: delete finished jobs of one state (the client refuses unfinished states), with their
+-- workflow keys (forget_links in _deps.lua).
 -- KEYS: the common header, then the blocks of every queue in P:queues.
 -- ARGV: n, queue names; state, queue filter ('' = every queue), mode, then
 --   mode 'ids': the job ids (each deleted only if it is in state and the queue filter);
@@ -13,6 +14,7 @@ if mode == 'ids' then
     local id = ARGV[i]
     local f = redis.call('HMGET', P_JOB .. id, 'state', 'queue')
     if f[1] == state and (only == '' or f[2] == only) then
+      forget_links(id)
       delete_job(Q[f[2]], id, state)
       deleted = deleted + 1
     end
@@ -22,7 +24,10 @@ else
   for _, qn in ipairs(QNAMES) do
     if only == '' or qn == only then
       local ids = redis.call('ZRANGE', Q[qn][state], 0, left - 1)
-      for _, id in ipairs(ids) do delete_job(Q[qn], id, state) end
+      for _, id in ipairs(ids) do
+        forget_links(id)
+        delete_job(Q[qn], id, state)
+      end
       deleted = deleted + #ids
       left = left - #ids
       if left <= 0 then more = 1 break end

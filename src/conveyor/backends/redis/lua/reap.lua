@@ -12,19 +12,40 @@
 -- KEYS: the common header, then the blocks of the queues of the expired leases (see 'need').
 -- ARGV: n, queue names; now ('' = the store's clock), limit, max_stalls
 -- Returns {'ok', {requeued ids}, {dead ids}, entries looked at}, or {'need', queue...} (nothing
--- changed) when a block is missing.
+-- changed) when a block is missing: of an expired job's queue, or of a waiting child's queue of
+-- a job that goes dead (see _deps.lua).
 local now = clock(arg(1))
 local limit = tonumber(arg(2))
 local max_stalls = tonumber(arg(3))
 for _, qn in ipairs(QNAMES) do sweep_queue(Q[qn], 'running', '(' .. num(now), limit) end
 local r, found, need = due_entries(K_LEASES, '(' .. num(now), limit)
 if #need > 0 then return {'need', unpack(need)} end
+-- The jobs that go dead with unsettled children: their children's queues must be at hand before
+-- anything is written. (Each plan is made again just before it is written: an earlier one of
+-- this call may have settled a child they share.)
+for k = 1, #found do
+  local f = redis.call('HMGET', P_JOB .. found[k][1], 'kids', 'state', 'lease_expires_at', 'held',
+    'stalls', 'attempt', 'max_attempts')
+  if f[1] and f[2] == 'running' and tonumber(f[3] or 0) < now
+      and not (f[4] ~= false and tonumber(f[5] or 0) < max_stalls)
+      and tonumber(f[6]) >= tonumber(f[7]) then
+    local _, missing = plan_children(found[k][1], 'dead')
+    for _, qn in ipairs(missing or {}) do
+      if not need[qn] then
+        need[qn] = true
+        need[#need + 1] = qn
+      end
+    end
+  end
+end
+if #need > 0 then return {'need', unpack(need)} end
 local requeued, dead, woken = {}, {}, {}
 for k = 1, #found do
   local id, q = found[k][1], found[k][2]
   local key = P_JOB .. id
   local f = redis.call('HMGET', key, 'attempt', 'max_attempts', 'worker_id', 'run_at', 'priority',
-    'fair_tag', 'concurrency_key', 'rate_key', 'state', 'lease_expires_at', 'held', 'stalls')
+    'fair_tag', 'concurrency_key', 'rate_key', 'state', 'lease_expires_at', 'held', 'stalls',
+    'kids')
   if not f[2] then
     forget_missing(q, id)  -- its hash is gone: see there
   elseif f[9] ~= 'running' then
@@ -56,9 +77,11 @@ for k = 1, #found do
     leave(q, id, 'running', nil, f[7])
     redis.call('HDEL', key, 'lease_token', 'lease_expires_at', 'held')
     if not free and attempt >= tonumber(f[2]) then
+      local plan = children_plan(id, f[13], 'dead')
       redis.call('HSET', key, 'finished_at', num(now))
       enter(q, id, key, 'dead', now)
       free_unique(key, id)
+      if plan then apply_children(plan, now) end
       dead[#dead + 1] = id
     else
       enter_available(q, id, key, tonumber(f[4]), tonumber(f[5]), tonumber(f[6] or 0), f[7], f[8])

@@ -3,17 +3,24 @@
 -- KEYS: the common header, then the block of the job's queue (a guess; see 'need').
 -- ARGV: n, queue names; now ('' = the store's clock), id, token, delay (>= 0), error members
 --   (JSON text of "kind", "type", "message", "traceback", without braces)
--- Returns {'ok', new state}, {'lost'} or {'need', queue}; the last two change nothing.
+-- Returns {'ok', new state}, {'lost'} or {'need', queue...} (its queue, or, when it goes dead,
+-- its waiting children's); the last two change nothing.
 local now = clock(arg(1))
 local id, token = arg(2), arg(3)
 local delay = tonumber(arg(4))
 local key = P_JOB .. id
-local qn, ck = fenced(key, token, now)
+local qn, ck, _, _, kids = fenced(key, token, now)
 if not qn then return {'lost'} end
 local q = Q[qn]
 if not q then return {'need', qn} end
 local f = redis.call('HMGET', key, 'attempt', 'max_attempts', 'worker_id', 'priority', 'fair_tag',
   'rate_key')
+local plan
+if tonumber(f[1]) >= tonumber(f[2]) then
+  local need
+  plan, need = children_plan(id, kids, 'dead')
+  if need then return {'need', unpack(need)} end
+end
 add_error(id, f[1], now, f[3], arg(5))
 leave(q, id, 'running', nil, ck)
 redis.call('HDEL', key, 'lease_token', 'lease_expires_at')
@@ -23,6 +30,7 @@ if tonumber(f[1]) >= tonumber(f[2]) then
   redis.call('HSET', key, 'finished_at', num(now))
   enter(q, id, key, 'dead', now)
   free_unique(key, id)
+  if plan then apply_children(plan, now) end
 else
   local run_at = now + delay
   redis.call('HSET', key, 'run_at', num(run_at))

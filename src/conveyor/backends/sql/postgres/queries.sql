@@ -26,7 +26,7 @@ WHERE %(unique_key)s::text IS NULL OR NOT EXISTS (
     SELECT 1 FROM conveyor_jobs AS d
     WHERE d.unique_key = %(unique_key)s AND d.state = 'succeeded'
       AND d.finished_at + make_interval(secs => d.unique_for) > t.now)
-ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('scheduled', 'available', 'running')
+ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('waiting', 'scheduled', 'available', 'running')
 DO NOTHING
 RETURNING id, uid, extract(epoch FROM created_at)::float8 AS at;
 
@@ -73,7 +73,7 @@ SELECT array_agg(id ORDER BY id) AS ids, array_agg(uid ORDER BY id) AS uids,
 -- Which of these keys a job holds now: an unfinished one, or a succeeded one in its window.
 SELECT DISTINCT unique_key FROM conveyor_jobs
 WHERE unique_key = ANY(%(keys)s::text[])
-  AND (state IN ('scheduled', 'available', 'running')
+  AND (state IN ('waiting', 'scheduled', 'available', 'running')
        OR (state = 'succeeded' AND finished_at + make_interval(secs => unique_for) > :NOW));
 
 -- name: take_fair_tags
@@ -102,7 +102,7 @@ SELECT count(*) AS n FROM conveyor_jobs WHERE queue = %(queue)s AND state IN ('s
 -- name: find_unique
 -- The job holding the key: the unfinished one, else the latest succeeded one in its window.
 (SELECT id, extract(epoch FROM :NOW)::float8 AS at FROM conveyor_jobs
- WHERE unique_key = %(unique_key)s AND state IN ('scheduled', 'available', 'running'))
+ WHERE unique_key = %(unique_key)s AND state IN ('waiting', 'scheduled', 'available', 'running'))
 UNION ALL
 (SELECT id, extract(epoch FROM :NOW)::float8 AS at FROM conveyor_jobs
  WHERE unique_key = %(unique_key)s AND state = 'succeeded'
@@ -475,7 +475,7 @@ SET state = 'available', attempt = 0, run_at = :NOW, finished_at = NULL, worker_
 WHERE j.id = %(id)s AND j.state = 'dead'
   AND (j.unique_key IS NULL OR NOT EXISTS (
         SELECT 1 FROM conveyor_jobs AS o
-        WHERE o.unique_key = j.unique_key AND o.state IN ('scheduled', 'available', 'running')))
+        WHERE o.unique_key = j.unique_key AND o.state IN ('waiting', 'scheduled', 'available', 'running')))
 RETURNING j.id, j.queue, j.priority, j.fair_key;
 
 -- name: redrive_all
@@ -506,7 +506,7 @@ ORDER BY id DESC;
 -- lock a step recorded inside the task's open transaction() holds on the job.
 WITH old AS (
     SELECT id, state FROM conveyor_jobs
-    WHERE id = %(id)s AND state IN ('scheduled', 'available', 'running')
+    WHERE id = %(id)s AND state IN ('waiting', 'scheduled', 'available', 'running')
     FOR NO KEY UPDATE
 )
 UPDATE conveyor_jobs AS j
@@ -516,11 +516,42 @@ RETURNING j.id, j.queue, j.concurrency_key, old.state AS was,
           CASE WHEN j.waited THEN pg_notify('conveyor_done', j.id::text) END AS told;
 
 -- name: prune
-DELETE FROM conveyor_jobs
-WHERE id IN (SELECT id FROM conveyor_jobs
-             WHERE state = %(state)s AND finished_at < :NOW - make_interval(secs => %(older_than)s::float8)
-             ORDER BY finished_at LIMIT %(limit)s
-             FOR UPDATE SKIP LOCKED);
+-- A job with an unfinished child stays (the child may read its result); only a job some job
+-- was enqueued after (has_children) pays for that check. The deleted jobs' edges go with them
+-- (no foreign keys: see 010_workflows.sql), and the batches they named come back for
+-- prune_batches.
+WITH gone AS (
+    DELETE FROM conveyor_jobs
+    WHERE id IN (SELECT j.id FROM conveyor_jobs AS j
+                 WHERE j.state = %(state)s
+                   AND j.finished_at < :NOW - make_interval(secs => %(older_than)s::float8)
+                   AND (NOT j.has_children OR NOT EXISTS (
+                        SELECT 1 FROM conveyor_edges AS e JOIN conveyor_jobs AS c ON c.id = e.child_id
+                        WHERE e.parent_id = j.id
+                          AND c.state IN ('waiting', 'scheduled', 'available', 'running')))
+                 ORDER BY j.finished_at LIMIT %(limit)s
+                 FOR UPDATE SKIP LOCKED)
+    RETURNING id, has_children, parents, batch_id, callback_of
+), as_parent AS (
+    DELETE FROM conveyor_edges WHERE parent_id IN (SELECT id FROM gone WHERE has_children)
+), as_child AS (
+    DELETE FROM conveyor_edges AS e
+    USING (SELECT g.id, p.id AS parent_id FROM gone AS g, unnest(g.parents) AS p(id)) AS x
+    WHERE e.parent_id = x.parent_id AND e.child_id = x.id
+)
+SELECT (SELECT count(*) FROM gone) AS n,
+       ARRAY(SELECT DISTINCT b FROM gone, LATERAL (VALUES (batch_id), (callback_of)) AS v(b)
+             WHERE b IS NOT NULL) AS batches;
+
+-- name: prune_batches
+-- Batch records whose last member, callback and nested batch are gone; their enclosing
+-- batches are asked next.
+DELETE FROM conveyor_batches AS b
+WHERE b.id = ANY(%(ids)s::text[])
+  AND NOT EXISTS (SELECT 1 FROM conveyor_jobs AS j WHERE j.batch_id = b.id)
+  AND NOT EXISTS (SELECT 1 FROM conveyor_jobs AS j WHERE j.callback_of = b.id)
+  AND NOT EXISTS (SELECT 1 FROM conveyor_batches AS c WHERE c.parent_id = b.id)
+RETURNING b.parent_id;
 
 -- name: prune_fair_tags
 -- A fair key whose last tag is at or below its round's vtime starts from vtime anyway: its
@@ -569,9 +600,24 @@ FROM (SELECT 1) AS one
 LEFT JOIN conveyor_steps AS s ON s.job_id = %(id)s AND s.step = %(step)s;
 
 -- name: purge
-DELETE FROM conveyor_jobs
-WHERE state = %(state)s AND (%(queue)s::text IS NULL OR queue = %(queue)s)
-  AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]));
+-- As prune, the deleted jobs' edges go with them and their batches come back for prune_batches.
+-- A purge is an operator's order: a job is deleted even if a child of it is unfinished (that
+-- child's parent_results() then lacks it).
+WITH gone AS (
+    DELETE FROM conveyor_jobs
+    WHERE state = %(state)s AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+    RETURNING id, has_children, parents, batch_id, callback_of
+), as_parent AS (
+    DELETE FROM conveyor_edges WHERE parent_id IN (SELECT id FROM gone WHERE has_children)
+), as_child AS (
+    DELETE FROM conveyor_edges AS e
+    USING (SELECT g.id, p.id AS parent_id FROM gone AS g, unnest(g.parents) AS p(id)) AS x
+    WHERE e.parent_id = x.parent_id AND e.child_id = x.id
+)
+SELECT (SELECT count(*) FROM gone) AS n,
+       ARRAY(SELECT DISTINCT b FROM gone, LATERAL (VALUES (batch_id), (callback_of)) AS v(b)
+             WHERE b IS NOT NULL) AS batches;
 
 -- name: stats_now
 SELECT extract(epoch FROM :NOW)::float8 AS now;
@@ -583,7 +629,7 @@ SELECT queue, state, count(*) AS n FROM conveyor_jobs GROUP BY queue, state;
 -- Reads the (state, queue, id) index for these states only: cost follows the backlog and
 -- the dead-letter queue, not the retained history.
 SELECT queue, state, count(*) AS n FROM conveyor_jobs
-WHERE state IN ('scheduled', 'available', 'running', 'dead') GROUP BY queue, state;
+WHERE state IN ('waiting', 'scheduled', 'available', 'running', 'dead') GROUP BY queue, state;
 
 -- name: due_scheduled
 SELECT queue, count(*) AS n, extract(epoch FROM min(run_at))::float8 AS oldest FROM conveyor_jobs
@@ -624,3 +670,91 @@ DELETE FROM conveyor_workers WHERE id = %(id)s;
 SELECT id, queues, concurrency, host, pid, started_at, extract(epoch FROM last_seen)::float8 AS last_seen,
        running, stuck
 FROM conveyor_workers WHERE last_seen >= :NOW - make_interval(secs => %(ttl)s::float8) ORDER BY started_at;
+
+-- name: insert_batches
+INSERT INTO conveyor_batches (id, parent_id, created_at)
+SELECT b.id, b.parent_id, :NOW
+FROM unnest(%(ids)s::text[], %(parent_ids)s::text[]) WITH ORDINALITY AS b(id, parent_id, ord)
+ORDER BY b.ord;
+
+-- name: link_parents
+-- A job enqueued after these: lock them in id order and mark them has_children, so that the
+-- settling trigger (010_workflows.sql) fires when each finishes. READ COMMITTED: a parent
+-- whose finish committed while this waited for its lock comes back in its new state (counted
+-- here as finished); one that finishes after this commits fires the trigger, which sees the
+-- child. Unknown ids are missing from the rows.
+WITH locked AS MATERIALIZED (
+    SELECT id, state, has_children FROM conveyor_jobs
+    WHERE id = ANY(%(ids)s::bigint[])
+    ORDER BY id
+    FOR NO KEY UPDATE
+), marked AS (
+    UPDATE conveyor_jobs AS j SET has_children = true
+    FROM locked WHERE j.id = locked.id AND NOT locked.has_children
+)
+SELECT id, state FROM locked;
+
+-- name: insert_after
+-- A job of a workflow (parents, a batch, a callback): as insert, with its state decided by the
+-- caller from its parents' states (link_parents) and its edges written in the same statement.
+-- failed_parent: a parent already dead or cancelled, for a child that is cancelled with it.
+WITH ins AS (
+INSERT INTO conveyor_jobs (queue, task, args, state, priority, run_at, max_attempts, timeout_s,
+                           unique_key, meta, created_at, fair_key, fair_tag, unique_for,
+                           concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period,
+                           has_children, parents, parents_left, on_parent_failure, batch_id,
+                           callback_of, finished_at, errors)
+SELECT %(queue)s, %(task)s, %(args)s::json,
+       CASE WHEN %(failed_parent)s::bigint IS NOT NULL THEN 'cancelled'
+            WHEN %(parents_left)s::integer > 0 THEN 'waiting'
+            WHEN r.run_at > t.now THEN 'scheduled' ELSE 'available' END,
+       %(priority)s, r.run_at, %(max_attempts)s, %(timeout_s)s, %(unique_key)s, %(meta)s::jsonb, t.now,
+       %(fair_key)s,
+       coalesce(%(fair_tag)s::bigint,
+                (SELECT c.vtime + 1 FROM conveyor_queue_clock AS c
+                 WHERE c.queue = %(queue)s AND c.priority = %(priority)s), 1),
+       %(unique_for)s::float8,
+       %(concurrency_key)s, %(concurrency_limit)s::integer, %(rate_key)s, %(rate_limit)s::integer,
+       %(rate_period)s::float8,
+       %(has_children)s::boolean, %(parents)s::bigint[], %(parents_left)s::integer,
+       %(on_parent_failure)s::text, %(batch_id)s::text, %(callback_of)s::text,
+       CASE WHEN %(failed_parent)s::bigint IS NOT NULL THEN t.now END,
+       CASE WHEN %(failed_parent)s::bigint IS NULL THEN '[]'::jsonb
+            ELSE jsonb_build_array(jsonb_build_object(
+                'attempt', 0, 'at', extract(epoch FROM t.now)::float8, 'kind', 'parent_failed',
+                'type', 'ParentFailed',
+                'message', 'parent job ' || %(failed_parent)s::bigint || ' went dead or was cancelled',
+                'traceback', '', 'worker_id', NULL)) END
+FROM (SELECT :NOW AS now) AS t,
+     LATERAL (SELECT coalesce(to_timestamp(%(run_at)s::float8),
+                              t.now + make_interval(secs => %(delay)s::float8)) AS run_at) AS r
+WHERE %(unique_key)s::text IS NULL OR NOT EXISTS (
+    SELECT 1 FROM conveyor_jobs AS d
+    WHERE d.unique_key = %(unique_key)s AND d.state = 'succeeded'
+      AND d.finished_at + make_interval(secs => d.unique_for) > t.now)
+ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('waiting', 'scheduled', 'available', 'running')
+DO NOTHING
+RETURNING id, uid, state, created_at
+), edges AS (
+    INSERT INTO conveyor_edges (parent_id, child_id, done)
+    SELECT p.id, ins.id, p.done
+    FROM ins, unnest(%(parent_ids)s::bigint[], %(parent_done)s::boolean[]) AS p(id, done)
+)
+SELECT id, uid, state, extract(epoch FROM created_at)::float8 AS at FROM ins;
+
+-- name: get_batch
+-- A batch's counts over its members and the members of the batches nested in it, at any depth.
+WITH RECURSIVE tree AS (
+    SELECT id FROM conveyor_batches WHERE id = %(id)s
+    UNION
+    SELECT b.id FROM conveyor_batches AS b JOIN tree ON b.parent_id = tree.id
+)
+SELECT b.id, b.parent_id, extract(epoch FROM b.created_at)::float8 AS created_at,
+       (SELECT coalesce(json_object_agg(s.state, s.n), '{}'::json)
+        FROM (SELECT j.state, count(*) AS n FROM conveyor_jobs AS j
+              WHERE j.batch_id IN (SELECT id FROM tree) GROUP BY j.state) AS s) AS counts,
+       (SELECT min(j.id) FROM conveyor_jobs AS j
+        WHERE j.callback_of = b.id AND j.on_parent_failure = 'cancel') AS on_success,
+       (SELECT min(j.id) FROM conveyor_jobs AS j
+        WHERE j.callback_of = b.id AND j.on_parent_failure = 'run') AS on_complete
+FROM conveyor_batches AS b WHERE b.id = %(id)s;

@@ -18,16 +18,118 @@ INSERT INTO conveyor_jobs (queue, task, args, state, priority, run_at, max_attem
                            unique_key, meta, created_at, fair_key, fair_tag, unique_for,
                            concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period, uid)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('scheduled', 'available', 'running')
+ON CONFLICT (unique_key)
+    WHERE unique_key IS NOT NULL AND state IN ('waiting', 'scheduled', 'available', 'running')
 DO NOTHING
 RETURNING id;
+
+-- name: insert_flow
+-- A job with parents or in a batch: the values of insert, then parents, waiting_on,
+-- on_parent_failure, batch_id, callback_of, finished_at and errors (a child cancelled at once).
+INSERT INTO conveyor_jobs (queue, task, args, state, priority, run_at, max_attempts, timeout_s,
+                           unique_key, meta, created_at, fair_key, fair_tag, unique_for,
+                           concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period, uid,
+                           parents, waiting_on, on_parent_failure, batch_id, callback_of,
+                           finished_at, errors)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
+
+-- name: insert_flow_unique
+-- Values as in insert_flow.
+INSERT INTO conveyor_jobs (queue, task, args, state, priority, run_at, max_attempts, timeout_s,
+                           unique_key, meta, created_at, fair_key, fair_tag, unique_for,
+                           concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period, uid,
+                           parents, waiting_on, on_parent_failure, batch_id, callback_of,
+                           finished_at, errors)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (unique_key)
+    WHERE unique_key IS NOT NULL AND state IN ('waiting', 'scheduled', 'available', 'running')
+DO NOTHING
+RETURNING id;
+
+-- name: parent_states
+SELECT id, state FROM conveyor_jobs WHERE id IN (SELECT value FROM json_each(:ids));
+
+-- name: add_edge
+INSERT INTO conveyor_job_deps (parent_id, child_id, settled) VALUES (?, ?, ?)
+ON CONFLICT (parent_id, child_id) DO NOTHING;
+
+-- name: mark_parents
+UPDATE conveyor_jobs SET has_children = 1
+WHERE id IN (SELECT value FROM json_each(:ids)) AND NOT has_children;
+
+-- name: add_batch
+INSERT INTO conveyor_batches (id, parent_id, created_at) VALUES (:id, :parent_id, :now);
+
+-- name: add_batch_member
+INSERT INTO conveyor_batch_jobs (batch_id, job_id) VALUES (?, ?);
+
+-- name: set_on_success
+UPDATE conveyor_batches SET on_success = :job_id WHERE id = :batch_id;
+
+-- name: set_on_complete
+UPDATE conveyor_batches SET on_complete = :job_id WHERE id = :batch_id;
+
+-- name: settle_edges
+-- A parent finished: the children its finish has not been counted for yet.
+UPDATE conveyor_job_deps SET settled = 1 WHERE parent_id = :parent AND NOT settled
+RETURNING child_id;
+
+-- name: settle_cancel
+-- A parent went dead or was cancelled: its waiting children that do not run anyway.
+UPDATE conveyor_jobs
+SET state = 'cancelled', finished_at = :now,
+    errors = json_insert(errors, '$[#]', json_object(
+        'attempt', attempt, 'at', :now, 'kind', 'parent_failed', 'type', 'ParentFailed',
+        'message', :message, 'traceback', '', 'worker_id', NULL))
+WHERE id IN (SELECT value FROM json_each(:children)) AND state = 'waiting'
+  AND on_parent_failure = 'cancel'
+RETURNING id, has_children;
+
+-- name: settle_done
+-- One parent fewer to wait for; the last one makes the child due (or scheduled).
+UPDATE conveyor_jobs
+SET waiting_on = waiting_on - 1,
+    state = CASE WHEN waiting_on > 1 THEN 'waiting'
+                 WHEN run_at > :now THEN 'scheduled' ELSE 'available' END
+WHERE id IN (SELECT value FROM json_each(:children)) AND state = 'waiting'
+RETURNING id, state;
+
+-- name: batch
+SELECT id, parent_id, created_at, on_success, on_complete FROM conveyor_batches WHERE id = :id;
+
+-- name: batch_counts
+-- Members of the batch and of the batches nested in it, at any depth.
+WITH RECURSIVE tree(id) AS (
+    SELECT :id
+    UNION SELECT b.id FROM conveyor_batches AS b JOIN tree ON b.parent_id = tree.id)
+SELECT j.state, count(*) AS n
+FROM conveyor_batch_jobs AS m JOIN conveyor_jobs AS j ON j.id = m.job_id
+WHERE m.batch_id IN (SELECT id FROM tree)
+GROUP BY j.state;
+
+-- name: forget_children
+DELETE FROM conveyor_job_deps WHERE parent_id = ?;
+
+-- name: forget_parent
+DELETE FROM conveyor_job_deps WHERE parent_id = ? AND child_id = ?;
+
+-- name: forget_member
+DELETE FROM conveyor_batch_jobs WHERE batch_id = ? AND job_id = ?;
+
+-- name: forget_batch
+-- A batch goes with its last member, once no batch nested in it is left either.
+DELETE FROM conveyor_batches
+WHERE id = :id
+  AND NOT EXISTS (SELECT 1 FROM conveyor_batch_jobs WHERE batch_id = :id)
+  AND NOT EXISTS (SELECT 1 FROM conveyor_batches WHERE parent_id = :id)
+RETURNING parent_id;
 
 -- name: depth
 SELECT count(*) AS n FROM conveyor_jobs WHERE queue = :queue AND state IN ('scheduled', 'available');
 
 -- name: find_unique
 SELECT id FROM conveyor_jobs
-WHERE unique_key = :unique_key AND state IN ('scheduled', 'available', 'running');
+WHERE unique_key = :unique_key AND state IN ('waiting', 'scheduled', 'available', 'running');
 
 -- name: unique_done
 -- A succeeded job still answers for its key until finished_at + unique_for.
@@ -157,7 +259,8 @@ WHERE id = :id AND lease_token = :token AND state = 'running' AND lease_expires_
 UPDATE conveyor_jobs
 SET state = 'succeeded', result = :result, finished_at = :now,
     lease_token = NULL, lease_expires_at = NULL
-WHERE id = :id AND lease_token = :token AND state = 'running' AND lease_expires_at >= :now;
+WHERE id = :id AND lease_token = :token AND state = 'running' AND lease_expires_at >= :now
+RETURNING has_children;
 
 -- name: retry
 UPDATE conveyor_jobs
@@ -170,7 +273,7 @@ SET state = CASE WHEN attempt >= max_attempts THEN 'dead'
                          '$[#]', json(:error)),
     lease_token = NULL, lease_expires_at = NULL
 WHERE id = :id AND lease_token = :token AND state = 'running' AND lease_expires_at >= :now
-RETURNING state;
+RETURNING state, has_children;
 
 -- name: kill
 UPDATE conveyor_jobs
@@ -179,7 +282,8 @@ SET state = 'dead', finished_at = :now,
                               THEN json_remove(errors, '$[0]') ELSE errors END,
                          '$[#]', json(:error)),
     lease_token = NULL, lease_expires_at = NULL
-WHERE id = :id AND lease_token = :token AND state = 'running' AND lease_expires_at >= :now;
+WHERE id = :id AND lease_token = :token AND state = 'running' AND lease_expires_at >= :now
+RETURNING has_children;
 
 -- name: release
 UPDATE conveyor_jobs
@@ -215,7 +319,7 @@ SET state = CASE WHEN held AND stalls < :max_stalls THEN 'available'
 WHERE id IN (SELECT id FROM conveyor_jobs
              WHERE state = 'running' AND lease_expires_at < :now
              ORDER BY lease_expires_at LIMIT :limit)
-RETURNING id, queue, state;
+RETURNING id, queue, state, has_children;
 
 -- name: count_up
 INSERT INTO conveyor_counters (queue, name, value) VALUES (:queue, :name, :n)
@@ -233,7 +337,8 @@ SET state = 'available', attempt = 0, run_at = :now, finished_at = NULL, worker_
 WHERE id = :id AND state = 'dead'
   AND (unique_key IS NULL OR NOT EXISTS (
         SELECT 1 FROM conveyor_jobs AS o
-        WHERE o.unique_key = conveyor_jobs.unique_key AND o.state IN ('scheduled', 'available', 'running')))
+        WHERE o.unique_key = conveyor_jobs.unique_key
+          AND o.state IN ('waiting', 'scheduled', 'available', 'running')))
 RETURNING id, queue, priority, fair_key;
 
 -- name: redrive_all
@@ -254,13 +359,22 @@ ORDER BY id DESC;
 -- name: cancel
 UPDATE conveyor_jobs
 SET state = 'cancelled', finished_at = :now, lease_token = NULL, lease_expires_at = NULL
-WHERE id = :id AND state IN ('scheduled', 'available', 'running');
+WHERE id = :id AND state IN ('waiting', 'scheduled', 'available', 'running')
+RETURNING has_children;
 
 -- name: prune
+-- A finished parent stays while a child of its is unfinished (the child may read its result).
+-- Only rows that have children look at them.
 DELETE FROM conveyor_jobs
-WHERE id IN (SELECT id FROM conveyor_jobs
+WHERE id IN (SELECT id FROM conveyor_jobs AS p
              WHERE state = :state AND finished_at < :before
-             ORDER BY finished_at LIMIT :limit);
+               AND CASE WHEN has_children THEN NOT EXISTS (
+                       SELECT 1 FROM conveyor_job_deps AS d JOIN conveyor_jobs AS c ON c.id = d.child_id
+                       WHERE d.parent_id = p.id
+                         AND c.state IN ('waiting', 'scheduled', 'available', 'running'))
+                   ELSE 1 END
+             ORDER BY finished_at LIMIT :limit)
+RETURNING id, has_children, parents, batch_id;
 
 -- name: count_by_state
 SELECT queue, state, count(*) AS n FROM conveyor_jobs GROUP BY queue, state;
@@ -269,7 +383,7 @@ SELECT queue, state, count(*) AS n FROM conveyor_jobs GROUP BY queue, state;
 -- Reads the (state, queue, id) index for these states only: cost follows the backlog and
 -- the dead-letter queue, not the retained history.
 SELECT queue, state, count(*) AS n FROM conveyor_jobs
-WHERE state IN ('scheduled', 'available', 'running', 'dead') GROUP BY queue, state;
+WHERE state IN ('waiting', 'scheduled', 'available', 'running', 'dead') GROUP BY queue, state;
 
 -- name: due_scheduled
 SELECT queue, count(*) AS n, min(run_at) AS oldest FROM conveyor_jobs
