@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import sys
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from . import payload, tracing
@@ -203,6 +205,10 @@ class Conveyor:
         """Register a function as a task: ``@app.task`` or
         ``@app.task(queue="emails", max_attempts=5)``.
 
+        Its name is ``name=``, else ``module.function``, where a function defined in the script
+        being run is named after the script's file, as the worker imports it (``tasks.send``
+        for ``python tasks.py``, not ``__main__.send``).
+
         ``concurrency_limit=N``: at most N of its jobs run at once across all workers;
         ``rate_limit="100/m"``: at most 100 start per minute. Both are kept by the store and
         keyed by the task's name; per call, ``options(concurrency_key=..., rate_key=...)``
@@ -217,7 +223,7 @@ class Conveyor:
         dead_filter = exception_classes(dead_on, "dead_on") if dead_on is not None else ()
 
         def register(f: Callable[..., Any]) -> Task[Any, Any]:
-            task_name = name if name is not None else f"{f.__module__}.{f.__qualname__}"
+            task_name = name if name is not None else f"{module_name(f)}.{f.__qualname__}"
             if task_name in self.tasks and self.tasks[task_name].fn is not f:
                 raise ConfigurationError(
                     f"a different function is already registered as task {task_name!r}")
@@ -384,3 +390,20 @@ class Conveyor:
 
     def __repr__(self) -> str:
         return f"<Conveyor {redact_url(self.url)} tasks={len(self.tasks)}>"
+
+
+def module_name(f: Callable[..., Any]) -> str:
+    """The module a task's default name starts with. A function defined in the script being run
+    (``python tasks.py``, ``python -m tasks``) has ``__module__ == "__main__"``, while the worker
+    imports the same file as ``tasks``: named ``__main__.f``, every job enqueued by the script
+    would be an unknown task to the worker. So ``__main__`` is named as the worker imports it:
+    the module ``-m`` ran, else the script file's name."""
+    module = getattr(f, "__module__", None) or "?"
+    if module != "__main__":
+        return module
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name and spec.name != "__main__":
+        return str(spec.name)
+    path = getattr(main, "__file__", None)
+    return Path(path).stem if path else module

@@ -28,9 +28,10 @@ def test_the_first_example_does_what_the_page_says(tmp_path: Path,
     import workflows  # type: ignore[import-not-found]
 
     try:
+        assert workflows.app.backend.list_jobs().jobs == []  # importing enqueues nothing
+        steps, b = workflows.start()
         drain(workflows.app)
-        last = workflows.app.get_job(workflows.steps[-1].id)
-        b = workflows.b
+        last = workflows.app.get_job(steps[-1].id)
         assert b.on_success_job is not None and b.on_complete_job is not None
         report = workflows.app.get_job(b.on_success_job.id)
         cleanup = workflows.app.get_job(b.on_complete_job.id)
@@ -39,7 +40,7 @@ def test_the_first_example_does_what_the_page_says(tmp_path: Path,
         sys.modules.pop("workflows", None)
     said = re.search(r'`steps\[-1\]\.wait\(\)` gives\s+`"(.*?)"`', text)
     assert said is not None and last.result == said.group(1)
-    said = re.search(r'`b\.on_success_job\.wait\(\)` gives `"(.*?)"`', text)
+    said = re.search(r'`b\.on_success_job\.wait\(\)` gives\s+`"(.*?)"`', text)
     assert said is not None and report.result == said.group(1)
     assert cleanup.state is JobState.SUCCEEDED
     assert os.path.exists(tmp_path / "workflows.db")
