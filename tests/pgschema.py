@@ -21,8 +21,13 @@ from conveyor.backends.sql import load_migrations
 # The enqueue statement as producers of a version before job uids (migration 008) send it: the
 # current one returns the uid column, which a store being upgraded does not have yet. Newer
 # processes migrate before they enqueue; older ones go on writing during the migration.
-PRE_UID_ENQUEUE_ONE = ENQUEUE_ONE.replace(b"ins.uid, ", b"").replace(b"RETURNING id, uid, ", b"RETURNING id, ")
+# The enqueue of a version before job uids and before the waiting state (whose unique index
+# covers three states: migration 012 added 'waiting'), as such a producer still sends it.
+PRE_UID_ENQUEUE_ONE = (ENQUEUE_ONE.replace(b"ins.uid, ", b"").replace(b"RETURNING id, uid, ", b"RETURNING id, ")
+                       .replace(b"state IN ('waiting', 'scheduled', 'available', 'running')",
+                                b"state IN ('scheduled', 'available', 'running')"))
 assert PRE_UID_ENQUEUE_ONE.count(b"uid") == 0
+assert PRE_UID_ENQUEUE_ONE.count(b"'waiting'") == 0
 
 # The scripts of the versions a user may still be at (version 3 is the last one before the
 # json columns); these files never change once shipped.
