@@ -82,10 +82,10 @@ import contextlib
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 
-from ..errors import LeaseLost
-from ..job import Job, JobState
 from ..bulk import BULK_BATCH, BulkAction, BulkResult, JobFilter, run_batch
 from ..errorgroups import ErrorGroups, Grouper
+from ..errors import LeaseLost
+from ..job import Job, JobState
 from .capabilities import (
     CronStore,
     LoopClaims,

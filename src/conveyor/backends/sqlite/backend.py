@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any
 
+from ...errorgroups import ErrorGroups
 from ...errors import JobNotFound, LeaseLost, StoreError
 from ...job import Job, JobState
-from ...errorgroups import ErrorGroups
 from ..base import (
     ERROR_GROUP_SCAN,
     MAX_STALLS,
@@ -37,8 +37,8 @@ from ..base import (
     new_claim_id,
     queue_stats_from_rows,
 )
-from .connection import EnqueueGroup, Q, SqliteConnections, translate
 from . import groups
+from .connection import EnqueueGroup, Q, SqliteConnections, translate
 from .flow import Settled, forget, read_batch, settle
 from .writes import FairTags, ack_in, claim_in, enqueue_in, row_to_job, step_path
 
