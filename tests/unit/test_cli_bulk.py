@@ -85,11 +85,11 @@ def test_bulk_cancel_with_yes_and_a_time_range(tmp_path: Path) -> None:
     assert code == 0 and "0 job(s) match" in out  # delete takes finished jobs only
 
 
-def test_parse_time() -> None:
+def test_parse_time(tmp_path: Path) -> None:
     assert parse_time(None, 1000.0) is None
     assert parse_time("90s", 1000.0) == 910.0
     assert parse_time("2h", 10_000.0) == 10_000.0 - 7200
     assert parse_time("1700000000", 0) == 1_700_000_000.0
     assert parse_time("2023-11-14T22:13:20", 0) == 1_700_000_000.0
-    code, out = invoke("sqlite:///:memory:", "jobs", "bulk", "cancel", "--since", "soon")
+    code, out = invoke(store(tmp_path)[0], "jobs", "bulk", "cancel", "--since", "soon")
     assert code != 0 and "30m, 2h, 7d" in out
