@@ -104,7 +104,7 @@ class BulkPages(Rendering):
                               "No job has this error now (redriven, purged, or the key is "
                               "wrong).")
         where = JobFilter(state=state, task=group.task, error_group=key)
-        jobs, _, more = bulk.select(self.d.backend, BulkAction.RETRY, where, limit=GROUP_JOBS,
+        jobs, _looked, more = bulk.select(self.d.backend, BulkAction.RETRY, where, limit=GROUP_JOBS,
                                     cursor=None, scan=bulk.COUNT_SCAN)
         return self.render(request, "error_group.html", now=self.d.backend.now(), group=group,
                            jobs=jobs, more=more is not None, state=state.value,
