@@ -82,6 +82,8 @@ import contextlib
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 
+from ..bulk import BULK_BATCH, BulkAction, BulkResult, JobFilter, run_batch
+from ..errorgroups import ErrorGroups, Grouper
 from ..errors import LeaseLost
 from ..job import Job, JobState
 from .capabilities import (
@@ -139,6 +141,7 @@ CLAIM_SCAN = 1000  # waiting jobs a claim may look at when limits hold some back
 # counts as an attempt, so a job that keeps getting lost unstarted still ends (as BullMQ's
 # maxStalledCount bounds its stalls).
 MAX_STALLS = 3
+ERROR_GROUP_SCAN = 10_000  # jobs Backend.error_groups looks at, at most, by default
 
 
 class StoreLock(abc.ABC):
@@ -351,6 +354,52 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def cancel(self, job_id: int, *, now: float | None = None) -> bool:
         """Cancel an unfinished job. A running job loses its lease, so its worker stops it."""
+
+    # -- error groups and bulk actions (issue 38) -------------------------------------------
+    def error_groups(self, *, state: JobState = JobState.DEAD, queue: str | None = None,
+                     task: str | None = None, limit: int = 100,
+                     scan: int = ERROR_GROUP_SCAN) -> ErrorGroups:
+        """Jobs grouped by the cause of their last error: (task, error type, message normalised
+        by ``errorgroups.normalise``), most jobs first, at most ``limit`` groups, each with its
+        count, first and last failure time and its newest job's id.
+
+        ``state``: ``dead`` (the default), or ``scheduled`` for failed jobs waiting for a retry
+        (a scheduled job without errors is left out). Bounded: looks at no more than ``scan``
+        jobs, the newest (SQL stores: the latest finished dead jobs, or the scheduled ones due
+        soonest, by an index over that state; the default walks ``list_jobs`` pages). Past
+        that, ``complete`` is False and the counts are of the jobs looked at."""
+        if state not in (JobState.DEAD, JobState.SCHEDULED):
+            raise ValueError(f"error groups are of dead or scheduled jobs, not {state}")
+        check_filters(queue=queue, task=task)
+        grouper = Grouper()
+        cursor: int | None = None
+        looked = 0
+        while looked < scan:
+            page = self.list_jobs(state=state, queue=queue, task=task, cursor=cursor,
+                                  limit=min(500, scan - looked))
+            looked += max(len(page.jobs), 1)
+            grouper.add_jobs(page.jobs)
+            if page.next_cursor is None:
+                return grouper.result(limit, complete=True)
+            cursor = page.next_cursor
+        return grouper.result(limit, complete=False)
+
+    def make_due(self, job_ids: Sequence[int], *, now: float | None = None) -> int:
+        """The ``scheduled`` jobs among ``job_ids`` become ``available`` now (``run_at`` =
+        now), in one atomic write: a bulk "run now", or "retry now" of failed jobs waiting for
+        their backoff. Jobs in any other state are left alone. Returns how many changed."""
+        raise NotImplementedError(f"{type(self).__name__} cannot make jobs due yet")
+
+    def bulk(self, action: BulkAction, where: JobFilter, *, limit: int = BULK_BATCH,
+             cursor: int | None = None, now: float | None = None) -> BulkResult:
+        """One batch of a bulk action on the jobs ``where`` selects: ``retry`` (dead jobs are
+        redriven, scheduled ones that failed become due now), ``run_now`` (scheduled jobs become
+        due now), ``cancel`` (unfinished jobs; a waiting one cascades) or ``delete`` (finished
+        jobs). Acts on at most ``limit`` jobs and looks at no more than ``max(4 * limit,
+        2000)``, walking ``list_jobs`` pages newest first from ``cursor``; the batch is written
+        by ``redrive``/``make_due``/``purge`` (one atomic write each) or ``cancel`` (one per
+        job). Call again with the result's ``cursor`` until it is None."""
+        return run_batch(self, BulkAction(action), where, limit=limit, cursor=cursor, now=now)
 
     # -- waiting for one job to finish (FinishWaits) ---------------------------------------
     finish_poll: tuple[float, float] = (0.01, 1.0)

@@ -16,6 +16,7 @@ import click
 
 from ..errors import ConveyorError
 from ..health import health_command
+from .commands import bulk as _bulk  # noqa: F401 - adds `jobs bulk` and `dlq groups`
 from .commands.alerts import alerts
 from .commands.batches import batches
 from .commands.cron import cron, cron_list

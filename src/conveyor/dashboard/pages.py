@@ -15,6 +15,7 @@ from ..cron import tick_of
 from ..job import Job, JobState
 from . import charts, search
 from . import formatting as fmt
+from .bulkpages import BulkPages
 from .params import (
     JobsQuery,
     one,
@@ -40,6 +41,10 @@ MAX_BATCH_ID_CHARS = 255  # app.batch ids are 32 hex digits: anything far longer
 class Pages(Rendering):
     """The routes. Handlers are plain functions run on the thread pool (backends are sync)."""
 
+    @property
+    def _bulk(self) -> BulkPages:
+        return BulkPages(self.d)
+
     def routes(self) -> list[Route | Mount]:
         get, post = ["GET", "HEAD"], ["POST"]
         return [
@@ -53,6 +58,7 @@ class Pages(Rendering):
             Route("/dead", self._page(self.dead), methods=get, name="dead"),
             Route("/dead/{action}", self._page(self.dead_action, form=True), methods=post,
                   name="dead_action"),
+            *self._bulk.routes(),
             Route("/workers", self._page(self.workers), methods=get, name="workers"),
             Route("/cron", self._page(self.cron), methods=get, name="cron"),
             Route("/login", self._page(self.login), methods=get, name="login"),
@@ -209,8 +215,10 @@ class Pages(Rendering):
         by_queue = [(q.queue, q.dead) for q in stats.queues if q.dead]
         total = sum(n for _, n in by_queue)
         in_scope = dict(by_queue).get(query.queue, 0) if query.queue else total
+        groups = self._bulk.groups() if query.cursor is None else None
         return self.render(request, "dead.html", now=stats.now, query=query, page=page,
-                           by_queue=by_queue, total=total, in_scope=in_scope, nav_dead=total)
+                           by_queue=by_queue, total=total, in_scope=in_scope, nav_dead=total,
+                           groups=groups)
 
     def dead_action(self, request: Request, form: dict[str, list[str]]) -> Response:
         action = str(request.path_params["action"])

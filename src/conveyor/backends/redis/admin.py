@@ -138,6 +138,15 @@ class AdminMixin(RedisCore):
             on_complete=int(on_complete) if on_complete else None,
         )
 
+    def make_due(self, job_ids: Sequence[int], *, now: float | None = None) -> int:
+        ids = [int(i) for i in job_ids]
+        total = 0
+        for start in range(0, len(ids), BATCH):
+            args = [self._now_arg(now), *ids[start:start + BATCH]]
+            res = self._run("make_due", self._all_queues(), args, safe=True, all_queues=True)
+            total += int(res[1])
+        return total
+
     def cancel(self, job_id: int, *, now: float | None = None) -> bool:
         res = self._run("cancel", self._guess([job_id]), [self._now_arg(now), int(job_id)],
                         safe=False)

@@ -15,9 +15,11 @@ import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any
 
+from ...errorgroups import ErrorGroups
 from ...errors import JobNotFound, LeaseLost, StoreError
 from ...job import Job, JobState
 from ..base import (
+    ERROR_GROUP_SCAN,
     MAX_STALLS,
     Backend,
     BatchInfo,
@@ -35,6 +37,7 @@ from ..base import (
     new_claim_id,
     queue_stats_from_rows,
 )
+from . import groups
 from .connection import EnqueueGroup, Q, SqliteConnections, translate
 from .flow import Settled, forget, read_batch, settle
 from .writes import FairTags, ack_in, claim_in, enqueue_in, row_to_job, step_path
@@ -453,6 +456,29 @@ class SqliteBackend(SqliteConnections, Backend):
         if row is not None:
             self._finished((job_id,), settled)
         return row is not None
+
+    # -- error groups and bulk actions -------------------------------------------------
+    def error_groups(self, *, state: JobState = JobState.DEAD, queue: str | None = None,
+                     task: str | None = None, limit: int = 100,
+                     scan: int = ERROR_GROUP_SCAN) -> ErrorGroups:
+        state = JobState(state)
+        if state not in (JobState.DEAD, JobState.SCHEDULED):
+            raise ValueError(f"error groups are of dead or scheduled jobs, not {state}")
+        check_filters(queue=queue, task=task)
+        try:
+            with self._using() as conn:
+                return groups.error_groups(conn, str(state), queue, task, limit, scan)
+        except sqlite3.Error as exc:
+            raise translate(exc, "read failed") from exc
+
+    def make_due(self, job_ids: Sequence[int], *, now: float | None = None) -> int:
+        if not job_ids:
+            return 0
+        with self._write(now) as (conn, t):
+            n = groups.make_due(conn, job_ids, t)
+        if n:
+            self._signal.fire()
+        return n
 
     @contextlib.contextmanager
     def finish_watch(self, job_id: int) -> Iterator[Callable[[float], None]]:
