@@ -17,6 +17,17 @@ Policies, stated once:
   first valid time after it (croniter's rule).
 * The job carries its tick: ``job.meta["cron"] = {"schedule", "tick", "timezone"}`` and
   ``current_job().cron_tick`` (an aware datetime in the schedule's timezone).
+
+Controls, kept in the store so every scheduler, the CLI and the dashboard agree (see
+``Backend.set_cron_enabled`` and ``cron_states``):
+
+* A disabled schedule enqueues nothing from any scheduler: the store checks it in the same
+  atomic operation that takes a tick, and takes the tick without a job. Enabling it resumes
+  from its first tick after that moment: the ticks it missed while disabled never run.
+* The store keeps the id of the job of each schedule's latest tick (``last_job_id``).
+* :func:`run_now` enqueues a schedule's job at once, outside its tick series: the schedule's
+  recorded tick and last job stay as they are, and ``meta["cron"]["manual"]`` is true (its
+  ``tick`` is the time it was asked for). It works on a disabled schedule too.
 """
 
 from __future__ import annotations
@@ -34,7 +45,7 @@ from croniter import croniter
 
 from . import payload, signing
 from .backends.base import Backend, EnqueueResult, NewJob
-from .errors import ConfigurationError, QueueFull
+from .errors import ConfigurationError, QueueFull, UnknownSchedule
 from .job import Job
 
 if TYPE_CHECKING:
@@ -142,23 +153,38 @@ class Schedule:
         """A tick (unix seconds) as an aware datetime in the schedule's time zone."""
         return dt.datetime.fromtimestamp(ts, self.tz)
 
-    def job_for(self, app: Conveyor, tick: float) -> NewJob:
-        """The job of one tick, with the task's defaults, its tick in meta and a unique key."""
+    def job_for(self, app: Conveyor, tick: float, *, manual: bool = False) -> NewJob:
+        """The job of one tick, with the task's defaults, its tick in meta and a unique key.
+        ``manual``: a run asked for by hand at ``tick``, marked so in meta, with no unique key
+        (each such run is a job of its own) and not tied to the schedule's ticks."""
         task = app.get_task(self.task)
         opts = task._opts
         args = payload.encode(dict(self.kwargs), what=f"kwargs of cron schedule {self.name}",
                               limit=app.max_payload_bytes)
-        meta: dict[str, Any] = {
-            "cron": {"schedule": self.name, "tick": tick, "timezone": self.timezone},
-        }
+        info: dict[str, Any] = {"schedule": self.name, "tick": tick, "timezone": self.timezone}
+        if manual:
+            info["manual"] = True
+        meta: dict[str, Any] = {"cron": info}
         if app.signer is not None:
             meta[signing.META_KEY] = app.signer.sign(task.name, self.queue, dict(self.kwargs))
         return NewJob(
             task=task.name, queue=self.queue, args=args, max_attempts=opts.max_attempts,
             timeout=opts.timeout, priority=self.priority, run_at=tick,
-            unique_key=f"cron:{self.name}:{tick:.0f}", meta=json.dumps(meta),
+            unique_key=None if manual else f"cron:{self.name}:{tick:.0f}", meta=json.dumps(meta),
             max_depth=app.max_depths.get(self.queue),
         )
+
+
+def run_now(app: Conveyor, name: str, *, now: float | None = None) -> EnqueueResult:
+    """Enqueue schedule ``name``'s job at once, outside its tick series (see the module's
+    notes on controls). Raises UnknownSchedule for a name the app has no schedule of."""
+    schedule = app.schedules.get(name)
+    if schedule is None:
+        raise UnknownSchedule(f"no cron schedule named {name!r} is registered on this app")
+    t = app.backend.now() if now is None else now
+    [result] = app.backend.enqueue_many([schedule.job_for(app, t, manual=True)], now=now)
+    log.info("cron %s: enqueued job %s by hand", name, result.id)
+    return result
 
 
 class Scheduler:

@@ -49,6 +49,10 @@ class UnknownParent(JobNotFound, ValueError):
         super().__init__(f"{msg}: {detail}" if detail else msg)
 
 
+class UnknownSchedule(ConveyorError, LookupError):
+    """No cron schedule of that name is registered on the app."""
+
+
 class LeaseLost(ConveyorError):
     """The caller's lease on a job is gone: it expired, was reaped, released or cancelled.
 

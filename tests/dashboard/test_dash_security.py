@@ -23,7 +23,7 @@ from conveyor.errors import ConfigurationError
 TOKEN = "q7XzR2vK9pLmW4tN8bYc6HdJ3sFgA5eU1iOwQxZr0Vk"  # secrets.token_urlsafe(32)
 PUBLIC = {"/healthz", "/login"}
 SAMPLE_PARAMS = {"queue": "default", "job_id": "1", "action": "retry", "batch_id": "b-1",
-                 "key": "0123456789abcdef"}
+                 "key": "0123456789abcdef", "schedule": "nightly"}
 
 
 def routes_of(dash: DashboardApp) -> list[tuple[str, str]]:

@@ -110,6 +110,7 @@ from .common import (
 from .types import (
     BatchInfo,
     ClaimReply,
+    CronState,
     EnqueueResult,
     ErrorInfo,
     ErrorKind,
@@ -127,8 +128,8 @@ from .types import (
 __all__ = [
     "CLAIM_ID_RE", "CLAIM_SCAN", "LOCK_NAME_RE", "MAX_STALLS", "Backend", "BatchInfo",
     "ClaimReply",
-    "CronStore", "EnqueueResult", "ErrorInfo", "ErrorKind", "Lease", "LoopClaims", "NewBatch",
-    "NewJob",
+    "CronState", "CronStore", "EnqueueResult", "ErrorInfo", "ErrorKind", "Lease", "LoopClaims",
+    "NewBatch", "NewJob",
     "Page", "QueueStats", "ReapResult", "Stats", "StepStore", "StoreLock",
     "TransactionalStore", "WakeUps", "WorkerInfo", "check_claim_id", "check_filters",
     "check_lock_name", "depth_limits", "new_claim_id", "new_uids", "queue_full",
@@ -489,6 +490,27 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def cron_ticks(self) -> dict[str, float]:
         """The last tick taken per schedule name (unix seconds)."""
+
+    # -- cron controls (CronStore): disable, enable, last run -------------------------------
+    # Kept beside the tick records, so every scheduler, the CLI and the dashboard agree. Rules:
+    # * cron_enqueue checks the schedule's state in the same atomic operation that takes the
+    #   tick: a disabled schedule's tick is taken (recorded) and no job is written, however
+    #   recently a scheduler read it as enabled. A tick earlier than the schedule's enabled_at
+    #   is taken the same way, so enabling resumes from the first tick after it: no tick that
+    #   fell while it was disabled runs, whether or not a scheduler came by meanwhile.
+    # * cron_enqueue records the id of the job it writes as the schedule's last_job_id (the
+    #   holder's id when the tick's unique key was held); a tick taken without a job keeps it.
+    @abc.abstractmethod
+    def set_cron_enabled(self, schedule: str, enabled: bool, *,
+                         now: float | None = None) -> bool:
+        """Disable (``enabled=False``: ``disabled_at`` = now) or enable (``disabled_at`` cleared,
+        ``enabled_at`` = now) a schedule. Returns False and changes nothing when it is so
+        already (a schedule the store has no record of is enabled). Disabling a schedule no
+        scheduler has seen records now as its last tick, as a first sight would."""
+
+    @abc.abstractmethod
+    def cron_states(self) -> dict[str, CronState]:
+        """Every schedule the store has a record of, by name: see CronState."""
 
     @abc.abstractmethod
     def record_step(self, job_id: int, step: str, result: str | None, *,

@@ -7,7 +7,8 @@ in step:
 
 * :class:`WakeUps`: waiting for jobs with the store's wake-ups (SQLite's in-process signal
   and ``data_version``, PostgreSQL's LISTEN/NOTIFY, Redis's blocking pop);
-* :class:`CronStore`: cron ticks taken once across any number of schedulers;
+* :class:`CronStore`: cron ticks taken once across any number of schedulers, and the
+  schedules' controls (disabled or not, the last run's job);
 * :class:`StepStore`: exactly-once step records (``JobContext.once``);
 * :class:`FinishWaits`: waiting for one job to finish (``job.wait``), woken by the store.
 
@@ -23,7 +24,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..job import Job
-from .types import ClaimReply, EnqueueResult, Lease, NewBatch, NewJob
+from .types import ClaimReply, CronState, EnqueueResult, Lease, NewBatch, NewJob
 
 
 class WakeUps(Protocol):
@@ -42,12 +43,18 @@ class WakeUps(Protocol):
 
 
 class CronStore(Protocol):
-    """Cron ticks: see ``Backend.cron_enqueue`` and ``cron_ticks``."""
+    """Cron ticks and controls: see ``Backend.cron_enqueue``, ``cron_ticks``,
+    ``set_cron_enabled`` and ``cron_states``."""
 
     def cron_enqueue(self, schedule: str, tick: float, job: NewJob | None, *,
                      now: float | None = None) -> EnqueueResult | None: ...
 
     def cron_ticks(self) -> dict[str, float]: ...
+
+    def set_cron_enabled(self, schedule: str, enabled: bool, *,
+                         now: float | None = None) -> bool: ...
+
+    def cron_states(self) -> dict[str, CronState]: ...
 
 
 class StepStore(Protocol):

@@ -113,6 +113,24 @@ class EnqueueResult:
 
 
 @dataclass(frozen=True)
+class CronState:
+    """What the store keeps about one cron schedule (``Backend.cron_states``): its last tick
+    taken (unix seconds; None only while the store has no record), the id of the job made for
+    the latest tick that made one (None until one did), when it was disabled (None while
+    enabled), and when it was last enabled again (ticks before that are skipped)."""
+
+    name: str
+    last_tick: float | None
+    last_job_id: int | None = None
+    disabled_at: float | None = None
+    enabled_at: float | None = None
+
+    @property
+    def disabled(self) -> bool:
+        return self.disabled_at is not None
+
+
+@dataclass(frozen=True)
 class Lease:
     job_id: int
     token: str

@@ -34,6 +34,7 @@ from .views import QueueRow, attempts_of, recent_rate, workers_by_queue
 
 JOB_ACTIONS = ("retry", "cancel", "purge")
 DEAD_ACTIONS = ("redrive", "purge")
+CRON_ACTIONS = ("run", "disable", "enable")
 MAX_JOB_ID = 2**63 - 1  # every store keeps ids in a signed 64-bit integer
 MAX_BATCH_ID_CHARS = 255  # app.batch ids are 32 hex digits: anything far longer is no batch
 
@@ -61,6 +62,8 @@ class Pages(Rendering):
             *self._bulk.routes(),
             Route("/workers", self._page(self.workers), methods=get, name="workers"),
             Route("/cron", self._page(self.cron), methods=get, name="cron"),
+            Route("/cron/{schedule}/{action}", self._page(self.cron_action, form=True),
+                  methods=post, name="cron_action"),
             Route("/login", self._page(self.login), methods=get, name="login"),
             Route("/login", self._page(self.login_post, form=True), methods=post,
                   name="login_post"),
@@ -286,6 +289,30 @@ class Pages(Rendering):
         now = self.d.backend.now()
         rows, note = cron_rows(self.d.conveyor, self.d.backend, now)
         return self.render(request, "cron.html", now=now, rows=rows, note=note, refresh=15)
+
+    def cron_action(self, request: Request, _: dict[str, list[str]]) -> Response:
+        """Run a schedule now, or disable or enable it (kept in the store: every scheduler
+        honours it). Plain buttons, no confirmation page: each is undone by another."""
+        from ..cron import run_now
+
+        name = str(request.path_params["schedule"])
+        action = str(request.path_params["action"])
+        if action not in CRON_ACTIONS:
+            return self.error(request, 404, "Not found", "There is no such action.")
+        if name not in self.d.conveyor.schedules:
+            return self.redirect(request, "/cron", "There is no cron schedule of that name on "
+                                 "this app.", "warn")
+        if action == "run":
+            made = run_now(self.d.conveyor, name)
+            return self.redirect(request, f"/jobs/{made.id}",
+                                 f"Schedule {name}: job #{made.id} enqueued, run by hand.")
+        enable = action == "enable"
+        if self.d.backend.set_cron_enabled(name, enable):
+            text = (f"Schedule {name} is enabled: it runs again from its next tick." if enable
+                    else f"Schedule {name} is disabled: its ticks enqueue nothing.")
+            return self.redirect(request, "/cron", text)
+        return self.redirect(request, "/cron",
+                             f"Schedule {name} was already {action}d.", "warn")
 
     # -- authentication ------------------------------------------------------------------------
     def login(self, request: Request, _: dict[str, list[str]]) -> Response:

@@ -21,7 +21,7 @@ from psycopg.rows import dict_row
 
 from ...errors import InvalidName, JobNotFound, StoreError, UnknownParent
 from ...payload import NAME_RE
-from ..base import EnqueueResult, NewBatch, NewJob, depth_limits, refuse_overflow
+from ..base import CronState, EnqueueResult, NewBatch, NewJob, depth_limits, refuse_overflow
 from .connection import PooledBackend, bounded, translate
 from .queries import CHANNEL, DEPTH_LOCK, ENQUEUE_ONE, Q
 
@@ -85,19 +85,34 @@ class Enqueuing(PooledBackend):
     def cron_enqueue(self, schedule: str, tick: float, job: NewJob | None, *,
                      now: float | None = None) -> EnqueueResult | None:
         with self._tx() as conn:
-            taken = conn.execute(Q["cron_take"], {"name": schedule, "tick": tick, "now": now})
-            if taken.fetchone() is None:
+            taken = conn.execute(Q["cron_take"],
+                                 {"name": schedule, "tick": tick, "now": now}).fetchone()
+            if taken is None:
                 return None  # this tick or a later one was taken already
-            if job is None:
-                return None
+            if job is None or not taken["runs"]:
+                return None  # a first sight, or a disabled schedule: the tick is only recorded
             with conn.cursor() as cur:
                 # QueueFull raised here rolls the whole transaction back: the tick is not taken.
                 [result] = run_plan(cur, _enqueue_plan([job], now))
+            conn.execute(Q["cron_last_job"], {"name": schedule, "id": result.id})
         return result
 
     def cron_ticks(self) -> dict[str, float]:
         with self._tx() as conn:
             return {r["name"]: float(r["last_tick"]) for r in conn.execute(Q["cron_ticks"])}
+
+    def set_cron_enabled(self, schedule: str, enabled: bool, *,
+                         now: float | None = None) -> bool:
+        with self._tx() as conn:
+            changed = conn.execute(Q["cron_enable" if enabled else "cron_disable"],
+                                   {"name": schedule, "now": now})
+            return changed.fetchone() is not None
+
+    def cron_states(self) -> dict[str, CronState]:
+        with self._tx() as conn:
+            return {r["name"]: CronState(r["name"], float(r["last_tick"]), r["last_job_id"],
+                                         r["disabled_at"], r["enabled_at"])
+                    for r in conn.execute(Q["cron_states"])}
 
     def record_step(self, job_id: int, step: str, result: str | None, *, uid: str | None,
                     connection: psycopg.Connection[Any] | None = None,

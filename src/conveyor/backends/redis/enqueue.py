@@ -17,7 +17,7 @@ from ...errors import (
     UnknownParent,
 )
 from ...payload import NAME_RE
-from ..base import EnqueueResult, NewBatch, NewJob, new_uids, queue_full
+from ..base import CronState, EnqueueResult, NewBatch, NewJob, new_uids, queue_full
 from .core import MAX_CACHED_QUEUES, RedisCore
 from .scripts import OOM_SLACK
 
@@ -101,7 +101,7 @@ class EnqueueMixin(RedisCore):
             raise UnknownParent(str(res[1]), f"{res[2]}; nothing was written")
         if res and res[0] == "batch":
             raise StoreError(f"batch {res[1]!r} {res[2]}; nothing was written")
-        if res and res[0] == "taken":
+        if res and res[0] in ("taken", "off"):
             return None
         at = float(res[0])
         results = []
@@ -140,6 +140,33 @@ class EnqueueMixin(RedisCore):
         ticks = self._transport.call(
             "read cron ticks", lambda: self._transport.r.hgetall(self.keys.cron), safe=True)
         return {str(name): float(tick) for name, tick in ticks.items()}
+
+    def set_cron_enabled(self, schedule: str, enabled: bool, *,
+                         now: float | None = None) -> bool:
+        if not isinstance(schedule, str) or not schedule:
+            raise ValueError(f"cron schedule name must be a non-empty str, got {schedule!r}")
+        args = [self._now_arg(now), schedule, "1" if enabled else "0"]
+        return bool(int(self._run("cron_control", [], args, safe=False)))
+
+    def cron_states(self) -> dict[str, CronState]:
+        store = self.keys.store
+
+        def read() -> list[dict[Any, Any]]:
+            with self._transport.r.pipeline(transaction=True) as pipe:
+                for key in (self.keys.cron, store["cron_jobs"], store["cron_off"],
+                            store["cron_on"]):
+                    pipe.hgetall(key)
+                return list(pipe.execute())
+
+        ticks, jobs, off, on = self._transport.call("read cron states", read, safe=True)
+
+        def num(values: dict[Any, Any], name: str) -> float | None:
+            value = values.get(name)
+            return None if value is None else float(value)
+
+        return {str(name): CronState(
+            str(name), float(tick), None if name not in jobs else int(jobs[name]),
+            num(off, name), num(on, name)) for name, tick in sorted(ticks.items())}
 
     def record_step(self, job_id: int, step: str, result: str | None, *,
                     uid: str | None) -> tuple[bool, str | None]:

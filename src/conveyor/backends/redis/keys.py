@@ -31,6 +31,12 @@ STORE_KEYS: dict[str, str] = {
     "workers": "workers",
     "seen": "seen",
     "cron": "cron",
+    # Cron controls, HASHes by schedule name (beside cron, the last tick taken): cron:jobs the
+    # id of the job of the latest tick that made one, cron:off when a disabled schedule was
+    # disabled, cron:on when it was last enabled again (ticks before that are skipped).
+    "cron_jobs": "cron:jobs",
+    "cron_off": "cron:off",
+    "cron_on": "cron:on",
     "conc": "conc:",
     "rate": "rate:",
     "leases": "leases",

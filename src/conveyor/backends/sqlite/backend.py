@@ -23,6 +23,7 @@ from ..base import (
     MAX_STALLS,
     Backend,
     BatchInfo,
+    CronState,
     EnqueueResult,
     ErrorInfo,
     Lease,
@@ -111,18 +112,31 @@ class SqliteBackend(SqliteConnections, Backend):
     def cron_enqueue(self, schedule: str, tick: float, job: NewJob | None, *,
                      now: float | None = None) -> EnqueueResult | None:
         with self._write(now) as (conn, t):
-            taken = conn.execute(Q["cron_take"], {"name": schedule, "tick": tick, "now": t})
-            if taken.rowcount != 1:
-                return None
-            if job is None:
-                return None
+            params = {"name": schedule, "tick": tick, "now": t}
+            if conn.execute(Q["cron_take"], params).rowcount != 1:
+                return None  # this tick or a later one was taken already
+            if job is None or not conn.execute(Q["cron_runs"], params).fetchone()["runs"]:
+                return None  # a first sight, or a disabled schedule: the tick is only recorded
             [result] = enqueue_in(conn, [job], t)  # QueueFull here rolls the tick back too
+            conn.execute(Q["cron_last_job"], {"name": schedule, "id": result.id})
         if result.created:
             self._signal.fire()
         return result
 
     def cron_ticks(self) -> dict[str, float]:
         return {r["name"]: r["last_tick"] for r in self._read(Q["cron_ticks"])}
+
+    def set_cron_enabled(self, schedule: str, enabled: bool, *,
+                         now: float | None = None) -> bool:
+        with self._write(now) as (conn, t):
+            changed = conn.execute(Q["cron_enable" if enabled else "cron_disable"],
+                                   {"name": schedule, "now": t})
+            return changed.rowcount == 1
+
+    def cron_states(self) -> dict[str, CronState]:
+        return {r["name"]: CronState(r["name"], r["last_tick"], r["last_job_id"],
+                                     r["disabled_at"], r["enabled_at"])
+                for r in self._read(Q["cron_states"])}
 
     def record_step(self, job_id: int, step: str, result: str | None, *,
                     uid: str | None) -> tuple[bool, str | None]:

@@ -22,6 +22,9 @@
 --   workers    P:workers     HASH worker id -> JSON info
 --   seen       P:seen        ZSET worker id -> last_seen
 --   cron       P:cron        HASH cron schedule name -> last tick taken (unix seconds)
+--   cron_jobs  P:cron:jobs   HASH cron schedule name -> id of its latest tick's job
+--   cron_off   P:cron:off    HASH disabled cron schedule name -> when it was disabled
+--   cron_on    P:cron:on     HASH cron schedule name -> when it was last enabled again
 --   conc       P:conc:       prefix key; P:conc:<concurrency key> is a ZSET of the ids of the
 --                            running jobs with that key, score = lease_expires_at (claim adds,
 --                            leave() removes, heartbeat rescores; emptied keys vanish)

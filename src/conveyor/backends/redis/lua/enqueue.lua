@@ -22,7 +22,8 @@
 -- (by an unfinished job, or by one that succeeded less than its unique_for ago), whose id is
 -- returned. Returns {'full', queue, depth, limit} and writes nothing (not the tick either) when
 -- the batch would take a queue past its max_depth; {'taken'} and writes nothing when the
--- schedule's recorded tick is not older than the given one; {'unknown', parent id or 'ref',
+-- schedule's recorded tick is not older than the given one; {'off'} and writes only the tick
+-- when the schedule is disabled or the tick is from before it was enabled again; {'unknown', parent id or 'ref',
 -- detail} or {'batch', batch id, why} and writes nothing for a parent or batch that is not
 -- there (or a reference to the job itself or a later one).
 local now = clock(arg(1))
@@ -37,6 +38,13 @@ local FIRST = A + 4 + 2 * nb
 if cron ~= '' then
   local last = redis.call('HGET', K_CRON, cron)
   if last and tonumber(last) >= tick then return {'taken'} end
+  -- A disabled schedule, or a tick from before it was enabled again: the tick is taken, and
+  -- no job written.
+  local on = redis.call('HGET', K.cron_on, cron)
+  if redis.call('HEXISTS', K.cron_off, cron) == 1 or (on and tonumber(on) > tick) then
+    redis.call('HSET', K_CRON, cron, num(tick))
+    return {'off'}
+  end
 end
 
 -- Does the job `holder` (an id from P:unique, or false) still hold its unique key at now?
@@ -377,4 +385,5 @@ for qn, k in pairs(made) do wake(Q[qn], k) end
 for _, c in ipairs(cancelled_now) do
   add_error(c[1], 0, now, false, parent_failed(c[2], c[3]))
 end
+if cron ~= '' and ids_at[0] then redis.call('HSET', K.cron_jobs, cron, ids_at[0]) end
 return out

@@ -574,10 +574,32 @@ WHERE id IN (SELECT id FROM conveyor_rate_claims WHERE expires_at < :NOW
 -- name: cron_take
 -- Compare-and-set of a schedule's last tick: a row changes (and comes back) only for a newer
 -- tick. Racing schedulers queue on the row lock; the losers then see the winner's tick.
+-- The row that comes back (the row as written, under its lock) says whether the tick may make a
+-- job: not while the schedule is disabled, nor for a tick from before it was enabled again.
 INSERT INTO conveyor_cron AS c (name, last_tick, updated_at) VALUES (%(name)s, %(tick)s, :NOW)
 ON CONFLICT (name) DO UPDATE SET last_tick = excluded.last_tick, updated_at = excluded.updated_at
 WHERE c.last_tick < excluded.last_tick
+RETURNING c.disabled_at IS NULL AND (c.enabled_at IS NULL OR c.enabled_at <= %(tick)s) AS runs;
+
+-- name: cron_last_job
+UPDATE conveyor_cron SET last_job_id = %(id)s WHERE name = %(name)s;
+
+-- name: cron_disable
+-- A schedule no scheduler has seen starts at now, as a first sight records its latest tick.
+INSERT INTO conveyor_cron AS c (name, last_tick, updated_at, disabled_at)
+VALUES (%(name)s, extract(epoch FROM :NOW)::float8, :NOW, extract(epoch FROM :NOW)::float8)
+ON CONFLICT (name) DO UPDATE SET disabled_at = excluded.disabled_at, updated_at = excluded.updated_at
+WHERE c.disabled_at IS NULL
 RETURNING c.name;
+
+-- name: cron_enable
+UPDATE conveyor_cron SET disabled_at = NULL, enabled_at = extract(epoch FROM :NOW)::float8,
+    updated_at = :NOW
+WHERE name = %(name)s AND disabled_at IS NOT NULL
+RETURNING name;
+
+-- name: cron_states
+SELECT name, last_tick, last_job_id, disabled_at, enabled_at FROM conveyor_cron ORDER BY name;
 
 -- name: cron_ticks
 SELECT name, last_tick FROM conveyor_cron ORDER BY name;

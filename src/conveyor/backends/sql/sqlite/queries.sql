@@ -165,6 +165,29 @@ INSERT INTO conveyor_cron (name, last_tick, updated_at) VALUES (:name, :tick, :n
 ON CONFLICT (name) DO UPDATE SET last_tick = excluded.last_tick, updated_at = excluded.updated_at
 WHERE last_tick < excluded.last_tick;
 
+-- name: cron_runs
+-- After cron_take, in its transaction: may the tick make a job (not disabled, not from before
+-- the schedule was enabled again)? A query of its own: RETURNING after an upsert of this
+-- WITHOUT ROWID table computed expressions over the row wrongly (SQLite 3.40).
+SELECT disabled_at IS NULL AND (enabled_at IS NULL OR enabled_at <= :tick) AS runs
+FROM conveyor_cron WHERE name = :name;
+
+-- name: cron_last_job
+UPDATE conveyor_cron SET last_job_id = :id WHERE name = :name;
+
+-- name: cron_disable
+-- A schedule no scheduler has seen starts at now, as a first sight records its latest tick.
+INSERT INTO conveyor_cron (name, last_tick, updated_at, disabled_at) VALUES (:name, :now, :now, :now)
+ON CONFLICT (name) DO UPDATE SET disabled_at = excluded.disabled_at, updated_at = excluded.updated_at
+WHERE disabled_at IS NULL;
+
+-- name: cron_enable
+UPDATE conveyor_cron SET disabled_at = NULL, enabled_at = :now, updated_at = :now
+WHERE name = :name AND disabled_at IS NOT NULL;
+
+-- name: cron_states
+SELECT name, last_tick, last_job_id, disabled_at, enabled_at FROM conveyor_cron ORDER BY name;
+
 -- name: cron_ticks
 SELECT name, last_tick FROM conveyor_cron ORDER BY name;
 
