@@ -9,8 +9,8 @@ from typing import Any
 import click
 from rich.table import Table
 
-from ...backends.base import QueueStats
 from ...backends import redact_url
+from ...backends.base import QueueStats
 from ..context import Ctx, console, pass_ctx, queue_filter
 from ..display import age, when
 
