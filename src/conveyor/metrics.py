@@ -80,7 +80,7 @@ class StoreCollector(Collector):
                                     "Workers with a recent heartbeat serving the queue",
                                     labels=["queue"])
         paused = GaugeMetricFamily("conveyor_queue_paused",
-                                   "1 while the queue is paused (no worker claims its jobs), else 0",
+                                   "1 while the queue is paused (no worker claims its jobs)",
                                    labels=["queue"])
         serving: dict[str, int] = {}
         for w in stats.workers:
