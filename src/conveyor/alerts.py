@@ -122,7 +122,8 @@ class QueueDepth:
 
 @dataclass
 class OldestJobAge:
-    """The oldest due job of a queue has waited more than ``max_age`` seconds."""
+    """The oldest due job of a queue has waited more than ``max_age`` seconds. A paused queue
+    (Backend.pause_queue) is passed over: its jobs wait because an operator said so."""
 
     max_age: float
     queues: Sequence[str] | None = None
@@ -138,13 +139,14 @@ class OldestJobAge:
                     q.oldest_available_age, self.max_age, q.queue)
             for q in stats.queues
             if _wanted(q.queue, self.queues) and q.oldest_available_age is not None
-            and q.oldest_available_age > self.max_age
+            and q.oldest_available_age > self.max_age and not q.paused
         ]
 
 
 @dataclass
 class NoLiveWorkers:
-    """A queue has jobs waiting and no worker with a recent heartbeat serves it."""
+    """A queue has jobs waiting and no worker with a recent heartbeat serves it (a paused
+    queue is passed over: nothing would claim them anyway)."""
 
     queues: Sequence[str] | None = None
     name: str = "no_live_workers"
@@ -159,6 +161,7 @@ class NoLiveWorkers:
                     q.depth, 0, q.queue)
             for q in stats.queues
             if _wanted(q.queue, self.queues) and q.depth > 0 and q.queue not in served
+            and not q.paused
         ]
 
 

@@ -79,6 +79,9 @@ class StoreCollector(Collector):
         workers = GaugeMetricFamily("conveyor_workers_live",
                                     "Workers with a recent heartbeat serving the queue",
                                     labels=["queue"])
+        paused = GaugeMetricFamily("conveyor_queue_paused",
+                                   "1 while the queue is paused (no worker claims its jobs)",
+                                   labels=["queue"])
         serving: dict[str, int] = {}
         for w in stats.workers:
             for name in w.queues:
@@ -92,9 +95,10 @@ class StoreCollector(Collector):
             expiries.add_metric([q.queue], q.lease_expiries)
             expired.add_metric([q.queue], q.expired_leases)
             workers.add_metric([q.queue], serving.pop(q.queue, 0))
+            paused.add_metric([q.queue], 1 if q.paused else 0)
         for queue, n in serving.items():  # workers on queues that have never held a job
             workers.add_metric([queue], n)
-        yield from (depth, waiting, age, dead, expiries, expired, workers)
+        yield from (depth, waiting, age, dead, expiries, expired, workers, paused)
         took = GaugeMetricFamily("conveyor_store_scrape_seconds",
                                  "Time the store took to answer this scrape")
         took.add_metric([], time.perf_counter() - started)

@@ -69,6 +69,23 @@ is unfinished. The rules, the same on every store:
   ``on_parent_failure="cancel"`` (it runs only if every member succeeded), ``on_complete`` the
   one with ``"run"``. ``get_batch`` counts members by state, nested batches included.
 
+Pausing a queue (``pause_queue``, ``resume_queue``, ``paused_queues``). The pause is stored in
+the store, so every worker, the CLI and the dashboard agree on it:
+
+* No claim path of any store hands out a job of a paused queue: ``claim``, the claim part of
+  ``ack_and_claim``, the loop claims and ``wait_and_claim``'s claims all take nothing there
+  (the acks ride on as usual). The check is in the claim's own statement or script, one lookup
+  in a small table or hash, so the fast path stays one round trip. A claim that began before
+  the pause was written may still take jobs; none that begins after it does.
+* Everything else goes on: enqueues succeed (``max_depth`` still counts), due scheduled jobs are
+  promoted, running jobs heartbeat, ack, retry and fail as usual. So pausing is a drain: the
+  jobs already running finish and no new one starts.
+* ``wait_for_jobs`` does not report the waiting jobs of a paused queue (an idle worker whose
+  queues are all paused sleeps until a wake-up or its poll, instead of waking to empty claims),
+  and ``resume_queue`` wakes idle workers of the queue as an enqueue does.
+* ``stats`` reports ``QueueStats.paused`` and lists a paused queue even when it holds no job;
+  its depth and oldest age are measured as for any queue.
+
 Beside this module: ``types.py`` holds the values that cross the seam (NewJob, Lease,
 ErrorInfo, Stats, ...), ``capabilities.py`` what a store can do as protocols (wake-ups, cron,
 steps, transactional completion, loop claims), and ``common.py`` helpers the stores share.
@@ -463,6 +480,20 @@ class Backend(abc.ABC):
         its connection or process, or at the latest after ``ttl`` seconds. The default, for a
         store without locks, never refuses."""
         return _NoLock()
+
+    # -- pausing queues (see "Pausing a queue" above) ---------------------------------------
+    @abc.abstractmethod
+    def pause_queue(self, queue: str, *, now: float | None = None) -> bool:
+        """Stop every claim of ``queue`` from now on; running jobs finish as usual. True if
+        this paused it, False if it was paused already (its "paused since" is kept)."""
+
+    @abc.abstractmethod
+    def resume_queue(self, queue: str, *, now: float | None = None) -> bool:
+        """Let ``queue`` be claimed again and wake idle workers of it. True if it was paused."""
+
+    @abc.abstractmethod
+    def paused_queues(self) -> dict[str, float]:
+        """Every paused queue and since when (unix seconds)."""
 
     # -- workers --------------------------------------------------------------------------
     @abc.abstractmethod

@@ -85,6 +85,7 @@ def queue_stats_from_rows(
     oldest: Iterable[Mapping[str, Any]],
     counters: Iterable[Mapping[str, Any]],
     expired: Iterable[Mapping[str, Any]] = (),
+    paused: Mapping[str, float] | None = None,
 ) -> list[QueueStats]:
     """Assemble per-queue stats from the SQL stores' rows: counts (queue, state, n), due
     scheduled jobs (queue, n, oldest), oldest available (queue, oldest), counters
@@ -111,6 +112,8 @@ def queue_stats_from_rows(
             q(row["queue"])["lease_expiries"] = row["value"]
     for row in expired:
         q(row["queue"])["expired_leases"] = row["n"]
+    for name, since in (paused or {}).items():
+        q(name).update(paused=True, paused_since=since)  # listed even with no job
     queues = []
     for name in sorted(per):
         entry = per[name]

@@ -182,6 +182,9 @@ class QueueStats:
     lease_expiries: int = 0
     # Running jobs whose lease has run out, not yet taken back by a reaper.
     expired_leases: int = 0
+    # Paused (Backend.pause_queue): no worker claims its jobs; since when, unix seconds.
+    paused: bool = False
+    paused_since: float | None = None
 
     @property
     def depth(self) -> int:

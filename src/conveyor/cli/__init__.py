@@ -25,6 +25,7 @@ from .commands.demo import demo
 from .commands.dlq import dlq, dlq_list, dlq_purge, dlq_redrive, dlq_show
 from .commands.jobs import enqueue, jobs, jobs_cancel, jobs_list, jobs_show
 from .commands.migrate import migrate
+from .commands.queues import queue
 from .commands.stats import stats
 from .commands.worker import worker
 from .context import (
@@ -177,8 +178,8 @@ def main(args: list[str] | None = None, prog_name: str | None = None) -> None:
         sys.exit(1)
 
 
-for _command in (worker, enqueue, cron, stats, jobs, batches, dlq, migrate, demo, dashboard_cmd,
-                 alerts, health_command):
+for _command in (worker, enqueue, cron, stats, jobs, batches, dlq, queue, migrate, demo,
+                 dashboard_cmd, alerts, health_command):
     cli.add_command(_command)
 _add_global_options(cli)
 # Commands that may create a new SQLite file (a first worker, a first job); the rest only read

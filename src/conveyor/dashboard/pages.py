@@ -35,6 +35,7 @@ from .views import QueueRow, attempts_of, recent_rate, workers_by_queue
 JOB_ACTIONS = ("retry", "cancel", "purge")
 DEAD_ACTIONS = ("redrive", "purge")
 CRON_ACTIONS = ("run", "disable", "enable")
+QUEUE_ACTIONS = ("pause", "resume")
 MAX_JOB_ID = 2**63 - 1  # every store keeps ids in a signed 64-bit integer
 MAX_BATCH_ID_CHARS = 255  # app.batch ids are 32 hex digits: anything far longer is no batch
 
@@ -51,6 +52,8 @@ class Pages(Rendering):
         return [
             Route("/", self._page(self.overview), methods=get, name="overview"),
             Route("/queues/{queue}", self._page(self.queue), methods=get, name="queue"),
+            Route("/queues/{queue}/{action}", self._page(self.queue_action, form=True),
+                  methods=post, name="queue_action"),
             Route("/jobs", self._page(self.jobs), methods=get, name="jobs"),
             Route("/jobs/{job_id:int}", self._page(self.job), methods=get, name="job"),
             Route("/jobs/{job_id:int}/{action}", self._page(self.job_action, form=True),
@@ -122,6 +125,24 @@ class Pages(Rendering):
             charts=[charts.throughput_chart(samples, name), charts.failures_chart(samples, name),
                     charts.backlog_chart(samples, name)],
         )
+
+    def queue_action(self, request: Request, form: dict[str, list[str]]) -> Response:
+        """Pause or resume a queue: one click, no confirmation page. Neither loses or changes a
+        job, and in an incident the button should act at once (running jobs finish)."""
+        name = parse_queue(str(request.path_params["queue"]))
+        assert name is not None
+        action = str(request.path_params["action"])
+        if action not in QUEUE_ACTIONS:
+            return self.error(request, 404, "Not found", "There is no such action.")
+        back = safe_next((form.get("next") or [""])[0], f"/queues/{name}")
+        if action == "pause":
+            if self.d.backend.pause_queue(name):
+                return self.redirect(request, back, f"Queue {name} is paused: workers take none "
+                                     "of its jobs; the running ones finish.")
+            return self.redirect(request, back, f"Queue {name} was paused already.", "warn")
+        if self.d.backend.resume_queue(name):
+            return self.redirect(request, back, f"Queue {name} is resumed.")
+        return self.redirect(request, back, f"Queue {name} was not paused.", "warn")
 
     def jobs(self, request: Request, _: dict[str, list[str]]) -> Response:
         query = parse_jobs_query(request.query_params)

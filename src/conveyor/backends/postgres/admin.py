@@ -9,6 +9,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from ...job import Job, JobState
+from ...payload import check_queue_name
 from ..base import BatchInfo, Page, Stats, WorkerInfo, check_filters, queue_stats_from_rows
 from .connection import PooledBackend, bounded, translate
 from .enqueue import retag_plan, run_plan
@@ -96,8 +97,30 @@ class Administering(PooledBackend):
             counters = conn.execute(Q["counters"]).fetchall()
             expired = conn.execute(Q["expired_leases"], p).fetchall()
             workers = conn.execute(Q["workers"], {"now": now, "ttl": worker_ttl}).fetchall()
-        queues = queue_stats_from_rows(t, counts, due, oldest, counters, expired)
+            paused = conn.execute(Q["paused_queues"]).fetchall()
+        queues = queue_stats_from_rows(t, counts, due, oldest, counters, expired,
+                                       {r["queue"]: r["paused_at"] for r in paused})
         return Stats(now=t, queues=queues, workers=[_worker_info(w) for w in workers])
+
+    # -- pausing queues -----------------------------------------------------------------
+    def pause_queue(self, queue: str, *, now: float | None = None) -> bool:
+        check_queue_name(queue)
+        with self._tx() as conn:
+            row = conn.execute(Q["pause_queue"], {"queue": queue, "now": now}).fetchone()
+        return row is not None
+
+    def resume_queue(self, queue: str, *, now: float | None = None) -> bool:
+        check_queue_name(queue)
+        with self._tx() as conn:
+            changed = conn.execute(Q["resume_queue"], {"queue": queue}).fetchone() is not None
+            if changed:
+                notify(conn, [queue])  # idle workers look again, as after an enqueue
+        return changed
+
+    def paused_queues(self) -> dict[str, float]:
+        with self._tx() as conn:
+            rows = conn.execute(Q["paused_queues"]).fetchall()
+        return {r["queue"]: r["paused_at"] for r in rows}
 
     def redrive(self, job_ids: Sequence[int] | None = None, *, queue: str | None = None,
                 now: float | None = None) -> int:

@@ -3,6 +3,7 @@ registry, and the warnings a worker logs about this Redis's settings."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections.abc import Sequence
@@ -11,6 +12,7 @@ from typing import Any
 import redis
 
 from ...job import Job, JobState
+from ...payload import check_queue_name
 from ..base import BatchInfo, Page, QueueStats, Stats, WorkerInfo
 from .codec import _to_job, named
 from .core import RedisCore
@@ -81,7 +83,29 @@ class AdminMixin(RedisCore):
                 stuck=int(d.get("stuck", 0)),  # (absent: written before 'stuck' was)
             ))
         workers.sort(key=lambda w: (w.started_at, w.id))
+        paused = {name: float(since) for name, since in named(top["paused"]).items()}
+        queues = [dataclasses.replace(q, paused=True, paused_since=paused.pop(q.queue))
+                  if q.queue in paused else q for q in queues]
+        queues += [QueueStats(queue=name, paused=True, paused_since=since)
+                   for name, since in paused.items()]  # listed even with no job
         return Stats(now=t, queues=sorted(queues, key=lambda q: q.queue), workers=workers)
+
+    # -- pausing queues -----------------------------------------------------------------
+    def pause_queue(self, queue: str, *, now: float | None = None) -> bool:
+        check_queue_name(queue)
+        return int(self._run("queue_pause", [queue], [self._now_arg(now), "pause"],
+                             safe=True)) == 1
+
+    def resume_queue(self, queue: str, *, now: float | None = None) -> bool:
+        check_queue_name(queue)
+        return int(self._run("queue_pause", [queue], [self._now_arg(now), "resume"],
+                             safe=True)) == 1
+
+    def paused_queues(self) -> dict[str, float]:
+        flat = self._transport.call(
+            "paused queues", lambda: self._transport.r.hgetall(self.keys.store["paused"]),
+            safe=True)
+        return {str(name): float(since) for name, since in flat.items()}
 
     def redrive(self, job_ids: Sequence[int] | None = None, *, queue: str | None = None,
                 now: float | None = None) -> int:

@@ -55,6 +55,9 @@ STORE_KEYS: dict[str, str] = {
     "kids": "kids:",
     "batch": "batch:",
     "members": "members:",
+    # Paused queues (backends/base.py, "Pausing a queue"): a HASH queue -> paused since (unix
+    # seconds). claim.lua claims nothing of a queue named here; peek.lua passes over it.
+    "paused": "paused",
 }
 
 # Each queue's keys, "{prefix}:q:<queue>:<name>", in the order of a script's block for the

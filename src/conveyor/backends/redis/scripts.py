@@ -46,7 +46,7 @@ SCRIPT_NAMES = (
     "enqueue", "enqueue_one", "claim", "heartbeat", "ack", "ack_many", "retry", "kill",
     "release", "reap", "promote", "prune", "cancel", "redrive", "purge", "record_worker",
     "remove_worker", "stats", "list_jobs", "record_step", "peek", "get", "sweep", "sweep_done",
-    "get_batch", "make_due", "cron_control",
+    "get_batch", "make_due", "cron_control", "queue_pause",
     *(f"{name}:strict" for name in STRICT_SCRIPTS),
 )
 

@@ -18,6 +18,7 @@ from typing import Any
 from ...errorgroups import ErrorGroups
 from ...errors import JobNotFound, LeaseLost, StoreError
 from ...job import Job, JobState
+from ...payload import check_queue_name
 from ..base import (
     ERROR_GROUP_SCAN,
     MAX_STALLS,
@@ -405,12 +406,14 @@ class SqliteBackend(SqliteConnections, Backend):
                 counters = conn.execute(Q["counters"]).fetchall()
                 expired = conn.execute(Q["expired_leases"], {"now": t}).fetchall()
                 workers = conn.execute(Q["workers"], {"since": t - worker_ttl}).fetchall()
+                paused = conn.execute(Q["paused_queues"]).fetchall()
             finally:
                 conn.execute("COMMIT")
         except sqlite3.Error as exc:
             raise translate(exc, "stats failed") from exc
 
-        queues = queue_stats_from_rows(t, counts, due, oldest, counters, expired)
+        queues = queue_stats_from_rows(t, counts, due, oldest, counters, expired,
+                                       {r["queue"]: r["paused_at"] for r in paused})
         return Stats(
             now=t,
             queues=queues,
@@ -537,11 +540,15 @@ class SqliteBackend(SqliteConnections, Backend):
             seen = (conn, conn.execute("PRAGMA data_version").fetchone()[0])
         next_due_check = 0.0
         placeholders = ",".join("?" * len(queues))
+        # The jobs of a paused queue are nobody's to claim: reporting them would wake an idle
+        # worker to an empty claim again and again.
+        unpaused = ("queue NOT IN (SELECT queue FROM conveyor_queue_controls"
+                    " WHERE paused_at IS NOT NULL)")
         ready_sql = (
             "SELECT EXISTS (SELECT 1 FROM conveyor_jobs WHERE state = 'available'"
-            f" AND queue IN ({placeholders}))"
+            f" AND queue IN ({placeholders}) AND {unpaused})"
             " OR EXISTS (SELECT 1 FROM conveyor_jobs WHERE state = 'scheduled'"
-            f" AND queue IN ({placeholders})"
+            f" AND queue IN ({placeholders}) AND {unpaused}"
             " AND run_at <= (julianday('now') - 2440587.5) * 86400.0)"
         )
         while True:
@@ -571,6 +578,30 @@ class SqliteBackend(SqliteConnections, Backend):
                 if self.closed:  # closed under us (a race with the check above): a wake-up too
                     return True
                 raise
+
+    # -- pausing queues ---------------------------------------------------------------
+    def pause_queue(self, queue: str, *, now: float | None = None) -> bool:
+        check_queue_name(queue)
+        with self._write(now) as (conn, t):
+            return conn.execute(Q["pause_queue"], {"queue": queue, "now": t}).rowcount == 1
+
+    def resume_queue(self, queue: str, *, now: float | None = None) -> bool:
+        check_queue_name(queue)
+        with self._write(now) as (conn, _):
+            changed = conn.execute(Q["resume_queue"], {"queue": queue}).rowcount == 1
+        if changed:
+            # Idle waiters of this process at once; those of other processes see the commit
+            # change the file (data_version) and look again.
+            self._signal.fire()
+        return changed
+
+    def paused_queues(self) -> dict[str, float]:
+        with self._using() as conn:
+            try:
+                rows = conn.execute(Q["paused_queues"]).fetchall()
+            except sqlite3.Error as exc:
+                raise translate(exc, "reading paused queues failed") from exc
+        return {r["queue"]: r["paused_at"] for r in rows}
 
     def wake(self) -> None:
         """Wake this process's idle waiters (used on shutdown)."""

@@ -43,6 +43,8 @@
 --                            client INCRs it with a TTL), P:wait:<id>:done a LIST a finish
 --                            pushes one mark per waiter to, P:wait:any the count of all
 --                            waiters (see tell_waiters)
+--   paused     P:paused      HASH queue -> paused since (unix seconds): claim takes nothing of
+--                            such a queue and peek passes over it (see queue_pause.lua)
 -- then one block per queue named in ARGV, in the same order, its keys in the order of
 -- QUEUE_KEYS in keys.py (queue_keys(b, name) names them):
 --   P:q:<queue>:available  ZSET, score = priority, member = tag .. sortable(run_at) .. id

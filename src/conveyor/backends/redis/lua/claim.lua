@@ -25,7 +25,7 @@
 --   the others are held in the worker's prefetch: their hash gets 'held' = 1 until a heartbeat
 --   says they started, and reap gives them back uncounted), then `limit` lease tokens made by
 --   the client (Lua's math.random is not a safe source of them; they begin with the claim's id).
--- Returns {} when nothing was claimed, {'hold', until, entries walked} when limits hold every
+-- Returns {} when nothing was claimed (the queue is paused, or holds no waiting job), {'hold', until, entries walked} when limits hold every
 -- waiting job back (see above), else {now, lease expiry, then one {id, base, extra, errors} per
 -- claimed job, in claim order; the n-th job returned holds the n-th token}. A job whose hash is
 -- gone is dropped from the indexes and not returned (forget_missing). base is the values of
@@ -45,6 +45,8 @@ local scan = tonumber(arg(5))
 local HOLD_S, HOLD_KEYS = 5, 16
 local start = tonumber(arg(6))
 promote_queue(q, now, 1000)
+-- A paused queue (P:paused) is claimed from by nobody; its due jobs were promoted all the same.
+if redis.call('HEXISTS', K.paused, q.name) == 1 then return {} end
 local hold = held_until(q, now)
 if hold then return {'hold', num(hold), 0} end
 local popped = redis.call('ZPOPMIN', q.available, limit)

@@ -8,7 +8,8 @@
 -- {'stale'}. A queue record: queue (its name), one count per state in STATES (by the state's
 -- name), due (scheduled jobs due now), oldest (oldest waiting run_at, or ''), expiries (or
 -- ''), expired (running jobs past their lease, not yet reaped); a queue forgotten since has
--- its name and expiries only. A worker record: id, info (JSON), last_seen.
+-- its name and expiries only. A worker record: id, info (JSON), last_seen. paused: the paused
+-- queues, as queue, since pairs (P:paused).
 if not queues_complete() then return {'stale'} end
 local now = clock(arg(1))
 local queues = {}
@@ -59,4 +60,5 @@ for k = 1, #seen, 2 do
   local info = redis.call('HGET', K_WORKERS, seen[k])
   if info then workers[#workers + 1] = {'id', seen[k], 'info', info, 'last_seen', seen[k + 1]} end
 end
-return {'ok', {'now', num(now), 'queues', queues, 'workers', workers}}
+return {'ok', {'now', num(now), 'queues', queues, 'workers', workers,
+  'paused', redis.call('HGETALL', K.paused)}}

@@ -137,6 +137,8 @@ RETURNING j.queue;
 SELECT id, priority, fair_tag, run_at, concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period
 FROM conveyor_jobs
 WHERE state = 'available' AND queue = %(queue)s
+  AND NOT EXISTS (SELECT 1 FROM conveyor_queue_controls AS c
+                  WHERE c.queue = %(queue)s AND c.paused_at IS NOT NULL)
 ORDER BY priority, fair_tag, run_at, id
 LIMIT %(limit)s;
 
@@ -145,6 +147,8 @@ LIMIT %(limit)s;
 SELECT id, priority, fair_tag, run_at, concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period
 FROM conveyor_jobs
 WHERE state = 'available' AND queue = %(queue)s
+  AND NOT EXISTS (SELECT 1 FROM conveyor_queue_controls AS c
+                  WHERE c.queue = %(queue)s AND c.paused_at IS NOT NULL)
   AND (priority, fair_tag, run_at, id) > (%(priority)s::smallint, %(fair_tag)s::bigint,
                                           %(run_at)s::timestamptz, %(id)s::bigint)
 ORDER BY priority, fair_tag, run_at, id
@@ -190,6 +194,8 @@ FROM unnest(%(rkeys)s::text[], %(periods)s::float8[]) AS w(key, period),
 WITH picked AS MATERIALIZED (
     SELECT id FROM conveyor_jobs
     WHERE id = ANY(%(ids)s::bigint[]) AND state = 'available'
+      AND NOT EXISTS (SELECT 1 FROM conveyor_queue_controls AS c
+                      WHERE c.queue = %(queue)s AND c.paused_at IS NOT NULL)
     FOR NO KEY UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE conveyor_jobs AS j
@@ -300,6 +306,8 @@ RETURNING j.id, j.queue, j.concurrency_key, CASE WHEN j.waited THEN pg_notify('c
 -- Lease tokens are the caller's claim id and the job's id (see Backend.claim); the jobs after
 -- the first %(start)s in claim order are held (a worker's prefetch), not started. (A window
 -- function cannot share a SELECT with FOR UPDATE: the rank is a CTE of its own.)
+-- A paused queue (conveyor_queue_controls) is picked from not at all, as in every claim
+-- statement here (claim_candidates, claim_candidates_after, claim_ids): the acks still land.
 WITH acked AS (
     WITH locked AS MATERIALIZED (
         SELECT id FROM conveyor_jobs WHERE id = ANY(%(ids)s::bigint[])
@@ -318,6 +326,8 @@ WITH acked AS (
     SELECT id, priority, fair_tag, run_at, concurrency_key IS NOT NULL OR rate_key IS NOT NULL AS limited
     FROM conveyor_jobs
     WHERE state = 'available' AND queue = %(queue)s
+      AND NOT EXISTS (SELECT 1 FROM conveyor_queue_controls AS c
+                      WHERE c.queue = %(queue)s AND c.paused_at IS NOT NULL)
     ORDER BY priority, fair_tag, run_at, id
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
@@ -669,13 +679,36 @@ WHERE state = 'running' AND lease_expires_at < :NOW GROUP BY queue;
 -- name: counters
 SELECT queue, name, value FROM conveyor_counters;
 
+-- name: pause_queue
+-- A row only changes if the queue was not paused: its paused_at is when the pause began.
+INSERT INTO conveyor_queue_controls AS c (queue, paused_at) VALUES (%(queue)s, :NOW)
+ON CONFLICT (queue) DO UPDATE SET paused_at = excluded.paused_at WHERE c.paused_at IS NULL
+RETURNING queue;
+
+-- name: resume_queue
+UPDATE conveyor_queue_controls SET paused_at = NULL
+WHERE queue = %(queue)s AND paused_at IS NOT NULL
+RETURNING queue;
+
+-- name: paused_queues
+SELECT queue, extract(epoch FROM paused_at)::float8 AS paused_at
+FROM conveyor_queue_controls WHERE paused_at IS NOT NULL;
+
 -- name: ready
-SELECT EXISTS (SELECT 1 FROM conveyor_jobs WHERE state = 'available' AND queue = ANY(%(queues)s::text[]))
-    OR EXISTS (SELECT 1 FROM conveyor_jobs WHERE state = 'scheduled' AND queue = ANY(%(queues)s::text[])
+-- The queues asked about, less the paused ones: their jobs are nobody's to claim, and reporting
+-- them would wake an idle worker to an empty claim again and again.
+WITH open AS MATERIALIZED (
+    SELECT q FROM unnest(%(queues)s::text[]) AS q
+    WHERE NOT EXISTS (SELECT 1 FROM conveyor_queue_controls AS c
+                      WHERE c.queue = q AND c.paused_at IS NOT NULL)
+), wanted AS (SELECT coalesce(array_agg(q), '{}') AS queues FROM open)
+SELECT EXISTS (SELECT 1 FROM conveyor_jobs WHERE state = 'available' AND queue = ANY(w.queues))
+    OR EXISTS (SELECT 1 FROM conveyor_jobs WHERE state = 'scheduled' AND queue = ANY(w.queues)
                AND run_at <= now()) AS ready,
        extract(epoch FROM (SELECT min(run_at) FROM conveyor_jobs
-                           WHERE state = 'scheduled' AND queue = ANY(%(queues)s::text[])) - now())::float8
-           AS next_due_in;
+                           WHERE state = 'scheduled' AND queue = ANY(w.queues)) - now())::float8
+           AS next_due_in
+FROM wanted AS w;
 
 -- name: record_worker
 INSERT INTO conveyor_workers (id, queues, concurrency, host, pid, started_at, last_seen, running, stuck)

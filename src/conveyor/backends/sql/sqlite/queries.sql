@@ -214,6 +214,8 @@ WHERE id IN (SELECT id FROM conveyor_jobs
              ORDER BY run_at LIMIT :limit);
 
 -- name: claim
+-- Nothing of a paused queue (conveyor_queue_controls), here and in claim_candidates, the limited
+-- path's only source of ids.
 UPDATE conveyor_jobs
 SET state = 'running',
     attempt = attempt + 1,
@@ -224,6 +226,8 @@ SET state = 'running',
     held = 0
 WHERE id IN (SELECT id FROM conveyor_jobs
              WHERE state = 'available' AND queue = :queue
+               AND NOT EXISTS (SELECT 1 FROM conveyor_queue_controls AS c
+                               WHERE c.queue = :queue AND c.paused_at IS NOT NULL)
              ORDER BY priority, fair_tag, run_at, id
              LIMIT :limit)
 RETURNING *;
@@ -233,6 +237,8 @@ RETURNING *;
 SELECT id, concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period
 FROM conveyor_jobs
 WHERE state = 'available' AND queue = :queue
+  AND NOT EXISTS (SELECT 1 FROM conveyor_queue_controls AS c
+                  WHERE c.queue = :queue AND c.paused_at IS NOT NULL)
 ORDER BY priority, fair_tag, run_at, id
 LIMIT :limit OFFSET :offset;
 
@@ -419,6 +425,18 @@ SELECT queue, min(run_at) AS oldest FROM conveyor_jobs WHERE state = 'available'
 -- Running jobs whose lease ran out, waiting for a reaper (reap's condition).
 SELECT queue, count(*) AS n FROM conveyor_jobs
 WHERE state = 'running' AND lease_expires_at < :now GROUP BY queue;
+
+-- name: pause_queue
+-- A row only changes if the queue was not paused: its paused_at is when the pause began.
+INSERT INTO conveyor_queue_controls (queue, paused_at) VALUES (:queue, :now)
+ON CONFLICT (queue) DO UPDATE SET paused_at = excluded.paused_at
+WHERE conveyor_queue_controls.paused_at IS NULL;
+
+-- name: resume_queue
+UPDATE conveyor_queue_controls SET paused_at = NULL WHERE queue = :queue AND paused_at IS NOT NULL;
+
+-- name: paused_queues
+SELECT queue, paused_at FROM conveyor_queue_controls WHERE paused_at IS NOT NULL;
 
 -- name: counters
 SELECT queue, name, value FROM conveyor_counters;
