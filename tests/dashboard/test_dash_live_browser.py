@@ -79,6 +79,13 @@ def test_the_dead_list_gains_a_row_but_not_under_a_selection(
     rows = "#dead-form tbody input[name=ids]"
     assert tab.page.locator(rows).count() == 1
     mark(tab)
+    # Nothing changed but the relative times: refreshes leave the rows where they are (the
+    # same elements, not a copy swapped in).
+    tab.page.evaluate("document.querySelector('#dead-form tbody tr').__kept = true")
+    updated = tab.page.get_attribute("html", "data-updated")
+    wait_until(lambda: tab.page.get_attribute("html", "data-updated") != updated, timeout=10,
+               interval=0.2)
+    assert tab.page.evaluate("document.querySelector('#dead-form tbody tr').__kept === true")
     second = kill_job(app.backend, "default", task="shop.charge_card", message="gateway down")
     wait_until(lambda: tab.page.locator(rows).count() == 2, timeout=10, interval=0.2)
     assert tab.page.locator("#dead-form tbody tr").first.inner_text().strip().startswith(f"#{second}")
@@ -111,6 +118,28 @@ def test_the_job_list_refreshes_within_its_filter(
     assert shown == [f"#{newest.id}", f"#{reports[1].id}", f"#{reports[0].id}"]
     assert tab.page.evaluate("location.search") == "?queue=reports"
     assert not_reloaded(tab)
+
+
+def test_a_hidden_tab_asks_nothing_and_catches_up_when_shown(
+        shop: tuple[Conveyor, RunningDashboard], tab: Page, quick_lists: None) -> None:  # noqa: F811
+    asked: list[str] = []
+    tab.go("/dead")
+    tab.page.on("request", lambda r: asked.append(r.url) if "/dead" in r.url else None)
+
+    def count() -> int:
+        tab.page.wait_for_timeout(100)  # the sync API hears of requests only inside its calls
+        return len(asked)
+
+    wait_until(lambda: count() >= 2, timeout=10)  # every second while shown
+    tab.page.evaluate("""Object.defineProperty(document, 'hidden', {configurable: true, get: () => true});
+        document.dispatchEvent(new Event('visibilitychange'))""")
+    tab.page.wait_for_timeout(1500)  # a request already on its way may still land
+    before = len(asked)
+    tab.page.wait_for_timeout(4000)
+    assert count() == before, "a hidden tab kept polling"
+    tab.page.evaluate("""Object.defineProperty(document, 'hidden', {configurable: true, get: () => false});
+        document.dispatchEvent(new Event('visibilitychange'))""")
+    wait_until(lambda: count() > before, timeout=2)
 
 
 def test_on_a_phone_the_navigation_needs_no_sideways_scrolling(

@@ -85,9 +85,16 @@
 
   var TIME_RE = /<time\b[^>]*>[^<]*<\/time>/g;
 
+  function withoutTimes(el) { return el.innerHTML.replace(TIME_RE, ""); }
+
+  // What the server last sent for <main id="live">, relative times left out. Compared with
+  // that, not with the page: the script itself changes the page (disabled buttons, counts).
+  var shown = null;
+
   function swap(here, fresh) {
+    var key = withoutTimes(fresh);
     // Only relative times changed ("5 s ago"): update them in place, move nothing.
-    if (here.innerHTML.replace(TIME_RE, "") === fresh.innerHTML.replace(TIME_RE, "")) {
+    if (key === shown) {
       var old = here.querySelectorAll("time"), neu = fresh.querySelectorAll("time");
       for (var i = 0; i < old.length && i < neu.length; i++) {
         if (old[i].textContent !== neu[i].textContent) old[i].textContent = neu[i].textContent;
@@ -100,6 +107,7 @@
       for (var k = 0; k < was.length; k++) now[k].open = was[k].open;
     }
     here.replaceWith(document.importNode(fresh, true));
+    shown = key;
     wireSelection(document);
   }
 
@@ -183,6 +191,8 @@
   }
 
   document.addEventListener("DOMContentLoaded", function () {
+    var live = document.getElementById("live");
+    if (live) shown = withoutTimes(live);  // before wireSelection changes it
     wireSelection(document);
     startRefresh();
   });
