@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from dashkit import enqueue, kill_job, make_client
+from dashkit import CSRF_RE, enqueue, kill_job, make_client, post
 from starlette.testclient import TestClient
 from support import wait_until
 
@@ -160,3 +160,18 @@ def test_throughput_card_and_chart_say_which_window_they_show(
     # labelled as such so it is not read as contradicting the card's mean.
     legend = text(re.search(r'<ul class="legend">(.*?)</ul>', page, re.S).group(1))  # type: ignore[union-attr]
     assert re.search(r"succeeded/s latest( \d+ s)? 0\.00", legend), legend
+
+
+def test_forms_in_a_refreshed_page_still_post(app: Conveyor, client: TestClient) -> None:
+    """The content a refresh swaps in carries the browser's CSRF token: its buttons work, and a
+    post without the token is still refused."""
+    b = app.backend
+    first = kill_job(b, "live-c")
+    loaded = CSRF_RE.search(client.get("/dead").text)
+    refreshed = CSRF_RE.search(client.get("/dead", headers=REFRESH).text)
+    assert loaded and refreshed and loaded.group(1) == refreshed.group(1)
+    refused = post(client, "/dead/purge", {"ids": str(first), "confirmed": "yes"}, token="0" * 64)
+    assert refused.status_code == 403 and b.get(first) is not None
+    done = post(client, "/dead/purge", {"ids": str(first), "confirmed": "yes"},
+                token=refreshed.group(1))
+    assert done.status_code == 303 and b.get(first) is None
