@@ -13,7 +13,7 @@ from starlette.staticfiles import StaticFiles
 from ..backends.base import QueueStats
 from ..cron import tick_of
 from ..job import Job, JobState
-from . import charts, search
+from . import charts, counts, search
 from . import formatting as fmt
 from .bulkpages import BulkPages
 from .params import (
@@ -38,6 +38,10 @@ CRON_ACTIONS = ("run", "disable", "enable")
 QUEUE_ACTIONS = ("pause", "resume")
 MAX_JOB_ID = 2**63 - 1  # every store keeps ids in a signed 64-bit integer
 MAX_BATCH_ID_CHARS = 255  # app.batch ids are 32 hex digits: anything far longer is no batch
+# Seconds between live refreshes (dashboard.js bounds them and backs off in a hidden tab).
+LIST_REFRESH = 5
+JOB_REFRESH = 2
+FINAL_JOB_REFRESH = 10
 
 
 class Pages(Rendering):
@@ -92,14 +96,11 @@ class Pages(Rendering):
             "dead": sum(q.dead for q in stats.queues),
             "succeeded": sum(q.succeeded for q in stats.queues),
             "oldest": max((age for age in ages if age is not None), default=None),
-            "rate": recent_rate(samples, lambda s: float(s.succeeded)),
-            "capacity": sum(w.concurrency for w in stats.workers),
-            # A stuck slot (a sync task's thread past its timeout) is busy: it takes no job.
-            "busy": sum(w.running + w.stuck for w in stats.workers),
-            "stuck": sum(w.stuck for w in stats.workers),
         }
         return self.render(
             request, "overview.html", now=stats.now, stats=stats, rows=rows, totals=totals,
+            running=counts.running_counts(stats, self.d.backend),
+            throughput=counts.throughput(samples), per_second=counts.per_second,
             nav_dead=totals["dead"], alerts=self.d.sampler.alerts(), refresh=5,
             interval=self.d.sampler.interval,
             charts=[charts.throughput_chart(samples), charts.failures_chart(samples),
@@ -151,7 +152,9 @@ class Pages(Rendering):
         tasks = sorted(self.d.conveyor.tasks)
         return self.render(request, "jobs.html", now=self.d.backend.now(), query=query,
                            result=result, queues=queues, tasks=tasks,
-                           search_window=search.SEARCH_WINDOW)
+                           search_window=search.SEARCH_WINDOW,
+                           # a text search scans a window of jobs per load: refreshed less often
+                           refresh=LIST_REFRESH * 3 if query.q else LIST_REFRESH)
 
     def _known_queues(self) -> list[str]:
         samples = self.d.sampler.snapshot()
@@ -178,7 +181,9 @@ class Pages(Rendering):
                            meta_json=fmt.to_json(job.meta, pretty=True) if job.meta else None,
                            steps_json=fmt.to_json(job.steps, pretty=True) if job.steps else None,
                            cron_tick=tick.isoformat() if tick else None,
-                           known_task=job.task in self.d.conveyor.tasks)
+                           known_task=job.task in self.d.conveyor.tasks,
+                           # only a redrive moves a finished job on: watched less closely
+                           refresh=FINAL_JOB_REFRESH if job.is_final else JOB_REFRESH)
 
     def batch(self, request: Request, _: dict[str, list[str]]) -> Response:
         batch_id = str(request.path_params["batch_id"])
@@ -242,7 +247,7 @@ class Pages(Rendering):
         groups = self._bulk.groups() if query.cursor is None else None
         return self.render(request, "dead.html", now=stats.now, query=query, page=page,
                            by_queue=by_queue, total=total, in_scope=in_scope, nav_dead=total,
-                           groups=groups)
+                           groups=groups, refresh=LIST_REFRESH)
 
     def dead_action(self, request: Request, form: dict[str, list[str]]) -> Response:
         action = str(request.path_params["action"])
