@@ -20,6 +20,7 @@ from .admin import Administering
 from .claims import Claiming
 from .connection import bounded, translate
 from .enqueue import Enqueuing
+from .history import PostgresHistory
 from .listen import Listening
 from .locks import Locking
 from .migrate import LATEST as SCHEMA_VERSION
@@ -27,7 +28,7 @@ from .migrate import migrate as migrate_schema
 from .queries import CHANNEL, KEEP_ERRORS, Q, error_json, forget_batches, notify, notify_freed
 
 
-class PostgresBackend(Enqueuing, Claiming, Administering, Listening, Locking):
+class PostgresBackend(Enqueuing, Claiming, Administering, Listening, Locking, PostgresHistory):
     supports_transactions = True  # enqueue/ack can join a caller's transaction
 
     def __init__(self, url: str, *, min_size: int | None = None,
