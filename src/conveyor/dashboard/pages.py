@@ -15,6 +15,7 @@ from ..cron import tick_of
 from ..job import Job, JobState
 from . import charts, search
 from . import formatting as fmt
+from .historyview import history_view, parse_range
 from .params import (
     JobsQuery,
     one,
@@ -90,8 +91,10 @@ class Pages(Rendering):
             request, "overview.html", now=stats.now, stats=stats, rows=rows, totals=totals,
             nav_dead=totals["dead"], alerts=self.d.sampler.alerts(), refresh=5,
             interval=self.d.sampler.interval,
-            charts=[charts.throughput_chart(samples), charts.failures_chart(samples),
-                    charts.backlog_chart(samples)],
+            charts=_live([charts.throughput_chart(samples), charts.failures_chart(samples),
+                          charts.backlog_chart(samples)]),
+            history=history_view(self.d.backend, parse_range(request.query_params.get("range")),
+                                 now=stats.now),
         )
 
     def queue(self, request: Request, _: dict[str, list[str]]) -> Response:
@@ -110,8 +113,11 @@ class Pages(Rendering):
         return self.render(
             request, "queue.html", now=stats.now, q=q, workers=workers, recent=recent, refresh=5,
             rate=recent_rate(samples, lambda s: float(s.succeeded), name),
-            charts=[charts.throughput_chart(samples, name), charts.failures_chart(samples, name),
-                    charts.backlog_chart(samples, name)],
+            charts=_live([charts.throughput_chart(samples, name),
+                          charts.failures_chart(samples, name),
+                          charts.backlog_chart(samples, name)]),
+            history=history_view(self.d.backend, parse_range(request.query_params.get("range")),
+                                 now=stats.now, queue=name),
         )
 
     def jobs(self, request: Request, _: dict[str, list[str]]) -> Response:
@@ -329,3 +335,10 @@ class Pages(Rendering):
             return JSONResponse({"status": "store unavailable"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
+
+def _live(drawn: list[charts.Chart]) -> list[charts.Chart]:
+    """The charts of this dashboard's own samples, titled as live (the store's history is
+    charted beside them)."""
+    for c in drawn:
+        c.title = f"Live {c.title.lower()}"
+    return drawn
