@@ -3,6 +3,7 @@ same numbers, a restarted one shows them still, and ``?range=`` picks the window
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 
@@ -82,3 +83,24 @@ def test_the_charts_draw_the_history_and_the_picker_marks_the_range(
     assert re.search(r'class="range on" href="/\?range=6h#history"[^>]*aria-current="true"', page)
     assert "Live throughput" in page  # this process's own samples, still there, named as live
     assert 'id="history-wait">55 ms<' in page  # 8 s of pickup over 146 attempts in 6 h
+
+
+def test_conveyor_stats_history_shows_the_same_numbers(make_app: Callable[..., Conveyor]) -> None:
+    from click.testing import CliRunner
+
+    from conveyor.cli import cli
+
+    app = make_app()
+    seed(app)
+    runner = CliRunner()
+    out = runner.invoke(cli, ["stats", "--history", "7d", "--json", "--url", app.url])
+    assert out.exit_code == 0, out.output
+    got = json.loads(out.output)
+    assert {q: (v["succeeded"], v["failed"], v["dead"]) for q, v in got["queues"].items()} == {
+        "emails": (1140, 3, 6), "reports": (2, 0, 0)}
+    assert sum(got["queues"]["emails"]["succeeded_per_bucket"]) == 1140
+    table = runner.invoke(cli, ["stats", "--history", "1h", "--url", app.url])
+    assert table.exit_code == 0, table.output
+    assert "history, last 1 h" in table.output
+    assert re.search(r"emails\s+│\s+40\s+│\s+3\s+│\s+1\s+│", table.output), table.output
+    assert runner.invoke(cli, ["stats", "--history", "2h", "--url", app.url]).exit_code == 2
