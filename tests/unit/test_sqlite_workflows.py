@@ -43,7 +43,7 @@ def test_migration_008_keeps_the_jobs_of_a_store_from_before(tmp_path: Path) -> 
 
     backend = SqliteBackend(f"sqlite:///{path}")
     try:
-        assert backend.schema_version() == 8
+        assert backend.schema_version() == load_migrations("sqlite")[-1][0]  # 008 and after
         old = backend.get(1)
         assert old is not None and old.state is JobState.AVAILABLE and old.parents == ()
         assert old.on_parent_failure == "cancel" and old.batch_id is None

@@ -94,6 +94,10 @@ class Worker:
     at the timeout, but its thread cannot be killed and keeps the slot until the call returns:
     a stuck slot (``WorkerInfo.stuck``). When every slot has been stuck this long, the worker
     stops with ``exit_code`` EXIT_STUCK, so that its supervisor starts a fresh process.
+
+    ``history_interval`` (default 12 s): how often the outcomes this worker counted are added to
+    the store's history (conveyor/history.py), in one write; also at stop. A kill loses what
+    was counted since the last one.
     """
 
     def __init__(
