@@ -92,6 +92,7 @@ class Conveyor:
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         result_ttl: float = 86400.0,
         dead_ttl: float | None = None,
+        history_days: float = 7.0,
         signing_key: str | bytes | None = None,
         verify_keys: Sequence[str | bytes] = (),
         pool_size: int | None = None,
@@ -122,6 +123,10 @@ class Conveyor:
             raise ConfigurationError(
                 f"dead_ttl must be > 0 seconds or None (keep), got {dead_ttl!r}")
         self.dead_ttl = dead_ttl  # seconds dead jobs are kept; None: until purged
+        if not history_days > 0:
+            raise ConfigurationError(f"history_days must be > 0, got {history_days!r}")
+        # Days the store keeps the hourly history (minute rows roll up into hours after a day).
+        self.history_days = float(history_days)
         # HMAC of every job's task, queue and arguments; workers then run only signed jobs.
         self.signer = Signer(signing_key, verify_keys) if signing_key is not None else None
         if verify_keys and signing_key is None:

@@ -11,6 +11,10 @@ holds neither up, and times the next pass by what this one found (:func:`next_pa
 when another batch will have come due at the rate jobs finished since the last pass, between
 its maintenance interval and ``prune_interval``. Under sustained load the finished rows then
 stay near what ``result_ttl`` keeps plus about a batch.
+
+The same pass, under the same lock, keeps the history (backends/history.py) in bounds: minute
+rows older than a day are rolled up into hourly rows, and hourly rows older than the app's
+``history_days`` are deleted (``Backend.rollup_history``, ``batch`` rows a call).
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ def retention_rules(app: Conveyor) -> list[Rule]:
 
 @dataclass(frozen=True)
 class PruneOutcome:
-    deleted: int = 0
+    deleted: int = 0  # jobs, and history rows rolled up or deleted
     more: bool = False  # stopped after max_batches, the last one full: run again at once
     skipped: bool = False  # another pruner holds the lock
 
@@ -96,9 +100,11 @@ class Pruner:
     def __init__(
         self, backend: Backend, rules: Sequence[Rule], *, batch: int = 1000, max_batches: int = 100,
         pause: float = 0.01, max_pause: float = 0.25, lock_ttl: float = 60.0,
+        history_days: float | None = None,
     ) -> None:
         self.backend = backend
         self.rules = list(rules)
+        self.history_days = history_days  # None: this pass leaves the history alone
         self.batch = batch
         self.max_batches = max_batches
         # Between batches: a quarter of the last batch's time, within [pause, max_pause].
@@ -109,7 +115,7 @@ class Pruner:
     async def run(self, *, now: float | None = None, call: Call = _in_thread) -> PruneOutcome:
         """One pass: ``now`` is for tests (None: the store's clock); ``call`` runs each store
         call off the event loop."""
-        if not self.rules:
+        if not self.rules and self.history_days is None:
             return PruneOutcome()
         try_lock = functools.partial(self.backend.try_lock, PRUNE_LOCK, ttl=self.lock_ttl)
         taking = asyncio.ensure_future(call(try_lock))
@@ -144,8 +150,13 @@ class Pruner:
                 took = time.monotonic() - started
                 await asyncio.sleep(min(max(self.pause, took * PAUSE_SHARE), self.max_pause))
                 if deleted >= self.batch * self.max_batches:
-                    return PruneOutcome(deleted, more=True)
+                    return PruneOutcome(deleted, more=True)  # the history waits for the next
                 if not await call(lock.renew):
                     # Another pruner may have it now: leave the rest to it.
                     return PruneOutcome(deleted)
-        return PruneOutcome(deleted)
+        if self.history_days is None:
+            return PruneOutcome(deleted)
+        rolled: int = await call(functools.partial(
+            self.backend.rollup_history, keep_days=self.history_days, limit=self.batch, now=now))
+        # One bounded call a pass: a full one asks for the next pass at once.
+        return PruneOutcome(deleted + rolled, more=rolled >= self.batch)

@@ -124,6 +124,7 @@ from .common import (
     queue_stats_from_rows,
     refuse_overflow,
 )
+from .history import HistoryPoint
 from .types import (
     BatchInfo,
     ClaimReply,
@@ -145,8 +146,8 @@ from .types import (
 __all__ = [
     "CLAIM_ID_RE", "CLAIM_SCAN", "LOCK_NAME_RE", "MAX_STALLS", "Backend", "BatchInfo",
     "ClaimReply",
-    "CronState", "CronStore", "EnqueueResult", "ErrorInfo", "ErrorKind", "Lease", "LoopClaims",
-    "NewBatch", "NewJob",
+    "CronState", "CronStore", "EnqueueResult", "ErrorInfo", "ErrorKind", "HistoryPoint", "Lease",
+    "LoopClaims", "NewBatch", "NewJob",
     "Page", "QueueStats", "ReapResult", "Stats", "StepStore", "StoreLock",
     "TransactionalStore", "WakeUps", "WorkerInfo", "check_claim_id", "check_filters",
     "check_lock_name", "depth_limits", "new_claim_id", "new_uids", "queue_full",
@@ -553,6 +554,35 @@ class Backend(abc.ABC):
         job stored before uids existed): a job with that id but another uid is another job
         that took the id after the store lost data, so the record is refused as for an unknown
         job, with JobNotFound."""
+
+    # -- history (backends/history.py) --------------------------------------------------------
+    # Per queue per minute counts the workers add up (processed, failed, dead, latency sums),
+    # kept for the dashboard's charts and ``conveyor stats --history``. Every store keeps them.
+    def record_history(self, points: Sequence[HistoryPoint]) -> None:
+        """Add each point's counts to the stored row of its (queue, minute), creating it, all in
+        one atomic write: two workers adding to the same row both count. ``points`` are minute
+        points (``span`` MINUTE, ``at`` a whole minute); a (queue, minute) may come more than
+        once. Not fenced and not idempotent: a write sent twice counts twice."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no history")
+
+    def history(self, *, queue: str | None = None, since: float,
+                until: float) -> list[HistoryPoint]:
+        """The stored rows of ``queue`` (None: every queue) whose bucket starts in
+        [``since``, ``until``), ordered by (at, queue): minute rows where they are kept (the
+        last MINUTES_KEPT), hourly rows beyond. A bucket's start, not its end, decides: an hour
+        that starts before ``since`` is left out. Rolled-up and minute rows of one hour may both
+        be there for a moment (a late flush); a reader sums what it is given."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no history")
+
+    def rollup_history(self, *, keep_days: float, limit: int = 1000,
+                       now: float | None = None) -> int:
+        """Retention of the history, bounded: up to ``limit`` minute rows (Redis: minutes, each
+        with all its queues) from before
+        ``rollup_cutoff(now)`` are added into their hourly rows and deleted, in one atomic write
+        (so the totals never change), and up to ``limit`` hourly rows that start more than
+        ``keep_days`` days before ``now`` are deleted. Returns the rows rolled up or deleted
+        (``limit`` or more: call again)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no history")
 
     def schema_version(self) -> int | None:
         """The last schema migration applied to the store; None for a store without numbered

@@ -9,7 +9,8 @@ reads the store through ``list_jobs``, ``get`` and ``stats``; every action is ``
 This module builds the app (``create_app``); the rest of the package: ``pages`` (every route),
 ``rendering`` (request plumbing, templates, errors, redirects), ``params`` (query strings and
 forms), ``search``, ``views`` (attempts, rates), ``state`` (the Dashboard settings object),
-``security`` (auth, sessions, CSRF, headers), ``sampler`` and ``charts`` (history and alerts),
+``security`` (auth, sessions, CSRF, headers), ``sampler`` and ``charts`` (live charts and
+alerts), ``historyview`` (the charts of the store's history),
 ``server`` (uvicorn).
 """
 

@@ -19,7 +19,8 @@ WIDTH, HEIGHT = 440.0, 180.0
 LEFT, RIGHT, TOP, BOTTOM = 40.0, 10.0, 10.0, 24.0
 Y_INTERVALS = 4
 PALETTE = ("s1", "s2", "s3", "s4", "s5", "s6")  # CSS classes; colours live in dashboard.css
-TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600)
+TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600,
+              43200, 86400)
 
 Point = tuple[float, float | None]
 
@@ -104,7 +105,7 @@ def layout(chart: Chart) -> Chart:
     span = t1 - t0
     step = next((s for s in TIME_STEPS if span / s <= 6), TIME_STEPS[-1])
     first = math.ceil(t0 / step) * step
-    fmt = "%H:%M:%S" if step < 60 else "%H:%M"
+    fmt = "%H:%M:%S" if step < 60 else "%H:%M" if step < 86400 else "%m-%d"
     chart.x_ticks = [
         Tick(x(t), dt.datetime.fromtimestamp(t, tz=dt.UTC).strftime(fmt))
         for t in _frange(first, t1, step)

@@ -16,6 +16,7 @@ from ..job import Job, JobState
 from . import charts, counts, search
 from . import formatting as fmt
 from .bulkpages import BulkPages
+from .historyview import history_view, parse_range
 from .params import (
     JobsQuery,
     one,
@@ -103,8 +104,10 @@ class Pages(Rendering):
             throughput=counts.throughput(samples), per_second=counts.per_second,
             nav_dead=totals["dead"], alerts=self.d.sampler.alerts(), refresh=5,
             interval=self.d.sampler.interval,
-            charts=[charts.throughput_chart(samples), charts.failures_chart(samples),
-                    charts.backlog_chart(samples)],
+            charts=_live([charts.throughput_chart(samples), charts.failures_chart(samples),
+                          charts.backlog_chart(samples)]),
+            history=history_view(self.d.backend, parse_range(request.query_params.get("range")),
+                                 now=stats.now),
         )
 
     def queue(self, request: Request, _: dict[str, list[str]]) -> Response:
@@ -123,8 +126,11 @@ class Pages(Rendering):
         return self.render(
             request, "queue.html", now=stats.now, q=q, workers=workers, recent=recent, refresh=5,
             rate=recent_rate(samples, lambda s: float(s.succeeded), name),
-            charts=[charts.throughput_chart(samples, name), charts.failures_chart(samples, name),
-                    charts.backlog_chart(samples, name)],
+            charts=_live([charts.throughput_chart(samples, name),
+                          charts.failures_chart(samples, name),
+                          charts.backlog_chart(samples, name)]),
+            history=history_view(self.d.backend, parse_range(request.query_params.get("range")),
+                                 now=stats.now, queue=name),
         )
 
     def queue_action(self, request: Request, form: dict[str, list[str]]) -> Response:
@@ -390,3 +396,10 @@ class Pages(Rendering):
             return JSONResponse({"status": "store unavailable"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
+
+def _live(drawn: list[charts.Chart]) -> list[charts.Chart]:
+    """The charts of this dashboard's own samples, titled as live (the store's history is
+    charted beside them)."""
+    for c in drawn:
+        c.title = f"Live {c.title.lower()}"
+    return drawn

@@ -1,10 +1,11 @@
 """The dashboard's memory of the recent past: a ring of ``stats()`` samples, and the alerts
 that fire on them.
 
-The store keeps counts, not history, so throughput and failures over time are the
-differences between samples this process took. A background thread samples every
-``interval`` seconds (and every page that reads stats adds its reading), keeping the last
-``history`` samples: an hour at the defaults. A restarted dashboard starts with empty charts.
+These are the live charts: throughput and failures over time as the differences between
+samples this process took. The store's own history (historyview.py) is charted beside them.
+A background thread samples every ``interval`` seconds (and every page that reads stats adds
+its reading), keeping the last ``history`` samples: an hour at the defaults. A restarted
+dashboard starts with empty live charts.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from ..app import Conveyor
 from ..backends.base import Backend, WorkerInfo
 from ..errors import ConfigurationError
 from ..health import HeartbeatFile
+from ..history import FLUSH_S, Recorder
 from ..hooks import HookEvent
 from ..metrics import Metrics
 from ..threads import TaskThreads
@@ -93,6 +94,10 @@ class Worker:
     at the timeout, but its thread cannot be killed and keeps the slot until the call returns:
     a stuck slot (``WorkerInfo.stuck``). When every slot has been stuck this long, the worker
     stops with ``exit_code`` EXIT_STUCK, so that its supervisor starts a fresh process.
+
+    ``history_interval`` (default 12 s): how often the outcomes this worker counted are added to
+    the store's history (conveyor/history.py), in one write; also at stop. A kill loses what
+    was counted since the last one.
     """
 
     def __init__(
@@ -116,6 +121,7 @@ class Worker:
         stuck_grace: float = 60.0,
         heartbeat_file: str | None = None,
         burst: bool = False,
+        history_interval: float = FLUSH_S,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be >= 1, got {concurrency}")
@@ -143,6 +149,9 @@ class Worker:
             raise ConfigurationError(f"grace_period must be >= 0 seconds, got {grace_period!r}")
         if not stuck_grace > 0:
             raise ConfigurationError(f"stuck_grace must be > 0 seconds, got {stuck_grace!r}")
+        if not history_interval > 0:
+            raise ConfigurationError(
+                f"history_interval must be > 0 seconds, got {history_interval!r}")
         if not maintenance_interval > 0:
             raise ConfigurationError(
                 f"maintenance_interval must be > 0 seconds, got {maintenance_interval!r}")
@@ -160,6 +169,9 @@ class Worker:
                                             max_age=self.lease_s)
         self.metrics = metrics if metrics is not None else app.metrics
         self.counters = WorkerCounters()
+        # Outcomes counted for the store's history, flushed every history_interval (history.py).
+        self.history = Recorder()
+        self.history_interval = float(history_interval)
         self.started_at = time.time()
         self._rng = random.Random()
         self._context: contextvars.Context | None = None  # what tasks run in copies of
@@ -190,6 +202,15 @@ class Worker:
     def run(self) -> None:
         """Run until stopped (SIGTERM/SIGINT or ``stop()``)."""
         asyncio.run(self.run_async())
+
+    def flush_history(self, timeout: float = 30.0) -> int:
+        """Write the history this worker counted so far now, instead of at its next flush; the
+        points written. From any thread but the worker's own event loop's (tests, a hook)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return 0
+        future = asyncio.run_coroutine_threadsafe(self.maintenance.flush_history(), loop)
+        return future.result(timeout)
 
     def stop(self, *, graceful: bool = True) -> None:
         """Ask the worker to stop; safe from any thread. A second, or non-graceful, call
@@ -255,6 +276,7 @@ class Worker:
             loop.create_task(self.maintenance.reap_and_promote_loop(),
                              name="conveyor-maintenance"),
             loop.create_task(self.maintenance.prune_loop(), name="conveyor-prune"),
+            loop.create_task(self.maintenance.history_loop(), name="conveyor-history"),
         ]
         if self.scheduler and self.app.schedules:
             helpers.append(loop.create_task(self.maintenance.cron_loop(),
@@ -297,6 +319,8 @@ class Worker:
         if not self._forced:
             await asyncio.to_thread(self._beat.shutdown, wait=True, cancel_futures=True)
         self.heartbeat_file.remove()
+        # Every outcome is counted by now (the drain is over): the last flush.
+        await self.maintenance.flush_history()
         try:
             await self._call(self._store, self.backend.remove_worker, self.id)
         except Exception:

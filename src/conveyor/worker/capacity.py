@@ -61,6 +61,7 @@ class Running:
     # says the loss was counted already.
     lost: bool = False
     held_at: float = 0.0  # when it was held for a slot (prefetch), time.monotonic()
+    run_s: float = 0.0  # how long its task ran, once it has (for the history)
 
     def move(self, to: RunPhase) -> None:
         if to not in _MOVES[self.phase]:

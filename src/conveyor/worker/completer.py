@@ -18,6 +18,7 @@ from .. import faultpoints
 from ..backends.base import Lease
 from ..errors import ClaimLost, LeaseLost, StoreError
 from ..executor import Outcome, OutcomeKind
+from ..history import DEAD, FAILED, PROCESSED
 from ..job import Job, JobState
 from ..redact import mask_text
 from .capacity import Running, RunPhase
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("conveyor.worker")
 T = TypeVar("T")
 ACK_BATCH = 256  # most acks written in one store transaction
+# The outcomes the history counts (a lost lease or a cancel is no outcome of the attempt's own).
+HISTORY_SLOTS = {"succeeded": PROCESSED, "retried": FAILED, "dead": DEAD}
 Acks = Sequence[tuple[Running, "str | None"]]  # succeeded jobs and their results (JSON)
 
 
@@ -40,11 +43,15 @@ def log_job(w: Worker, level: int, job: Job, outcome: str, msg: str, *args: Any)
         })
 
 
-def count(w: Worker, job: Job, outcome: str) -> None:
-    """Count a finished attempt by task and outcome (and in the metrics)."""
+def count(w: Worker, job: Job, outcome: str, run_s: float = 0.0) -> None:
+    """Count a finished attempt by task and outcome (and in the metrics and the history)."""
     w.counters.by_task[f"{job.task}:{outcome}"] += 1
     if w.metrics is not None:
         w.metrics.attempts.labels(job.queue, job.task, outcome).inc()
+    slot = HISTORY_SLOTS.get(outcome)
+    if slot is not None:
+        wait = job.attempted_at - job.run_at if job.attempted_at is not None else 0.0
+        w.history.note(job.queue, slot, max(0.0, wait), run_s)
 
 
 class Completer:
@@ -116,7 +123,7 @@ class Completer:
         job = running.job
         if ok:
             w.counters.succeeded += 1
-            count(w, job, "succeeded")
+            count(w, job, "succeeded", running.run_s)
             log_job(w, logging.DEBUG, job, "succeeded", "job %d %s succeeded", job.id, job.task)
         elif not running.lost:  # (a heartbeat that found the lease lost counted it already)
             assert w._loop is not None
@@ -163,7 +170,7 @@ class Completer:
         try:
             if kind is OutcomeKind.COMPLETED:
                 w.counters.succeeded += 1
-                count(w, job, "succeeded")
+                count(w, job, "succeeded", running.run_s)
                 log_job(w, logging.DEBUG, job, "succeeded",
                         "job %d %s succeeded in its own transaction", job.id, job.task)
             elif kind is OutcomeKind.RETRY:
@@ -171,14 +178,14 @@ class Completer:
                 state = await self.write(w.backend.retry, lease, error, delay=outcome.delay)
                 if state is JobState.DEAD:
                     w.counters.dead += 1
-                    count(w, job, "dead")
+                    count(w, job, "dead", running.run_s)
                     log_job(w, logging.ERROR, job, "dead",
                             "job %d %s failed on its last attempt (%d/%d), now dead: %s",
                             job.id, job.task, job.attempts, job.max_attempts,
                             mask_text(error.message))
                 else:
                     w.counters.retried += 1
-                    count(w, job, "retried")
+                    count(w, job, "retried", running.run_s)
                     log_job(w, logging.WARNING, job, "retried",
                             "job %d %s attempt %d/%d failed (%s), retry in %.2fs: %s",
                             job.id, job.task, job.attempts, job.max_attempts, error.kind,
@@ -187,7 +194,7 @@ class Completer:
                 assert error is not None
                 await self.write(w.backend.kill, lease, error)
                 w.counters.dead += 1
-                count(w, job, "dead")
+                count(w, job, "dead", running.run_s)
                 log_job(w, logging.ERROR, job, "dead", "job %d %s is dead (%s): %s",
                         job.id, job.task, error.kind, mask_text(error.message))
             elif kind is OutcomeKind.SUCCEEDED:

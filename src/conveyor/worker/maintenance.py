@@ -9,6 +9,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from ..history import Recorder
 from ..retention import PruneOutcome, Pruner, next_pass_in, retention_rules
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ class Maintenance:
         never holds them up. Passes come every ``prune_interval`` at most, sooner when jobs
         finish faster than a batch per interval."""
         w = self.w
-        pruner = Pruner(w.backend, retention_rules(w.app))
+        pruner = Pruner(w.backend, retention_rules(w.app), history_days=w.app.history_days)
         call = functools.partial(w._call, w._maint)
         # At a random point of the first interval: workers started together spread out.
         await asyncio.sleep(w.prune_interval * w._rng.uniform(0, 1))
@@ -70,6 +71,33 @@ class Maintenance:
                                  shortest=w.maintenance_interval, longest=w.prune_interval)
             last = started
             await asyncio.sleep(delay)
+
+    async def history_loop(self) -> None:
+        """Flush the history counted here every ``history_interval`` (spread by a random share,
+        so workers started together do not write at the same instant)."""
+        w = self.w
+        while True:
+            await asyncio.sleep(w.history_interval * w._rng.uniform(0.8, 1.2))
+            await self.flush_history()
+
+    async def flush_history(self) -> int:
+        """Add what this worker counted to the store's history in one write; the points written.
+        Taken on the event loop, where the counting happens. Points the store refused are put
+        back for the next flush."""
+        w = self.w
+        recorder: Recorder = w.history
+        points = recorder.take()
+        if not points:
+            return 0
+        try:
+            await w._call(w._maint, w.backend.record_history, points)
+        except asyncio.CancelledError:
+            raise  # the write may land still: putting the points back could count them twice
+        except Exception:
+            log.warning("could not write the history; it goes with the next flush", exc_info=True)
+            recorder.put_back(points)
+            return 0
+        return len(points)
 
     async def cron_loop(self) -> None:
         from ..cron import Scheduler

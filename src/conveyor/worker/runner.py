@@ -110,9 +110,9 @@ class Runner:
                 # job counts as done only once that write is durable).
                 slot_freed = True
                 w.capacity.free_slot()
+            running.run_s = time.perf_counter() - started
             if w.metrics is not None:
-                w.metrics.run_seconds.labels(job.queue, job.task).observe(
-                    time.perf_counter() - started)
+                w.metrics.run_seconds.labels(job.queue, job.task).observe(running.run_s)
             kind = outcome.kind
             if kind is OutcomeKind.SUCCEEDED:
                 # Its ack is queued; the ack's answer settles the job (it stays heartbeated

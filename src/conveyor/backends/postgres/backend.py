@@ -21,6 +21,7 @@ from .claims import Claiming
 from .connection import bounded, translate
 from .enqueue import Enqueuing
 from .groups import Grouping
+from .history import PostgresHistory
 from .listen import Listening
 from .locks import Locking
 from .migrate import LATEST as SCHEMA_VERSION
@@ -28,7 +29,8 @@ from .migrate import migrate as migrate_schema
 from .queries import CHANNEL, KEEP_ERRORS, Q, error_json, forget_batches, notify, notify_freed
 
 
-class PostgresBackend(Enqueuing, Claiming, Administering, Grouping, Listening, Locking):
+class PostgresBackend(Enqueuing, Claiming, Administering, Grouping, Listening, Locking,
+                      PostgresHistory):
     supports_transactions = True  # enqueue/ack can join a caller's transaction
 
     def __init__(self, url: str, *, min_size: int | None = None,

@@ -29,6 +29,7 @@ from .admin import AdminMixin
 from .codec import CLAIM_BASE, _start_arg, _to_job, _tokens
 from .core import MAX_CACHED_QUEUES
 from .enqueue import EnqueueMixin
+from .history import RedisHistory
 from .maintenance import MaintenanceMixin
 from .settle import SettleMixin
 from .transport import WAIT_SLICE, ScriptCall
@@ -41,7 +42,7 @@ log = logging.getLogger("conveyor.redis")
 _Acks = Sequence[tuple[Lease, str | None]]
 
 
-class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin):
+class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin, RedisHistory):
     """``redis://[[user]:password@]host[:port][/db][?prefix=NAME]`` (``rediss://`` for TLS).
     All keys of one app start with ``{NAME}:`` (default ``conveyor``); the braces are the
     Cluster hash tag. The key layout and the scripts are described in docs/redis.md, keys.py

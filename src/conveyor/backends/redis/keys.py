@@ -83,6 +83,16 @@ ENQUEUE_ONE_KEYS = ("job", "jobs", "state:available", "queues", "ids", "q:availa
 GET_KEYS = ("job", "errors")
 LOCK_KEYS = ("lock",)
 WAITER_KEYS = ("waiters", "anywhere")  # count_waiter.lua: P:wait:<id>, P:wait:any
+# History (backends/history.py), the keys of history_record.lua and history_rollup.lua, in this
+# order: name -> suffix after "{prefix}:". hist:m:<minute> is a HASH of one minute's counts,
+# a field per count and queue ("processed:<queue>", ...), hist:h:<hour> the same for an hour;
+# hist:minutes and hist:hours are ZSETs of the buckets that exist (score = member = start).
+HISTORY_KEYS: dict[str, str] = {
+    "minutes": "hist:minutes",
+    "minute": "hist:m:",
+    "hours": "hist:hours",
+    "hour": "hist:h:",
+}
 
 
 class Keys:
@@ -132,6 +142,10 @@ class Keys:
 
     def lock(self, name: str) -> str:
         return f"{self.p}:lock:{name}"
+
+    def history(self) -> list[str]:
+        """The history scripts' KEYS (HISTORY_KEYS)."""
+        return [f"{self.p}:{suffix}" for suffix in HISTORY_KEYS.values()]
 
     def private_wake(self, tag: str) -> str:
         return f"{self.p}:wake:{tag}"

@@ -13,6 +13,7 @@ from importlib import resources
 from .keys import (
     ENQUEUE_ONE_KEYS,
     GET_KEYS,
+    HISTORY_KEYS,
     LOCK_KEYS,
     QUEUE_KEYS,
     STORE_KEYS,
@@ -39,8 +40,9 @@ LEAN_SCRIPTS = {"enqueue_one", "get"}
 # batches: _deps.lua comes after _common.lua in these only (every other script skips its cost).
 DEPS_SCRIPTS = {"enqueue", "ack", "ack_many", "retry", "kill", "reap", "cancel", "prune", "purge",
                 "get_batch"}
-# Store-wide locks (try_lock) and job.wait's waiter counts: their own keys, no helpers.
-BARE_SCRIPTS = ("lock", "unlock", "count_waiter")
+# Store-wide locks (try_lock), job.wait's waiter counts and the history: their own keys, no
+# helpers.
+BARE_SCRIPTS = ("lock", "unlock", "count_waiter", "history_record", "history_rollup")
 
 SCRIPT_NAMES = (
     "enqueue", "enqueue_one", "claim", "heartbeat", "ack", "ack_many", "retry", "kill",
@@ -53,7 +55,8 @@ SCRIPT_NAMES = (
 # The names of each script's KEYS (see keys.py); every other script takes the shared header
 # and queue blocks.
 _OWN_KEYS = {"enqueue_one": ENQUEUE_ONE_KEYS, "get": GET_KEYS, "lock": LOCK_KEYS,
-             "unlock": LOCK_KEYS, "count_waiter": WAITER_KEYS}
+             "unlock": LOCK_KEYS, "count_waiter": WAITER_KEYS,
+             "history_record": tuple(HISTORY_KEYS), "history_rollup": tuple(HISTORY_KEYS)}
 
 
 def _layout(name: str) -> str:

@@ -40,14 +40,15 @@ from ..base import (
     queue_stats_from_rows,
 )
 from . import groups
-from .connection import EnqueueGroup, Q, SqliteConnections, translate
+from .connection import EnqueueGroup, Q, translate
 from .flow import Settled, forget, read_batch, settle
+from .history import SqliteHistory
 from .writes import FairTags, ack_in, claim_in, enqueue_in, row_to_job, step_path
 
 KEEP_ERRORS = 20  # failed attempts a job keeps in its errors list (the newest)
 
 
-class SqliteBackend(SqliteConnections, Backend):
+class SqliteBackend(SqliteHistory, Backend):
     poll_step = 0.002  # seconds between cross-process change checks while idle
     due_check_interval = 0.05  # how often an idle waiter looks for scheduled jobs coming due
 

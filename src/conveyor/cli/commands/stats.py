@@ -10,16 +10,26 @@ import click
 
 from ..context import Ctx, console, pass_ctx
 from ..display import stats_dict, stats_view
+from ..history import RANGE_KEYS, history_dict, history_table
 
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--watch", is_flag=True, help="Refresh every --interval seconds until Ctrl-C.")
 @click.option("--interval", default=1.0, show_default=True)
+@click.option("--history", "history", type=click.Choice(RANGE_KEYS), default=None,
+              help="Instead: the store's history per queue over this range (what the workers "
+                   "wrote: succeeded, failed, dead, latency).")
 @pass_ctx
-def stats(obj: Ctx, as_json: bool, watch: bool, interval: float) -> None:
+def stats(obj: Ctx, as_json: bool, watch: bool, interval: float, history: str | None) -> None:
     """Depth and oldest waiting age per queue, counts by state, live workers."""
     backend = obj.app.backend
+    if history is not None:
+        if as_json:
+            click.echo(json.dumps(history_dict(backend, history), indent=2))
+        else:
+            console.print(history_table(backend, obj.app.url, history))
+        return
     if as_json and not watch:
         click.echo(json.dumps(stats_dict(backend.stats()), indent=2))
         return
