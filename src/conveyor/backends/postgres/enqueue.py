@@ -149,20 +149,30 @@ def _in_workflow(job: NewJob) -> bool:
     return bool(job.after or job.after_refs or job.batch_id or job.callback_of)
 
 
-def _plain_values(job: NewJob) -> tuple[Any, ...]:
+def _bulk(job: NewJob) -> bool:
+    """A job of a workflow write that insert_plain can write with its neighbours: no parents
+    to lock and count, nothing to decide per job (a unique key, a fair tag, a depth limit), and
+    not a callback (one has parents). A batch member, mostly."""
+    return (job.unique_key is None and job.max_depth is None and job.fair_key is None
+            and not job.after and not job.after_refs and job.callback_of is None)
+
+
+def _plain_values(job: NewJob, has_children: bool = False) -> tuple[Any, ...]:
     """What a plain job shares with its run in insert_plain's JSON document, in that order."""
     return (job.queue, job.task, job.priority, job.run_at, max(job.delay, 0.0), job.max_attempts,
             job.timeout, job.meta, job.concurrency_key, job.concurrency_limit, job.rate_key,
-            job.rate_limit, job.rate_period)
+            job.rate_limit, job.rate_period, job.batch_id, has_children)
 
 
-def _plain_runs(jobs: Sequence[NewJob]) -> list[list[Any]]:
+def _plain_runs(jobs: Sequence[NewJob],
+                has_children: Sequence[bool] | None = None) -> list[list[Any]]:
     """insert_plain's document: consecutive jobs with the same _plain_values as one run,
-    ``[*values, [args, ...]]``, in batch order."""
+    ``[*values, [args, ...]]``, in batch order. ``has_children``: per job, whether a later job
+    of the write names it (none does, without)."""
     runs: list[list[Any]] = []
     last: tuple[Any, ...] | None = None
-    for job in jobs:
-        values = _plain_values(job)
+    for i, job in enumerate(jobs):
+        values = _plain_values(job, has_children is not None and has_children[i])
         if values != last:
             runs.append([*values, []])
             last = values
@@ -310,9 +320,10 @@ FINAL = frozenset({"succeeded", "dead", "cancelled"})
 
 def _workflow_plan(jobs: Sequence[NewJob], now: float | None, batches: Sequence[NewBatch],
                    limits: dict[str, int]) -> Plan[list[EnqueueResult]]:
-    """Jobs with parents or of batches, one insert each, in order (a reference needs the id of
-    the job it names). Parents outside the call are locked and marked first, all in one
-    statement in id order (link_parents); each child's state follows from theirs."""
+    """Jobs with parents or of batches, in order (a reference needs the id of the job it
+    names): each consecutive run of _bulk jobs (a batch's members) in one insert_plain, every
+    other job in an insert of its own. Parents outside the call are locked and marked first,
+    all in one statement in id order (link_parents); each child's state follows from theirs."""
     if batches:
         yield _Stmt("none", Q["insert_batches"], {
             "ids": [b.id for b in batches], "parent_ids": [b.parent_id for b in batches],
@@ -325,7 +336,19 @@ def _workflow_plan(jobs: Sequence[NewJob], now: float | None, batches: Sequence[
     tags = yield from _fair_tags_plan(jobs, now)
     results: list[EnqueueResult] = []
     woken: set[str] = set()
-    for i, (job, tag) in enumerate(zip(jobs, tags, strict=True)):
+    i = 0
+    while i < len(jobs):
+        end = i
+        while end < len(jobs) and _bulk(jobs[end]):
+            end += 1
+        if end > i:
+            run = jobs[i:end]
+            yield from _bulk_plan(run, now, [j in referenced for j in range(i, end)],
+                                  results, states)
+            woken.update(job.queue for job in run)
+            i = end
+            continue
+        job, tag = jobs[i], tags[i]
         # A reference to a job that was not created (its unique key is held) names the holder,
         # which is not locked yet.
         held = sorted({results[r].id for r in job.after_refs if not results[r].created}
@@ -360,8 +383,21 @@ def _workflow_plan(jobs: Sequence[NewJob], now: float | None, batches: Sequence[
         else:
             raise StoreError(
                 f"unique key {job.unique_key!r} keeps changing hands during enqueue; retry")
+        i += 1
     yield from _finish_plan(jobs, results, limits, woken)
     return results
+
+
+def _bulk_plan(run: Sequence[NewJob], now: float | None, has_children: list[bool],
+               results: list[EnqueueResult], states: dict[int, str]) -> Plan[None]:
+    """Consecutive _bulk jobs in one insert_plain, their results and states appended. Each is
+    new and, without parents, available or scheduled: a state a child counts as unfinished."""
+    doc = json.dumps(_plain_runs(run, has_children), allow_nan=False)
+    row = yield _Stmt("one", Q["insert_plain"], {"jobs": doc, "now": now})
+    at = row["at"]
+    for job_id, uid in zip(row["ids"], row["uids"], strict=True):
+        results.append(EnqueueResult(job_id, True, at, uid))
+        states[job_id] = "available"
 
 
 def _link_plan(ids: list[int], states: dict[int, str]) -> Plan[None]:

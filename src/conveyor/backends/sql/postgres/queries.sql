@@ -32,9 +32,11 @@ RETURNING id, uid, extract(epoch FROM created_at)::float8 AS at;
 
 -- name: insert_plain
 -- A batch of plain jobs (no unique key, no fair key: see _plain in postgres/enqueue.py) in one
--- statement. %(jobs)s is a JSON array of runs: consecutive jobs that differ only in their args
--- (a bulk enqueue's jobs all do) share one array of the values of _plain_values, whose last
--- element is the array of the run's args texts. One parameter, no per-column arrays; read as jsonb,
+-- statement; also a workflow write's jobs without parents (_bulk), with their batch_id and
+-- has_children (a later job of the write names them). %(jobs)s is a JSON array of runs:
+-- consecutive jobs that differ only in their args (a bulk enqueue's jobs all do) share one
+-- array of the values of _plain_values, whose last element is the array of the run's args
+-- texts. One parameter, no per-column arrays; read as jsonb,
 -- parsed once (->> on json text parses the element again for every field), and a run's
 -- shared values, its fair tag among them, are read once per run instead of once per job.
 -- Rows go in in batch order and take ascending ids, so the ids sorted ascending pair with the
@@ -45,19 +47,21 @@ RETURNING id, uid, extract(epoch FROM created_at)::float8 AS at;
 WITH inserted AS (
 INSERT INTO conveyor_jobs (queue, task, args, state, priority, run_at, max_attempts, timeout_s,
                            meta, created_at, fair_tag, concurrency_key, concurrency_limit,
-                           rate_key, rate_limit, rate_period)
+                           rate_key, rate_limit, rate_period, batch_id, has_children)
 SELECT b.queue, b.task, a.args::json,
        CASE WHEN r.run_at > t.now THEN 'scheduled' ELSE 'available' END,
        b.priority, r.run_at, b.max_attempts, b.timeout_s, b.meta, t.now, b.fair_tag,
-       b.concurrency_key, b.concurrency_limit, b.rate_key, b.rate_limit, b.rate_period
+       b.concurrency_key, b.concurrency_limit, b.rate_key, b.rate_limit, b.rate_period,
+       b.batch_id, b.has_children
 FROM (SELECT :NOW AS now) AS t,
-     LATERAL (SELECT g.ord, g.j->13 AS args_list,
+     LATERAL (SELECT g.ord, g.j->15 AS args_list,
                      g.j->>0 AS queue, g.j->>1 AS task,
                      (g.j->>2)::smallint AS priority, (g.j->>3)::float8 AS run_at,
                      (g.j->>4)::float8 AS delay, (g.j->>5)::integer AS max_attempts,
                      (g.j->>6)::float8 AS timeout_s, (g.j->>7)::jsonb AS meta, g.j->>8 AS concurrency_key,
                      (g.j->>9)::integer AS concurrency_limit, g.j->>10 AS rate_key,
                      (g.j->>11)::integer AS rate_limit, (g.j->>12)::float8 AS rate_period,
+                     g.j->>13 AS batch_id, (g.j->>14)::boolean AS has_children,
                      coalesce((SELECT c.vtime + 1 FROM conveyor_queue_clock AS c
                                WHERE c.queue = g.j->>0 AND c.priority = (g.j->>2)::smallint), 1) AS fair_tag
               FROM jsonb_array_elements(%(jobs)s::jsonb) WITH ORDINALITY AS g(j, ord)) AS b,
