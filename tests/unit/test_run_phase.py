@@ -55,3 +55,12 @@ def test_lost_is_a_flag_beside_the_phase() -> None:
     assert r.writing
     r.move(RunPhase.SETTLED)
     assert r.lost and r.settled
+
+
+def test_phases_hash_by_identity_and_still_look_up_by_value() -> None:
+    # Each move hashes two phases: they hash as the singletons they are (object's C hash, not
+    # Enum's Python-level one), and lookups by value or name still find the same member.
+    for phase in RunPhase:
+        assert hash(phase) == object.__hash__(phase)
+        assert RunPhase(phase.value) is phase and RunPhase[phase.name] is phase
+        assert {phase: 1}[RunPhase(phase.value)] == 1

@@ -33,6 +33,10 @@ class RunPhase(enum.Enum):
     ACKING = "acking"  # it succeeded: its ack is queued or being written
     SETTLED = "settled"  # outcome written or refused, or dropped unrun: nothing more to do
 
+    # Members are singletons compared by identity: hash them so too. Enum's own __hash__ is a
+    # Python call, and every move of every job hashes two phases.
+    __hash__ = object.__hash__
+
 
 _P = RunPhase
 # The legal moves. SETTLED -> SETTLED is allowed: a held job whose lease was lost is dropped

@@ -32,12 +32,15 @@ class Runner:
         # Jobs whose attempt the claim's thread started (start_early), until admit takes them.
         self.started_early: dict[int, Execution] = {}
 
-    def _execution(self, job: Job) -> Execution:
+    def _execution(self, job: Job, hooked: bool | None = None) -> Execution:
+        """``hooked``: whether the app has job hooks now (asked once per claim by start_early;
+        None: ask here)."""
         w = self.w
         app = w.app
+        if hooked is None:
+            hooked = app.hooks.any_job_hooks()
         # Without job hooks, no events are built at all.
-        hooks = (JobHooks(app.hooks, app, w.id, w._loop) if app.hooks.any_job_hooks()
-                 else None)
+        hooks = JobHooks(app.hooks, app, w.id, w._loop) if hooked else None
         return Execution(job, app.tasks, w._pool, w.backend, app.signer, w._context,
                          max_result_bytes=app.max_result_bytes, hooks=hooks)
 
@@ -52,10 +55,11 @@ class Runner:
         if not jobs or startable <= 0:
             return
         faultpoints.hit("after_claim")
+        hooked = self.w.app.hooks.any_job_hooks()
         for job in jobs[:startable]:
             if self.w.stopping:
                 return  # the loop gives the rest back unrun
-            execution = self._execution(job)
+            execution = self._execution(job, hooked)
             try:
                 # On a task thread (the idle wait's), the first sync task runs on it next.
                 execution.prepare(here=True)

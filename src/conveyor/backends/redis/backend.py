@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import logging
 import threading
 import time
@@ -26,7 +25,7 @@ from ...errors import ClaimLost, StoreError, StoreUnavailable
 from ...job import Job, JobState, fast_constructor
 from ..base import CLAIM_SCAN, Lease, LoopClaims, check_claim_id, new_claim_id
 from .admin import AdminMixin
-from .codec import CLAIM_BASE, _start_arg, _to_job, _tokens
+from .codec import CLAIM_BASE, _start_arg, _to_job, _tokens, loads
 from .core import MAX_CACHED_QUEUES
 from .enqueue import EnqueueMixin
 from .history import RedisHistory
@@ -107,8 +106,8 @@ class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin, Redi
         jobs = []
         makers: dict[tuple[str, ...], Callable[..., Job]] = {}
         for (job_id, base, extra, errors), token in zip(res[2:], tokens, strict=False):
-            h = dict(zip(CLAIM_BASE, base, strict=True)) if base else {}
             if extra or errors or not base:
+                h = dict(zip(CLAIM_BASE, base, strict=True)) if base else {}
                 h.update(zip(extra[::2], extra[1::2], strict=True))
                 h.update(known, lease_token=token)
                 job = _to_job(int(job_id), h, errors)
@@ -116,8 +115,10 @@ class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin, Redi
             else:
                 # A job with nothing but the fields every job has (most are): what it shares
                 # with the claim's other jobs of the same kind goes into one constructor per
-                # claim.
-                kind = (h["task"], h["priority"], h["max_attempts"], h["timeout_s"])
+                # claim. Its values come in CLAIM_BASE's order (no dict of them per job).
+                (task, raw_args, priority, run_at, attempt, max_attempts, timeout_s, raw_meta,
+                 created_at, uid) = base
+                kind = (task, priority, max_attempts, timeout_s)
                 make = makers.get(kind)
                 if make is None:
                     make = makers[kind] = fast_constructor(Job, {
@@ -126,11 +127,10 @@ class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin, Redi
                         "timeout": float(kind[3]), "attempted_at": float(at),
                         "worker_id": worker_id, "lease_expires_at": float(expires),
                     })
-                raw_meta = h["meta"]
-                job = make(id=int(job_id), args=json.loads(h["args"]), attempts=int(h["attempt"]),
-                           run_at=float(h["run_at"]), created_at=float(h["created_at"]),
-                           uid=h["uid"], lease_token=token,
-                           **({} if raw_meta == "{}" else {"meta": json.loads(raw_meta)}))
+                job = make(id=int(job_id), args=loads(raw_args), attempts=int(attempt),
+                           run_at=float(run_at), created_at=float(created_at),
+                           uid=uid, lease_token=token,
+                           **({} if raw_meta == "{}" else {"meta": loads(raw_meta)}))
                 self._queue_of[job.id] = queue  # (_remember: a claimed job is not final)
             jobs.append(job)
         if len(self._queue_of) > MAX_CACHED_QUEUES:

@@ -23,6 +23,20 @@ SETTLED_AS = {"ack": ("succeeded",), "kill": ("dead",),
               "retry": ("scheduled", "available", "dead")}
 
 
+_raw_decode = json.JSONDecoder().raw_decode
+
+
+def loads(text: str) -> Any:
+    """``json.loads(text)`` for a value the scripts stored as written (no whitespace around
+    it): raw_decode skips the whitespace checks that are a good part of decoding small args;
+    anything else (whitespace, trailing text, an error) goes to json.loads, which decides."""
+    try:
+        value, end = _raw_decode(text)
+    except ValueError:
+        return json.loads(text)
+    return value if end == len(text) else json.loads(text)
+
+
 def named(flat: Sequence[Any]) -> dict[str, Any]:
     """A script's flat name, value list as a dict."""
     return dict(zip(flat[::2], flat[1::2], strict=True))

@@ -104,10 +104,11 @@ class SettleMixin(RedisCore):
         """One ack_many call for the batch, with the blocks of every queue its jobs may be
         in."""
         qs: list[str] = []
+        queue_of = self._queue_of  # (what _guess reads, without a list per ack)
         for lease, _ in acks:
-            for q in self._guess([lease.job_id]):
-                if q not in qs:
-                    qs.append(q)
+            q = queue_of.get(lease.job_id)
+            if q is not None and q not in qs:
+                qs.append(q)
         keys = list(self.keys.header)
         for q in qs:
             keys += self.keys.block(q)
