@@ -28,16 +28,20 @@ class Recorder:
         # (queue, minute) -> [processed, failed, dead, wait_sum, run_sum]
         self.pending: dict[tuple[str, int], list[float]] = {}
 
-    def note(self, queue: str, outcome: int, wait: float, run: float) -> None:
-        """Count one attempt's ``outcome`` (PROCESSED, FAILED or DEAD): the per-job cost."""
+    def note(self, queue: str, outcome: int, wait: float = 0.0, run: float = 0.0) -> None:
+        """Count one attempt's ``outcome`` (PROCESSED, FAILED or DEAD): the per-job cost. The
+        pickup latency ``wait`` and run time ``run`` are summed for succeeded attempts only: a
+        failed attempt's run time says little, and one the reaper took back (its worker died)
+        has none to tell."""
         t = int(self._clock())
         key = (queue, t - t % MINUTE)
         row = self.pending.get(key)
         if row is None:
             row = self.pending[key] = [0, 0, 0, 0.0, 0.0]
         row[outcome] += 1
-        row[3] += wait
-        row[4] += run
+        if outcome == PROCESSED:  # latency is that of succeeded attempts (see historyview)
+            row[3] += wait
+            row[4] += run
 
     def take(self) -> list[HistoryPoint]:
         """Everything counted so far, as minute points; the counts start again from zero."""

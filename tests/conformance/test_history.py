@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Callable
 
 import pytest
-from support import T0, running_worker, wait_until
+from support import T0, new_job, running_worker, wait_until
 
 from conveyor import Conveyor, Retry, RetryPolicy
 from conveyor.backends import open_backend
@@ -216,3 +216,31 @@ def test_a_flush_the_store_refuses_goes_with_the_next(app: Conveyor,
         assert w.flush_history() == 1
     got = backend.history(queue="hist", since=start - HOUR, until=start + HOUR)
     assert totals(got)["hist"][:3] == (1, 0, 0)
+
+
+def test_reap_names_the_queue_of_each_job_it_takes_back(backend: Backend) -> None:
+    backend.enqueue_many([new_job(queue="q-a", max_attempts=1), new_job(queue="q-b")], now=T0)
+    claimed = backend.claim("q-a", 1, worker_id="w", lease_s=5, now=T0)
+    claimed += backend.claim("q-b", 1, worker_id="w", lease_s=5, now=T0)
+    reaped = backend.reap(now=T0 + 10)
+    assert len(reaped.dead) == 1 and len(reaped.requeued) == 1
+    assert reaped.queues == {reaped.dead[0]: "q-a", reaped.requeued[0]: "q-b"}
+
+
+def test_a_job_the_reaper_made_dead_is_in_the_history(app: Conveyor) -> None:
+    @app.task(name="doomed", queue="hist-reap", max_attempts=1)
+    def doomed() -> None:
+        pass
+
+    backend = app.backend
+    start = backend.now()
+    doomed.enqueue()
+    # A worker that died mid-job: claimed (started at once), never heartbeated again.
+    [job] = backend.claim("hist-reap", 1, worker_id="gone", lease_s=0.2)
+    with running_worker(app, queues="other", history_interval=3600) as wt:
+        w = wt.worker
+        wait_until(lambda: w.counters.reaped == 1, timeout=30, message="the reaper took it back")
+        assert w.flush_history() >= 1
+    got = backend.history(queue="hist-reap", since=start - HOUR, until=start + HOUR)
+    assert totals(got)["hist-reap"][:3] == (0, 0, 1)
+    assert app.get_job(job.id).state == "dead"

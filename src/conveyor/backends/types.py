@@ -161,6 +161,7 @@ class ErrorInfo:
 class ReapResult:
     requeued: list[int] = field(default_factory=list)
     dead: list[int] = field(default_factory=list)
+    queues: dict[int, str] = field(default_factory=dict)  # each reaped job's queue
 
     @property
     def count(self) -> int:

@@ -43,7 +43,7 @@ def history_table(backend: Backend, url: str, key: str) -> Table:
     for col in ("queue", "succeeded", "failed", "dead", "avg pickup", "avg run", "succeeded"):
         table.add_column(col, justify="left" if col == "queue" else "right")
     for queue, (total, spark) in rows.items():
-        n = total.attempts
+        n = total.processed  # latency sums are of succeeded attempts
         table.add_row(queue, str(total.processed), str(total.failed), str(total.dead),
                       f"{total.wait_sum / n:.3f}s" if n else "-",
                       f"{total.run_sum / n:.3f}s" if n else "-", sparkline(spark))

@@ -64,11 +64,11 @@ class HistoryView:
 
     @property
     def avg_wait(self) -> float | None:
-        return self.total.wait_sum / self.total.attempts if self.total.attempts else None
+        return self.total.wait_sum / self.total.processed if self.total.processed else None
 
     @property
     def avg_run(self) -> float | None:
-        return self.total.run_sum / self.total.attempts if self.total.attempts else None
+        return self.total.run_sum / self.total.processed if self.total.processed else None
 
 
 def history_view(backend: Backend, rng: Range, *, now: float,
@@ -97,7 +97,8 @@ def _charts(buckets: Mapping[int, Bucket], rng: Range) -> list[Chart]:
         out: list[Point] = []
         for t in times:
             b = buckets[t]
-            out.append((float(t), getattr(b, total) / b.attempts if b.attempts else None))
+            # Sums of succeeded attempts' latency (history.Recorder.note): per succeeded one.
+            out.append((float(t), getattr(b, total) / b.processed if b.processed else None))
         return out
 
     every = "a minute" if rng.bucket == MINUTE else f"{rng.bucket // 60} min"

@@ -9,7 +9,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from ..history import Recorder
+from ..history import DEAD, Recorder
 from ..retention import PruneOutcome, Pruner, next_pass_in, retention_rules
 
 if TYPE_CHECKING:
@@ -46,6 +46,14 @@ class Maintenance:
                 w.metrics.reaped.labels("dead").inc(len(reaped.dead))
             log.warning("reaped %d expired lease(s): %d back to available, %d dead",
                         reaped.count, len(reaped.requeued), len(reaped.dead))
+            # A job the reaper made dead (its worker died or stalled on its last attempt) is in
+            # the history's dead count like any other, so a crash shows there. A lease given
+            # back to run again is not: it may not have been an attempt at all (a held job,
+            # see Backend.reap); the live charts show lease expiries.
+            for job_id in reaped.dead:
+                queue = reaped.queues.get(job_id)
+                if queue is not None:
+                    w.history.note(queue, DEAD)
         await w._call(w._maint, w.backend.promote, limit=1000)
 
     async def prune_loop(self) -> None:

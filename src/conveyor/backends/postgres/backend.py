@@ -195,6 +195,7 @@ class PostgresBackend(Enqueuing, Claiming, Administering, Grouping, Listening, L
         return ReapResult(
             requeued=sorted(r["id"] for r in rows if r["state"] == "available"),
             dead=sorted(r["id"] for r in rows if r["state"] == "dead"),
+            queues={r["id"]: r["queue"] for r in rows},
         )
 
     def promote(self, *, limit: int = 1000, now: float | None = None) -> int:

@@ -31,8 +31,11 @@ class MaintenanceMixin(RedisCore):
         due = self._due_queues(self.keys.leases, f"({self._due_bound(now)!r}", limit)
         queues = due + self._sweep_slice()
         res = self._run("reap", queues, [self._now_arg(now), limit, MAX_STALLS], safe=True)
+        of = {int(i): str(q, "utf-8") if isinstance(q, bytes) else str(q)
+              for ids, names in ((res[1], res[4]), (res[2], res[5]))
+              for i, q in zip(ids, names, strict=True)}
         return ReapResult(requeued=sorted(int(i) for i in res[1]),
-                          dead=sorted(int(i) for i in res[2]))
+                          dead=sorted(int(i) for i in res[2]), queues=of)
 
     def promote(self, *, limit: int = 1000, now: float | None = None) -> int:
         if limit <= 0:

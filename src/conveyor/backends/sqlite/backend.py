@@ -310,6 +310,7 @@ class SqliteBackend(SqliteHistory, Backend):
         result = ReapResult(
             requeued=sorted(r["id"] for r in rows if r["state"] == "available"),
             dead=sorted(r["id"] for r in rows if r["state"] == "dead"),
+            queues={r["id"]: r["queue"] for r in rows},
         )
         if result.requeued:
             self._signal.fire()

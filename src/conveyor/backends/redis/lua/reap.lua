@@ -39,7 +39,8 @@ for k = 1, #found do
   end
 end
 if #need > 0 then return {'need', unpack(need)} end
-local requeued, dead, woken = {}, {}, {}
+-- rq, dq: the queue of each job in requeued and in dead, in the same order (for the history).
+local requeued, dead, woken, rq, dq = {}, {}, {}, {}, {}
 for k = 1, #found do
   local id, q = found[k][1], found[k][2]
   local key = P_JOB .. id
@@ -83,13 +84,15 @@ for k = 1, #found do
       free_unique(key, id)
       if plan then apply_children(plan, now) end
       dead[#dead + 1] = id
+      dq[#dq + 1] = q.name
     else
       enter_available(q, id, key, tonumber(f[4]), tonumber(f[5]), tonumber(f[6] or 0), f[7], f[8])
       woken[q.name] = (woken[q.name] or 0) + 1
       requeued[#requeued + 1] = id
+      rq[#rq + 1] = q.name
     end
     redis.call('HINCRBY', K_EXPIRIES, q.name, 1)
   end
 end
 for qn, n in pairs(woken) do wake(Q[qn], n) end
-return {'ok', requeued, dead, #r}
+return {'ok', requeued, dead, #r, rq, dq}
