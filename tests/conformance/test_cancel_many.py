@@ -15,6 +15,7 @@ import pytest
 from support import T0, enqueue_one, new_job
 
 from conveyor import JobState, LeaseLost
+from conveyor.backends import open_backend
 from conveyor.backends.base import Backend, ErrorInfo, Lease
 from conveyor.bulk import BulkAction, JobFilter, run_batch
 from conveyor.job import Job
@@ -103,6 +104,20 @@ def test_a_parent_and_its_child_in_one_call_are_both_cancelled_by_it(backend: Ba
     assert get(backend, runs_anyway).state is JobState.AVAILABLE
     [claimed] = backend.claim("q2", 10, worker_id="w", lease_s=LEASE, now=T0 + 2)
     assert claimed.id == runs_anyway
+
+
+def test_a_call_spread_over_many_queues_from_a_client_that_knows_none(
+        backend: Backend, store_url: str) -> None:
+    """Redis finds each job's queue (and its children's) as cancel does; every store writes
+    the lot in one call."""
+    jobs = [enqueue_one(backend, now=T0, queue=f"q{i}") for i in range(12)]
+    kids = [enqueue_one(backend, now=T0, queue=f"k{i}", after=(j,)) for i, j in enumerate(jobs)]
+    fresh = open_backend(store_url)
+    try:
+        assert fresh.cancel_many(jobs[::-1], now=T0 + 1) == jobs
+    finally:
+        fresh.close()
+    assert {get(backend, i).state for i in jobs + kids} == {JobState.CANCELLED}
 
 
 def test_cancel_many_wakes_job_wait(backend: Backend) -> None:
