@@ -1,7 +1,7 @@
 """Bulk actions on the jobs a filter selects, in bounded batches.
 
-The walk is built on ``list_jobs`` pages (newest first) and the per-id methods every store
-has (``redrive``, ``purge``, ``cancel``) plus ``make_due``; nothing here writes a job itself.
+The walk is built on ``list_jobs`` pages (newest first) and the store's many-id writes
+(``redrive``, ``purge``, ``make_due``, ``cancel_many``); nothing here writes a job itself.
 One call of :func:`run_batch` looks at a bounded number of jobs and acts on at most ``limit``
 of them, then hands back a cursor: the caller (the CLI, the dashboard) calls again until no
 cursor is left. Jobs enqueued after the first call have larger ids than the cursor: a bulk
@@ -136,13 +136,13 @@ def run_batch(backend: Backend, action: BulkAction, where: JobFilter, *, limit: 
 
 
 def act(backend: Backend, action: BulkAction, jobs: list[Job], *, now: float | None) -> int:
-    """Apply ``action`` to ``jobs`` through the store's own per-id methods. ``redrive``,
-    ``make_due`` and ``purge`` take the whole batch in one atomic write (``purge`` one per
-    final state); ``cancel`` is one atomic write per job, each with its cascade."""
+    """Apply ``action`` to ``jobs`` through the store's many-id writes: ``redrive``,
+    ``make_due``, ``cancel_many`` (with its cascade) and ``purge`` each take the whole batch in
+    one atomic write (``purge`` one per final state), so a crash leaves a batch done or not."""
     if not jobs:
         return 0
     if action is BulkAction.CANCEL:
-        return sum(1 for j in jobs if backend.cancel(j.id, now=now))
+        return len(backend.cancel_many([j.id for j in jobs], now=now))
     if action is BulkAction.DELETE:
         done = 0
         for state in (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED):

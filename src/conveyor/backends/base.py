@@ -416,9 +416,23 @@ class Backend(abc.ABC):
         due now), ``cancel`` (unfinished jobs; a waiting one cascades) or ``delete`` (finished
         jobs). Acts on at most ``limit`` jobs and looks at no more than ``max(4 * limit,
         2000)``, walking ``list_jobs`` pages newest first from ``cursor``; the batch is written
-        by ``redrive``/``make_due``/``purge`` (one atomic write each) or ``cancel`` (one per
-        job). Call again with the result's ``cursor`` until it is None."""
+        by ``redrive``/``make_due``/``cancel_many``/``purge`` (one atomic write each). Call
+        again with the result's ``cursor`` until it is None."""
         return run_batch(self, BulkAction(action), where, limit=limit, cursor=cursor, now=now)
+
+    # -- cancelling many jobs at once (issue 38, bulk cancel) ---------------------------------
+    def cancel_many(self, job_ids: Sequence[int], *, now: float | None = None) -> list[int]:
+        """Cancel the unfinished jobs among ``job_ids``, each as ``cancel`` does (a running job
+        loses its lease; a cancelled job's waiting children are settled, a cascade; its unique
+        key is freed and job.wait woken). Finished and unknown ids are skipped. Returns the ids
+        cancelled, ascending.
+
+        The stores write the whole call in one atomic write: its jobs are cancelled together,
+        then the cascade settles their children, so a child named in the call is cancelled by
+        the call (and returned) even if its parent is too. This default, for stores without
+        their own, is one ``cancel`` per id in ascending order: there a parent's cascade may
+        cancel such a child first, and it is not returned."""
+        return [i for i in sorted({int(i) for i in job_ids}) if self.cancel(i, now=now)]
 
     # -- waiting for one job to finish (FinishWaits) ---------------------------------------
     finish_poll: tuple[float, float] = (0.01, 1.0)

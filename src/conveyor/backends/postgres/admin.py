@@ -1,4 +1,5 @@
-"""Inspection and administration on PostgreSQL: get, list, stats, redrive, purge, cancel."""
+"""Inspection and administration on PostgreSQL: get, list, stats, redrive, purge, cancel,
+cancel_many."""
 
 from __future__ import annotations
 
@@ -166,6 +167,15 @@ class Administering(PooledBackend):
             if row is not None and row["was"] == "running":
                 notify_freed(conn, [row])
         return row is not None
+
+    def cancel_many(self, job_ids: Sequence[int], *, now: float | None = None) -> list[int]:
+        ids = sorted({int(i) for i in job_ids})
+        if not ids:
+            return []
+        with self._tx() as conn:
+            rows = conn.execute(Q["cancel_many"], {"ids": ids, "now": now}).fetchall()
+            notify_freed(conn, [r for r in rows if r["was"] == "running"])
+        return sorted(r["id"] for r in rows)
 
 
 def _worker_info(row: dict[str, Any]) -> WorkerInfo:

@@ -179,6 +179,19 @@ class AdminMixin(RedisCore):
             self._forget(job_id)
         return done
 
+    def cancel_many(self, job_ids: Sequence[int], *, now: float | None = None) -> list[int]:
+        ids = sorted({int(i) for i in job_ids})
+        if not ids:
+            return []
+        # One script: the blocks of every queue the jobs and their cascades touch are asked
+        # for ('need') before it writes anything.
+        res = self._run("cancel_many", self._guess(ids), [self._now_arg(now), *ids],
+                        safe=False)
+        done = [int(i) for i in res[1:]]
+        for i in done:
+            self._forget(i)
+        return done
+
     # -- workers --------------------------------------------------------------------------
     def record_worker(self, info: WorkerInfo, *, now: float | None = None) -> None:
         doc = json.dumps({

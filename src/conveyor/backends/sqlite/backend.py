@@ -476,6 +476,21 @@ class SqliteBackend(SqliteHistory, Backend):
             self._finished((job_id,), settled)
         return row is not None
 
+    def cancel_many(self, job_ids: Sequence[int], *, now: float | None = None) -> list[int]:
+        ids = sorted({int(i) for i in job_ids})
+        if not ids:
+            return []
+        settled = Settled()
+        with self._write(now) as (conn, t):
+            done, parents = groups.cancel_many(conn, ids, t)
+            # Only once the call's jobs are all cancelled: a child named in the call is
+            # cancelled by the call, not by its parent's cascade.
+            if parents:
+                settle(conn, t, [(i, "cancelled") for i in parents], settled)
+        if done:
+            self._finished(done, settled)
+        return done
+
     # -- error groups and bulk actions -------------------------------------------------
     def error_groups(self, *, state: JobState = JobState.DEAD, queue: str | None = None,
                      task: str | None = None, limit: int = 100,

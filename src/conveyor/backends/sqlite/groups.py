@@ -1,4 +1,5 @@
-"""Error groups and "make due" on SQLite (see Backend.error_groups and Backend.make_due)."""
+"""Error groups, "make due" and cancel_many on SQLite (see Backend.error_groups,
+Backend.make_due and Backend.cancel_many)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import sqlite3
 from collections.abc import Sequence
 
 from ...errorgroups import MESSAGE_CHARS, ErrorGroups, Grouper
+from .connection import Q
 
 # The jobs looked at come from an index over their state: dead ones by conveyor_jobs_finished
 # (state, finished_at), newest first; scheduled ones by conveyor_jobs_due (run_at). Rows with
@@ -43,3 +45,19 @@ def error_groups(conn: sqlite3.Connection, state: str, queue: str | None, task: 
 def make_due(conn: sqlite3.Connection, job_ids: Sequence[int], now: float) -> int:
     return sum(conn.execute(MAKE_DUE_SQL, {"id": int(i), "now": now}).rowcount
                for i in job_ids)
+
+
+def cancel_many(conn: sqlite3.Connection, job_ids: Sequence[int],
+                now: float) -> tuple[list[int], list[int]]:
+    """Cancel the unfinished jobs among ``job_ids`` (ascending, distinct) inside the caller's
+    write, as the ``cancel`` query does one: (the ids cancelled, those of them with children,
+    whose settling the caller does next)."""
+    done: list[int] = []
+    parents: list[int] = []
+    for i in job_ids:
+        row = conn.execute(Q["cancel"], {"id": i, "now": now}).fetchone()
+        if row is not None:
+            done.append(i)
+            if row[0]:
+                parents.append(i)
+    return done, parents

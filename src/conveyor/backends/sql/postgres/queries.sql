@@ -529,6 +529,22 @@ FROM old WHERE j.id = old.id
 RETURNING j.id, j.queue, j.concurrency_key, old.state AS was,
           CASE WHEN j.waited THEN pg_notify('conveyor_done', j.id::text) END AS told;
 
+-- name: cancel_many
+-- cancel for many ids in one statement, rows locked in id order as every multi-row write
+-- here locks. The settle trigger fires for each cancelled row at the end of the statement, so
+-- a child named here is cancelled by the statement itself before its parent's cascade runs.
+WITH old AS MATERIALIZED (
+    SELECT id, state FROM conveyor_jobs
+    WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('waiting', 'scheduled', 'available', 'running')
+    ORDER BY id
+    FOR NO KEY UPDATE
+)
+UPDATE conveyor_jobs AS j
+SET state = 'cancelled', finished_at = :NOW, lease_token = NULL, lease_expires_at = NULL
+FROM old WHERE j.id = old.id
+RETURNING j.id, j.queue, j.concurrency_key, old.state AS was,
+          CASE WHEN j.waited THEN pg_notify('conveyor_done', j.id::text) END AS told;
+
 -- name: prune
 -- A job with an unfinished child stays (the child may read its result); only a job some job
 -- was enqueued after (has_children) pays for that check. The deleted jobs' edges go with them
