@@ -134,13 +134,20 @@ def test_ids_come_back_in_call_order_and_are_what_a_claim_returns(
 def test_created_at_and_run_at_are_the_store_clock_of_the_transaction(
         backend: PostgresBackend, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     jobs = [new_job(args={"i": i}, delay=0.123457 if i % 2 else 0.0) for i in range(BIG)]
+    exact = "extract(epoch FROM {})::numeric"  # to the microsecond, whatever the DateStyle
     with psycopg.connect(pg_url, row_factory=dict_row) as conn:
-        conn.execute("SET TIME ZONE 'Asia/Kathmandu'")  # a session whose times read back differently
-        now = conn.execute("SELECT now() AS now, now() + make_interval(secs => 0.123457) AS later").fetchone()
+        # A session whose times print differently: the store's clock is still copied exactly.
+        conn.execute("SET TIME ZONE 'Asia/Kathmandu'")
+        conn.execute("SET DateStyle = 'SQL, DMY'")
+        now = conn.execute(f"SELECT {exact.format('now()')} AS now, "
+                           f"{exact.format('now() + make_interval(secs => 0.123457)')} AS later, "
+                           "extract(epoch FROM now())::float8 AS at").fetchone()
         assert now is not None
         results = enqueue_by("copy", backend, jobs, monkeypatch, connection=conn)
-        got = conn.execute("SELECT created_at, run_at, state FROM conveyor_jobs ORDER BY id").fetchall()
-    assert {r.at for r in results} == {now["now"].timestamp()}
+        got = conn.execute(f"SELECT {exact.format('created_at')} AS created_at, "
+                           f"{exact.format('run_at')} AS run_at, state FROM conveyor_jobs ORDER BY id"
+                           ).fetchall()
+    assert {r.at for r in results} == {now["at"]}
     assert [(g["created_at"], g["run_at"]) for g in got] == [
         (now["now"], now["later"] if i % 2 else now["now"]) for i in range(BIG)]
     assert [g["state"] for g in got] == ["scheduled" if i % 2 else "available" for i in range(BIG)]
