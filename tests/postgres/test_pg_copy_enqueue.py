@@ -86,7 +86,8 @@ def enqueue_by(path: str, backend: PostgresBackend, jobs: list[NewJob], monkeypa
 def test_a_big_plain_batch_is_one_copy_after_one_read_of_the_clock_and_ids() -> None:
     jobs = [new_job(args={"i": i}) for i in range(pg_enqueue.COPY_MIN_JOBS)]
     plan = pg_enqueue._plain_batch_plan(jobs, T0)
-    first = next(plan)
+    assert next(plan).fetch == "can_copy"
+    first = plan.send(True)
     assert first.sql == Q["plain_copy_values"] and first.params["n"] == len(jobs)
     reply = {"ids": list(range(1, len(jobs) + 1)), "created_at": "2023-11-14 22:13:20+00", "at": T0,
              "states": ["available"], "run_ats": ["2023-11-14 22:13:20+00"], "fair_tags": [1]}
@@ -99,9 +100,11 @@ def test_a_big_plain_batch_is_one_copy_after_one_read_of_the_clock_and_ids() -> 
     with pytest.raises(StopIteration) as done:
         plan.send(None)
     assert [r.id for r in done.value.value] == reply["ids"]
-    # Below the threshold: the one statement.
+    # Below the threshold, or on a connection that cannot COPY now: the one statement.
     small = pg_enqueue._plain_batch_plan(jobs[:pg_enqueue.COPY_MIN_JOBS - 1], T0)
     assert next(small).sql == Q["insert_plain"]
+    refused = pg_enqueue._plain_batch_plan(jobs, T0)
+    assert next(refused).fetch == "can_copy" and refused.send(False).sql == Q["insert_plain"]
 
 
 def test_copy_writes_the_rows_the_one_statement_writes(
@@ -231,3 +234,15 @@ def test_one_wake_up_per_queue_at_commit(backend: PostgresBackend, pg_url: str,
     finally:
         listener.close()
     assert got == ["wq0", "wq0", "wq1", "wq1"]
+
+
+def test_a_caller_in_pipeline_mode_gets_the_one_statement(
+        backend: PostgresBackend, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL refuses COPY in pipeline mode; the caller's pipeline still takes the batch."""
+    jobs = [new_job(args={"i": i}) for i in range(BIG)]
+    with psycopg.connect(pg_url) as conn:
+        with conn.pipeline():
+            results = enqueue_by("copy", backend, jobs, monkeypatch, connection=conn)
+        conn.commit()
+    got = backend.get(results[-1].id)
+    assert got is not None and got.args == {"i": BIG - 1} and got.uid == results[-1].uid

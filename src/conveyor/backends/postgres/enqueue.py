@@ -16,6 +16,7 @@ from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg import errors as pgerrors
+from psycopg import pq
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
@@ -203,8 +204,9 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class _Stmt:
     """One statement of a plan. ``fetch``: "none", "one" (a row or None), "all" (the rows),
-    "many" (executemany of ``params``, a list: one RETURNING row or None per parameter set) or
-    "copy" (a COPY ... FROM STDIN of ``params``, its data as text)."""
+    "many" (executemany of ``params``, a list: one RETURNING row or None per parameter set),
+    "copy" (a COPY ... FROM STDIN of ``params``, its data as text) or "can_copy" (no statement:
+    whether the connection can COPY now, see _can_copy)."""
 
     fetch: str
     sql: str
@@ -214,11 +216,19 @@ class _Stmt:
 Plan = Generator[_Stmt, Any, T]
 
 
+def _can_copy(pgconn: pq.abc.PGconn) -> bool:
+    """COPY is refused in pipeline mode, which a caller's connection may be in."""
+    return pgconn.pipeline_status == pq.PipelineStatus.OFF
+
+
 def run_plan(cur: psycopg.Cursor[dict[str, Any]], plan: Plan[T]) -> T:
     reply: Any = None
     try:
         while True:
             stmt = plan.send(reply)
+            if stmt.fetch == "can_copy":
+                reply = _can_copy(cur.connection.pgconn)
+                continue
             if stmt.fetch == "copy":
                 with cur.copy(stmt.sql) as copy:
                     copy.write(stmt.params)
@@ -249,6 +259,9 @@ async def arun_plan(cur: psycopg.AsyncCursor[dict[str, Any]], plan: Plan[T]) -> 
     try:
         while True:
             stmt = plan.send(reply)
+            if stmt.fetch == "can_copy":
+                reply = _can_copy(cur.connection.pgconn)
+                continue
             if stmt.fetch == "copy":
                 async with cur.copy(stmt.sql) as acopy:
                     await acopy.write(stmt.params)
@@ -430,7 +443,7 @@ def _plain_batch_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[En
     """A batch of plain jobs (see _plain) in one statement, instead of one insert per job; a big
     one by COPY (_plain_copy_plan)."""
     runs = _plain_runs(jobs)
-    if len(jobs) >= COPY_MIN_JOBS:
+    if len(jobs) >= COPY_MIN_JOBS and (yield _Stmt("can_copy", "", None)):
         results = yield from _plain_copy_plan(runs, len(jobs), now)
     else:
         doc = json.dumps(runs, allow_nan=False)
