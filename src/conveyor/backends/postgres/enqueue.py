@@ -460,7 +460,8 @@ def _plain_batch_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[En
 # shares (_copy_shared).
 COPY_PLAIN = ("COPY conveyor_jobs (id, args, uid, queue, task, state, priority, run_at, "
               "max_attempts, timeout_s, meta, created_at, fair_tag, concurrency_key, "
-              "concurrency_limit, rate_key, rate_limit, rate_period) FROM STDIN")
+              "concurrency_limit, rate_key, rate_limit, rate_period, batch_id, has_children) "
+              "FROM STDIN")
 
 
 def _plain_copy_plan(runs: list[list[Any]], n: int,
@@ -491,7 +492,7 @@ def _copy_shared(run: list[Any], state: str, run_at: str, created_at: str, tag: 
     """The end of a COPY line (from queue on, see COPY_PLAIN) of the jobs of this run of
     _plain_runs."""
     values = (run[0], run[1], state, run[2], run_at, run[5], run[6], run[7], created_at, tag,
-              run[8], run[9], run[10], run[11], run[12])
+              run[8], run[9], run[10], run[11], run[12], run[13], run[14])
     return "\t".join(_copy_value(v) for v in values) + "\n"
 
 
