@@ -73,6 +73,33 @@ RETURNING id, uid, created_at)
 SELECT array_agg(id ORDER BY id) AS ids, array_agg(uid ORDER BY id) AS uids,
        extract(epoch FROM min(created_at))::float8 AS at FROM inserted;
 
+-- name: plain_copy_values
+-- What a big batch of plain jobs needs before it is copied in (enqueue._plain_copy_plan), so
+-- that each row carries what insert_plain would have written: the store's clock (as text, read
+-- back by the COPY in this session exactly), per run of %(runs)s ([queue, priority, run_at,
+-- delay], as in insert_plain's document) its state, run_at and fair tag, and %(n)s ids taken
+-- from the jobs' own identity sequence, ascending (COPY returns nothing, hence the ids up
+-- front; the ids a failed batch took are skipped, as a failed insert's are). The sequence is
+-- looked up once (a subquery run once), not once per id.
+WITH t AS (SELECT :NOW AS now),
+runs AS (
+    SELECT g.ord, r.run_at,
+           coalesce((SELECT c.vtime + 1 FROM conveyor_queue_clock AS c
+                     WHERE c.queue = g.j->>0 AND c.priority = (g.j->>1)::smallint), 1) AS fair_tag
+    FROM t, jsonb_array_elements(%(runs)s::jsonb) WITH ORDINALITY AS g(j, ord),
+         LATERAL (SELECT coalesce(to_timestamp((g.j->>2)::float8),
+                                  t.now + make_interval(secs => (g.j->>3)::float8)) AS run_at) AS r
+)
+SELECT (SELECT array_agg(v.id ORDER BY v.id)
+        FROM (SELECT nextval((SELECT pg_get_serial_sequence('conveyor_jobs', 'id'))::regclass)
+              AS id FROM generate_series(1, %(n)s::integer)) AS v) AS ids,
+       t.now::text AS created_at, extract(epoch FROM t.now)::float8 AS at,
+       (SELECT array_agg(CASE WHEN runs.run_at > t.now THEN 'scheduled' ELSE 'available' END
+                         ORDER BY runs.ord) FROM runs) AS states,
+       (SELECT array_agg(runs.run_at::text ORDER BY runs.ord) FROM runs) AS run_ats,
+       (SELECT array_agg(runs.fair_tag ORDER BY runs.ord) FROM runs) AS fair_tags
+FROM t;
+
 -- name: unique_held
 -- Which of these keys a job holds now: an unfinished one, or a succeeded one in its window.
 SELECT DISTINCT unique_key FROM conveyor_jobs
