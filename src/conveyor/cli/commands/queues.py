@@ -61,7 +61,8 @@ def _queue_dict(q: QueueStats) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 def queue_list(obj: Ctx, as_json: bool) -> None:
-    """Every queue: its depth, its oldest waiting job's age, and since when it is paused."""
+    """Every queue with jobs waiting, running or dead, or paused: its depth, its oldest waiting
+    job's age, and since when it is paused."""
     stats = obj.app.backend.stats(finished=False)
     if as_json:
         click.echo(json.dumps([_queue_dict(q) for q in stats.queues], indent=2))
@@ -76,6 +77,8 @@ def queue_list(obj: Ctx, as_json: bool) -> None:
                       str(q.running), str(q.dead),
                       f"[yellow]{when(q.paused_since)}[/]" if q.paused else "-")
     if not stats.queues:
-        click.echo("no queues yet: nothing was enqueued and nothing is paused")
+        # stats(finished=False) keeps the listing cheap: a queue holding only finished jobs is
+        # idle and not listed (conveyor stats shows those counts).
+        click.echo("no queue has jobs waiting, running or dead, and none is paused")
         return
     console.print(table)
