@@ -161,7 +161,9 @@ class SqliteConnections:
         self._group_lock = threading.Lock()
         self._signal = _signal_for(self.path)
         self._locks: set[_FileLock] = set()  # store-wide locks this backend holds (try_lock)
-        self._turns = WriteTurns(self.path)  # writers of other processes: fair turns
+        # Writers of other processes take fair turns; half the busy timeout at most, so a turn
+        # held by a stopped process leaves SQLite's own wait its time within the bound.
+        self._turns = WriteTurns(self.path, self._busy_timeout / 2)
         migrate(self)
         _backends.add(self)
         forking.register(self)
@@ -254,7 +256,7 @@ class SqliteConnections:
         self._locks = set()
         # Its turn files' descriptors share the parent's flocks: an unlock here would free them.
         forking.keep_inherited(self._turns)
-        self._turns = WriteTurns(self.path)
+        self._turns = WriteTurns(self.path, self._busy_timeout / 2)
         self._local = threading.local()
         self._all, self._in_use = [], {}
         self._lock = threading.Condition(threading.Lock())

@@ -12,6 +12,12 @@ system wakes a waiter the moment a lock is let go, and frees both when their hol
 Only a queue in front of SQLite's lock, which still decides who writes: where the files
 cannot be opened or locked, writers go straight to SQLite's lock, as do processes of older
 versions that know nothing of the files (they only lose their fairness).
+
+Every wait here is bounded (``wait_s``, the store's busy_timeout): a holder that stopped
+(SIGSTOP, a debugger) or hangs must not hold every other writer past the bound its call
+promises. A lock is polled without blocking, a few hundred microseconds apart at first, and at
+the deadline the writer goes on to SQLite's lock, whose own busy_timeout then says how long it
+waited.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import fcntl
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -30,8 +37,9 @@ class WriteTurns:
     """One backend's descriptors of the two files. Used under the process's own write lock,
     so one thread at a time takes turns through them."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, wait_s: float = 30.0) -> None:
         self._names = (f"{path}-writers.door", f"{path}-writers.turn")
+        self._wait_s = wait_s
         self._fds: tuple[int, int] | None = None
         self._tried = False
         self._mutex = threading.Lock()
@@ -67,12 +75,16 @@ class WriteTurns:
         held = False
         try:
             try:
-                fcntl.flock(door, fcntl.LOCK_EX)
-                try:
-                    fcntl.flock(turn, fcntl.LOCK_EX)
-                    held = True
-                finally:
-                    fcntl.flock(door, fcntl.LOCK_UN)
+                deadline = time.monotonic() + self._wait_s
+                if _lock(door, deadline):
+                    try:
+                        held = _lock(turn, deadline)
+                    finally:
+                        fcntl.flock(door, fcntl.LOCK_UN)
+                if not held:
+                    log.warning("waited %.0f s for a SQLite write turn (a writer of another "
+                                "process holds it: stopped or hung?); going on to SQLite's "
+                                "lock", self._wait_s)
             except OSError as exc:  # no locks on this file system: SQLite's lock alone
                 log.debug("taking a write turn failed: %s", exc)
             yield
@@ -94,3 +106,19 @@ class WriteTurns:
         fds, self._fds = self._fds, None
         for fd in fds or ():
             os.close(fd)
+
+
+def _lock(fd: int, deadline: float) -> bool:
+    """Take ``fd``'s exclusive flock before ``deadline`` (monotonic); False if it stayed taken.
+    Polled: a blocking flock has no timeout."""
+    pause = 0.0002
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.002)
