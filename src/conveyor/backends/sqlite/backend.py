@@ -2,8 +2,9 @@
 and processes.
 
 Each transition is one ``BEGIN IMMEDIATE`` transaction, so writers queue on SQLite's lock
-(with a busy timeout) instead of failing. Workers in this process are woken by an in-process
-signal; workers in other processes notice commits through ``PRAGMA data_version``.
+(with a busy timeout) instead of failing, taking turns across processes (turns.py). Workers in
+this process are woken by an in-process signal; workers in other processes notice commits
+through ``PRAGMA data_version``.
 """
 
 from __future__ import annotations

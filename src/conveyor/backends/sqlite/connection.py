@@ -23,6 +23,7 @@ from .. import forking
 from ..base import EnqueueResult, NewBatch, NewJob, StoreLock, check_lock_name
 from ..sql import load_queries
 from .migrate import migrate
+from .turns import WriteTurns
 
 log = logging.getLogger("conveyor.sqlite")
 Q = load_queries("sqlite")  # the named statements of sql/sqlite/queries.sql
@@ -160,6 +161,9 @@ class SqliteConnections:
         self._group_lock = threading.Lock()
         self._signal = _signal_for(self.path)
         self._locks: set[_FileLock] = set()  # store-wide locks this backend holds (try_lock)
+        # Writers of other processes take fair turns; half the busy timeout at most, so a turn
+        # held by a stopped process leaves SQLite's own wait its time within the bound.
+        self._turns = WriteTurns(self.path, self._busy_timeout / 2)
         migrate(self)
         _backends.add(self)
         forking.register(self)
@@ -250,6 +254,9 @@ class SqliteConnections:
         # Its store-wide locks' descriptors share the parent's flock: an unlock would free it.
         forking.keep_inherited(self._locks)
         self._locks = set()
+        # Its turn files' descriptors share the parent's flocks: an unlock here would free them.
+        forking.keep_inherited(self._turns)
+        self._turns = WriteTurns(self.path, self._busy_timeout / 2)
         self._local = threading.local()
         self._all, self._in_use = [], {}
         self._lock = threading.Condition(threading.Lock())
@@ -300,8 +307,9 @@ class SqliteConnections:
 
     @contextmanager
     def _write(self, now: float | None) -> Iterator[tuple[sqlite3.Connection, float]]:
-        """One write transaction, with the store's time read once at its start."""
-        with self._using() as conn, self._signal.write_lock:
+        """One write transaction, with the store's time read once at its start. Writers of this
+        process queue on its write lock, then take their turn among other processes' (turns)."""
+        with self._using() as conn, self._signal.write_lock, self._turns.turn():
             try:
                 conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
@@ -332,6 +340,7 @@ class SqliteConnections:
             locks, self._locks = self._locks, set()
         for held in locks:
             held.release()
+        self._turns.close()
         for conn in idle:
             with suppress(sqlite3.Error):
                 conn.close()
