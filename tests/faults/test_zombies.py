@@ -11,7 +11,7 @@ zombies did wake up holding leases they had lost (their "lease lost" / "outcome 
 log lines are counted and must be > 0, so the test cannot pass vacuously); every worker is
 alive at the end. On SQLite and PostgreSQL a worker is not frozen while it holds the write
 lock or an open transaction (that stalls the store for everyone; counted as skipped).
-CI: 300 jobs; full: 3,000.
+CI: 600 jobs; full: 3,000.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from harness import (
 
 pytestmark = [pytest.mark.faults, pytest.mark.process]
 
-JOBS = pick(300, 3000)
+JOBS = pick(600, 3000)  # CI: 10 s of load, time for at least two pauses between skipped ones
 WORKERS, CONCURRENCY, LEASE = 3, 4, 1.0
 PAUSE = 3 * LEASE
 RATE = 60.0

@@ -12,6 +12,7 @@ Tests never sleep for fixed times: they poll the store or a marker file with a d
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -91,7 +92,11 @@ def session_members(session: int) -> list[int]:
 
 
 def db_write_locked(db: Path) -> bool:
-    """True if some connection holds the SQLite write lock on ``db`` right now."""
+    """True if some connection holds the SQLite write lock on ``db`` right now, or a writer holds
+    one of the write-turn files beside it (backends/sqlite/turns.py), which every other writer
+    of the store queues behind as well."""
+    if turn_held(db):
+        return True
     conn = sqlite3.connect(db, timeout=0, isolation_level=None)
     try:
         conn.execute("BEGIN IMMEDIATE")
@@ -103,6 +108,22 @@ def db_write_locked(db: Path) -> bool:
         raise
     finally:
         conn.close()
+
+
+def turn_held(db: Path) -> bool:
+    """True if some process holds ``db``'s write-turn door or turn file (an exclusive flock)."""
+    for suffix in ("-writers.door", "-writers.turn"):
+        try:
+            fd = os.open(f"{db}{suffix}", os.O_RDWR)
+        except FileNotFoundError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # closing lets go of a lock this call took
+    return False
 
 
 def read_marker(path: Path) -> list[dict[str, Any]]:
