@@ -305,23 +305,27 @@ def _enqueue_plan(jobs: Sequence[NewJob], now: float | None,
     rows: list[dict[str, Any] | None] = yield _Stmt("many", Q["insert"], params)
     results: list[EnqueueResult] = []
     for job, param, row in zip(jobs, params, rows, strict=True):
-        for _ in range(UNIQUE_RACE_TRIES):
-            if row is not None:
-                results.append(EnqueueResult(row["id"], True, row["at"], row["uid"]))
-                break
-            found = yield _Stmt("one", Q["find_unique"],
-                                {"unique_key": job.unique_key, "now": now})
-            if found is not None:
-                results.append(EnqueueResult(found["id"], False, found["at"]))
-                break
-            # The holder finished (or its window closed) between the insert and this read.
-            row = yield _Stmt("one", Q["insert"], param)
-        else:
-            raise StoreError(
-                f"unique key {job.unique_key!r} keeps changing hands during enqueue; retry")
+        result, _ = yield from _created_or_held(job, Q["insert"], param, row, now)
+        results.append(result)
     yield from _finish_plan(jobs, results, limits,
                             {j.queue for j, r in zip(jobs, results, strict=True) if r.created})
     return results
+
+
+def _created_or_held(job: NewJob, insert: str, param: dict[str, Any],
+                     row: dict[str, Any] | None, now: float | None
+                     ) -> Plan[tuple[EnqueueResult, dict[str, Any] | None]]:
+    """The result of an insert that answered ``row`` (None: its unique key is held): the new
+    job, or the job holding the key, and the inserted row (None when held). The holder may
+    finish (or its window close) between the insert and the look for it: then insert again."""
+    for _ in range(UNIQUE_RACE_TRIES):
+        if row is not None:
+            return EnqueueResult(row["id"], True, row["at"], row["uid"]), row
+        found = yield _Stmt("one", Q["find_unique"], {"unique_key": job.unique_key, "now": now})
+        if found is not None:
+            return EnqueueResult(found["id"], False, found["at"]), None
+        row = yield _Stmt("one", insert, param)
+    raise StoreError(f"unique key {job.unique_key!r} keeps changing hands during enqueue; retry")
 
 
 def _finish_plan(jobs: Sequence[NewJob], results: list[EnqueueResult], limits: dict[str, int],
@@ -395,22 +399,12 @@ def _workflow_plan(jobs: Sequence[NewJob], now: float | None, batches: Sequence[
             "parent_ids": parents, "parent_done": [states[p] in FINAL for p in parents],
         }
         row = yield _Stmt("one", Q["insert_after"], param)
-        for _ in range(UNIQUE_RACE_TRIES):
-            if row is not None:
-                results.append(EnqueueResult(row["id"], True, row["at"], row["uid"]))
-                states[row["id"]] = row["state"]
-                if row["state"] in ("available", "scheduled"):
-                    woken.add(job.queue)
-                break
-            found = yield _Stmt("one", Q["find_unique"],
-                                {"unique_key": job.unique_key, "now": now})
-            if found is not None:
-                results.append(EnqueueResult(found["id"], False, found["at"]))
-                break
-            row = yield _Stmt("one", Q["insert_after"], param)
-        else:
-            raise StoreError(
-                f"unique key {job.unique_key!r} keeps changing hands during enqueue; retry")
+        result, row = yield from _created_or_held(job, Q["insert_after"], param, row, now)
+        results.append(result)
+        if row is not None:
+            states[row["id"]] = row["state"]
+            if row["state"] in ("available", "scheduled"):
+                woken.add(job.queue)
         i += 1
     yield from _finish_plan(jobs, results, limits, woken)
     return results

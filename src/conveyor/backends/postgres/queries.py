@@ -36,8 +36,11 @@ def _job_columns(sql: str) -> str:
                   lambda m: ", ".join(f"{m[1]}.{c}" for c in JOB_COLUMNS), sql)
 
 
-Q = {name: _job_columns(sql.replace(":NOW", NOW).replace(":STMT_NOW", STMT_NOW))
-     for name, sql in load_queries("postgres").items()}
+_RAW = load_queries("postgres")
+_FORGET_GONE = _RAW.pop("forget_gone")  # the shared end of prune and purge
+Q = {name: _job_columns(sql.replace(":FORGET_GONE", _FORGET_GONE).replace(":NOW", NOW)
+                        .replace(":STMT_NOW", STMT_NOW))
+     for name, sql in _RAW.items()}
 KEEP_ERRORS = 20
 CHANNEL = "conveyor_wake"
 DEPTH_LOCK = ("SELECT pg_advisory_xact_lock("

@@ -589,6 +589,12 @@ WITH gone AS (
                  ORDER BY j.finished_at LIMIT %(limit)s
                  FOR UPDATE SKIP LOCKED)
     RETURNING id, has_children, parents, batch_id, callback_of
+:FORGET_GONE;
+
+-- name: forget_gone
+-- Not a statement: the end of prune and purge (written in for :FORGET_GONE by queries.py).
+-- The deleted jobs (the CTE "gone") take their edges with them (no foreign keys: see
+-- 010_workflows.sql), and the batches they named come back for prune_batches.
 ), as_parent AS (
     DELETE FROM conveyor_edges WHERE parent_id IN (SELECT id FROM gone WHERE has_children)
 ), as_child AS (
@@ -598,7 +604,7 @@ WITH gone AS (
 )
 SELECT (SELECT count(*) FROM gone) AS n,
        ARRAY(SELECT DISTINCT b FROM gone, LATERAL (VALUES (batch_id), (callback_of)) AS v(b)
-             WHERE b IS NOT NULL) AS batches;
+             WHERE b IS NOT NULL) AS batches
 
 -- name: prune_batches
 -- Batch records whose last member, callback and nested batch are gone; their enclosing
@@ -687,16 +693,7 @@ WITH gone AS (
     WHERE state = %(state)s AND (%(queue)s::text IS NULL OR queue = %(queue)s)
       AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
     RETURNING id, has_children, parents, batch_id, callback_of
-), as_parent AS (
-    DELETE FROM conveyor_edges WHERE parent_id IN (SELECT id FROM gone WHERE has_children)
-), as_child AS (
-    DELETE FROM conveyor_edges AS e
-    USING (SELECT g.id, p.id AS parent_id FROM gone AS g, unnest(g.parents) AS p(id)) AS x
-    WHERE e.parent_id = x.parent_id AND e.child_id = x.id
-)
-SELECT (SELECT count(*) FROM gone) AS n,
-       ARRAY(SELECT DISTINCT b FROM gone, LATERAL (VALUES (batch_id), (callback_of)) AS v(b)
-             WHERE b IS NOT NULL) AS batches;
+:FORGET_GONE;
 
 -- name: stats_now
 SELECT extract(epoch FROM :NOW)::float8 AS now;
