@@ -6,41 +6,20 @@ Keeps docs/assets/dashboard/cron-controls.png (shown in docs/dashboard.md) curre
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from support import running_worker, wait_until
+from test_dash_browser import browser  # noqa: F401 - the shared browser fixture, by name
 
 from conveyor import Conveyor
 from conveyor.cron import Scheduler
 from conveyor.dashboard import start_in_thread
 from conveyor.job import JobState
 
-sync_api = pytest.importorskip("playwright.sync_api")
-
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update"]
 ASSET = Path(__file__).resolve().parents[2] / "docs" / "assets" / "dashboard" / "cron-controls.png"
 
-
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    if not os.path.exists(CHROMIUM):
-        reason = f"{CHROMIUM} is missing (apt-get install chromium; .ci/run does)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 def build_app(tmp_path: Path) -> Conveyor:
@@ -60,7 +39,7 @@ def build_app(tmp_path: Path) -> Conveyor:
     return app
 
 
-def test_disable_and_run_now_from_the_cron_page(browser: Any, tmp_path: Path) -> None:
+def test_disable_and_run_now_from_the_cron_page(browser: Any, tmp_path: Path) -> None:  # noqa: F811
     app = build_app(tmp_path)
     # The sync ran on its last tick (a real scheduler and worker), so its last run shows.
     scheduler = Scheduler(app)
