@@ -195,6 +195,10 @@ class Backend(abc.ABC):
     """A store of jobs. Instances are safe to share between threads of one process."""
 
     url: str
+    # What this store cannot do, by capability name (see broker/core.py's MISSING; the stores
+    # of job tables miss nothing). A caller that can go on without one asks here first (the
+    # worker's history recorder); everything else raises Unsupported when it is used.
+    missing: frozenset[str] = frozenset()
 
     # -- producer -----------------------------------------------------------------------
     @abc.abstractmethod
