@@ -148,6 +148,8 @@ BACKENDS: list[BackendSpec] = [
 
 NOT_YET_IMPLEMENTED: list[str] = []
 _skipped: dict[str, str] = {}
+# Stores outside BACKENDS that tests of this run reached (the brokers of tests/brokers).
+also_ran: set[str] = set()
 
 
 def _unavailable(name: str, exc: BackendUnavailable) -> NoReturn:

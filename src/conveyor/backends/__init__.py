@@ -26,9 +26,14 @@ def open_backend(url: str, *, pool_size: int | None = None) -> Backend:
         from .redis import RedisBackend
 
         return RedisBackend(url)
+    if scheme in ("amqp", "amqps"):
+        _require("pika", "rabbitmq")
+        from .broker.rabbitmq import open_rabbitmq
+
+        return open_rabbitmq(url)
     raise ConfigurationError(
         f"unsupported store URL {redact_url(url)!r}: expected sqlite:///file.db, "
-        "postgresql://user@host/db or redis://host:6379/0"
+        "postgresql://user@host/db, redis://host:6379/0 or amqp://user:pass@host/vhost"
     )
 
 

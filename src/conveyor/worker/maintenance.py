@@ -95,8 +95,8 @@ class Maintenance:
         w = self.w
         recorder: Recorder = w.history
         points = recorder.take()
-        if not points:
-            return 0
+        if not points or "history" in w.backend.missing:
+            return 0  # a store without history (a broker): the counts are dropped, not kept
         try:
             await w._call(w._maint, w.backend.record_history, points)
         except asyncio.CancelledError:
