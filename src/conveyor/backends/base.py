@@ -234,6 +234,25 @@ class Backend(abc.ABC):
         begins with it, so ``release_claim`` can give back a claim whose reply was lost.
         """
 
+    def take(self, job_id: int, token: str, *, worker_id: str, lease_s: float,
+             now: float | None = None) -> Job | None:
+        """Lease the job ``job_id`` for a delivery a message broker made: the store is then a
+        broker's companion (broker/companion.py), which keeps the job records while the broker
+        decides which worker runs what, and when.
+
+        The job becomes ``running`` with ``attempts`` + 1, lease ``token`` (the caller's: it
+        begins with a claim id, as a claim's do), ``worker_id``, ``attempted_at = now`` and
+        ``lease_expires_at = now + lease_s``, and is returned as ``claim`` returns jobs (steps
+        included). It is taken whatever its ``run_at`` (the broker held the delay) and whatever
+        lease it held: the broker handed the message out again because its holder stopped
+        answering, so that holder is fenced (its token no longer matches) and the attempt it
+        lost is recorded as a ``lease_expired`` error, as ``reap`` records one. Returns None,
+        changing nothing, when the store holds no such job or it cannot run: finished
+        (succeeded, dead or cancelled: the message is a duplicate, or the job was cancelled) or
+        ``waiting``. Not counted against concurrency or rate limits, nor the queue's pause:
+        the companion refuses jobs that have them."""
+        raise NotImplementedError(f"{type(self).__name__} cannot serve as a broker's companion")
+
     @abc.abstractmethod
     def heartbeat(self, leases: Sequence[Lease], *, lease_s: float, now: float | None = None,
                   held: Collection[int] = ()) -> set[int]:

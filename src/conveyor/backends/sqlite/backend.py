@@ -168,6 +168,14 @@ class SqliteBackend(SqliteHistory, Backend):
         with self._write(now) as (conn, t):
             return claim_in(conn, t, queue, limit, worker_id, lease_s, start, claim_id)
 
+    def take(self, job_id: int, token: str, *, worker_id: str, lease_s: float,
+             now: float | None = None) -> Job | None:
+        with self._write(now) as (conn, t):
+            row = conn.execute(Q["take"], {
+                "id": job_id, "token": token, "worker_id": worker_id, "lease_s": lease_s,
+                "now": t, "keep_errors": KEEP_ERRORS}).fetchone()
+        return None if row is None else row_to_job(row)
+
     def ack_and_claim(
         self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *,
         worker_id: str, lease_s: float, now: float | None = None, start: int | None = None,

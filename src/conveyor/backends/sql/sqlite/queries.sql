@@ -254,6 +254,31 @@ SET state = 'running',
 WHERE id IN (SELECT value FROM json_each(:ids)) AND state = 'available'
 RETURNING *;
 
+-- name: take
+-- A broker's delivery (Backend.take): the job by id, whatever its run_at and whatever lease it
+-- held. A lease it held was lost (the broker handed the message out again): recorded as reap
+-- records an expiry. SET reads the row as it was, so errors sees the old state and worker.
+UPDATE conveyor_jobs
+SET errors = CASE WHEN state = 'running' THEN json_insert(
+                 CASE WHEN json_array_length(errors) >= :keep_errors
+                      THEN json_remove(errors, '$[0]') ELSE errors END,
+                 '$[#]', json_object(
+                     'attempt', attempt, 'at', :now, 'kind', 'lease_expired',
+                     'type', 'LeaseExpired',
+                     'message', 'the broker handed the job out again: worker '
+                                || coalesce(worker_id, '?') || ' stopped answering',
+                     'traceback', '', 'worker_id', worker_id))
+             ELSE errors END,
+    state = 'running',
+    attempt = attempt + 1,
+    attempted_at = :now,
+    worker_id = :worker_id,
+    lease_token = :token,
+    lease_expires_at = :now + :lease_s,
+    held = 0
+WHERE id = :id AND state IN ('available', 'scheduled', 'running')
+RETURNING *;
+
 -- name: hold
 -- The jobs of a claim beyond its ``start``: they wait in the worker's prefetch, not started.
 UPDATE conveyor_jobs SET held = 1 WHERE id IN (SELECT value FROM json_each(:ids));
