@@ -261,6 +261,37 @@ SELECT claimed.*,
         FROM conveyor_steps AS s WHERE s.job_id = claimed.id) AS steps
 FROM claimed;
 
+-- name: take
+-- A broker's delivery (Backend.take): the job by id, whatever its run_at and whatever lease it
+-- held. A lease it held was lost (the broker handed the message out again): recorded as reap
+-- records an expiry. SET reads the row as it was, so errors sees the old state and worker.
+WITH taken AS (
+    UPDATE conveyor_jobs AS j
+    SET errors = CASE WHEN j.state = 'running' THEN
+                     (CASE WHEN jsonb_array_length(j.errors) >= %(keep_errors)s
+                           THEN j.errors - 0 ELSE j.errors END)
+                     || jsonb_build_array(jsonb_build_object(
+                            'attempt', j.attempt, 'at', extract(epoch FROM :NOW)::float8,
+                            'kind', 'lease_expired', 'type', 'LeaseExpired',
+                            'message', 'the broker handed the job out again: worker '
+                                       || coalesce(j.worker_id, '?') || ' stopped answering',
+                            'traceback', '', 'worker_id', j.worker_id))
+                 ELSE j.errors END,
+        state = 'running',
+        attempt = j.attempt + 1,
+        attempted_at = :NOW,
+        worker_id = %(worker_id)s,
+        lease_token = %(token)s,
+        lease_expires_at = :NOW + make_interval(secs => %(lease_s)s::float8),
+        held = false
+    WHERE j.id = %(id)s AND j.state IN ('available', 'scheduled', 'running')
+    RETURNING :JOB(j)
+)
+SELECT taken.*,
+       (SELECT coalesce(json_object_agg(s.step, s.result), '{}'::json)
+        FROM conveyor_steps AS s WHERE s.job_id = taken.id) AS steps
+FROM taken;
+
 -- name: heartbeat
 -- The leases still held: the ones renewed, and the ones another transaction is writing right
 -- now whose last committed version still shows our valid lease. Those are passed over (SKIP
