@@ -112,3 +112,20 @@ def test_take_keeps_steps(backend: Backend) -> None:
     backend.record_step(job_id, "charge", '"ch_1"', uid=first.uid)
     job = take(backend, job_id, now=T0 + 5)
     assert job is not None and job.steps == {"charge": "ch_1"}
+
+
+def test_take_of_a_spent_job_makes_it_dead(backend: Backend) -> None:
+    """Its last attempt's holder stopped answering: no attempt is left for the new delivery."""
+    job_id = enqueue_one(backend, max_attempts=2)
+    assert take(backend, job_id, worker="w1") is not None
+    second = take(backend, job_id, worker="w2", now=T0 + 5)
+    assert second is not None and second.attempts == 2
+    assert take(backend, job_id, worker="w3", now=T0 + 9) is None
+    dead = backend.get(job_id)
+    assert dead is not None and dead.state is JobState.DEAD and dead.attempts == 2
+    assert dead.lease_token is None and dead.finished_at == pytest.approx(T0 + 9)
+    assert [(e["attempt"], e["kind"], e["worker_id"]) for e in dead.errors] == [
+        (1, "lease_expired", "w1"), (2, "lease_expired", "w2")]
+    assert "no attempts left" in dead.errors[-1]["message"]
+    with pytest.raises(LeaseLost):
+        backend.ack(Lease(job_id, second.lease_token or ""), None, now=T0 + 10)

@@ -8,10 +8,15 @@ from ..errors import ConfigurationError
 from .base import Backend
 
 
-def open_backend(url: str, *, pool_size: int | None = None) -> Backend:
+def open_backend(url: str, *, pool_size: int | None = None, state: str | None = None) -> Backend:
     """``pool_size``: PostgreSQL's connection pool, fixed (see PostgresBackend); other stores
-    have none to size."""
+    have none to size. ``state``: a broker's companion store (broker/companion.py), the URL
+    of a SQLite, PostgreSQL or Redis store that keeps the job records; only with a broker."""
     scheme = urlsplit(url).scheme
+    if state is not None and scheme not in BROKER_SCHEMES:
+        raise ConfigurationError(
+            f"state= names a companion store for a message broker (amqp://, sqs://); "
+            f"{redact_url(url)!r} is a store of its own")
     if scheme == "sqlite":
         from .sqlite import SqliteBackend
 
@@ -30,7 +35,7 @@ def open_backend(url: str, *, pool_size: int | None = None) -> Backend:
         _require("pika", "rabbitmq")
         from .broker.rabbitmq import open_rabbitmq
 
-        return open_rabbitmq(url)
+        return open_rabbitmq(url, state=_companion(state, pool_size))
     raise ConfigurationError(
         f"unsupported store URL {redact_url(url)!r}: expected sqlite:///file.db, "
         "postgresql://user@host/db, redis://host:6379/0 or amqp://user:pass@host/vhost"
@@ -67,6 +72,18 @@ def sqlite_path(url: str) -> str | None:
         return parse_sqlite_url(url)[0]
     except ConfigurationError:
         return None
+
+
+BROKER_SCHEMES = ("amqp", "amqps", "sqs")
+
+
+def _companion(state: str | None, pool_size: int | None) -> Backend | None:
+    if state is None:
+        return None
+    if urlsplit(state).scheme in BROKER_SCHEMES:
+        raise ConfigurationError(f"state= is a store for the job records (sqlite://, "
+                                 f"postgresql://, redis://), not {redact_url(state)!r}")
+    return open_backend(state, pool_size=pool_size)
 
 
 def _require(module: str, extra: str) -> None:

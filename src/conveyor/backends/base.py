@@ -246,7 +246,9 @@ class Backend(abc.ABC):
         included). It is taken whatever its ``run_at`` (the broker held the delay) and whatever
         lease it held: the broker handed the message out again because its holder stopped
         answering, so that holder is fenced (its token no longer matches) and the attempt it
-        lost is recorded as a ``lease_expired`` error, as ``reap`` records one. Returns None,
+        lost is recorded as a ``lease_expired`` error, as ``reap`` records one; if that was its
+        last attempt (``attempts`` = ``max_attempts``), the job goes ``dead`` instead, as
+        ``reap`` makes it (children settled, waiters woken), and None is returned. Returns None,
         changing nothing, when the store holds no such job or it cannot run: finished
         (succeeded, dead or cancelled: the message is a duplicate, or the job was cancelled) or
         ``waiting``. Not counted against concurrency or rate limits, nor the queue's pause:

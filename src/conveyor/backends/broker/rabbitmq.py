@@ -39,6 +39,8 @@ import pika.exceptions as pex
 
 from ...errors import ConfigurationError, StoreError, StoreUnavailable
 from .. import redact_url
+from ..base import Backend
+from .companion import CompanionBackend
 from .core import BrokerBackend
 from .transport import Delivery, Lane, LaneDepth, Outgoing
 
@@ -317,7 +319,8 @@ class RabbitTransport:
             self._drop()
 
 
-def open_rabbitmq(url: str) -> BrokerBackend:
+def open_rabbitmq(url: str, *, state: Backend | None = None) -> BrokerBackend:
+    """The RabbitMQ store of ``url``; with ``state``, a companion store keeps the records."""
     parts = urlsplit(url)
     ours = {k: v for k, v in parse_qsl(parts.query) if k in _OURS}
     rest = [(k, v) for k, v in parse_qsl(parts.query) if k not in _OURS]
@@ -332,4 +335,7 @@ def open_rabbitmq(url: str) -> BrokerBackend:
         )
     except (ValueError, TypeError) as exc:
         raise ConfigurationError(f"{redact_url(url)!r}: {exc}") from None
-    return BrokerBackend(url, transport, parse_levels(ours.get("levels", "-1,0,1"), url))
+    levels = parse_levels(ours.get("levels", "-1,0,1"), url)
+    if state is not None:
+        return CompanionBackend(url, transport, levels, state)
+    return BrokerBackend(url, transport, levels)

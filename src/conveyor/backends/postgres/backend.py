@@ -122,6 +122,9 @@ class PostgresBackend(Enqueuing, Claiming, Administering, Grouping, Listening, L
             row = conn.execute(Q["take"], {
                 "id": job_id, "token": token, "worker_id": worker_id, "lease_s": lease_s,
                 "now": now, "keep_errors": KEEP_ERRORS}).fetchone()
+            if row is not None and row["state"] != "running":
+                notify_freed(conn, [row])  # spent: dead now, as reap makes it
+                return None
         return None if row is None else row_to_job(row)
 
     def ack(self, lease: Lease, result: str | None, *, now: float | None = None,

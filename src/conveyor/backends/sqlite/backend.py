@@ -170,11 +170,18 @@ class SqliteBackend(SqliteHistory, Backend):
 
     def take(self, job_id: int, token: str, *, worker_id: str, lease_s: float,
              now: float | None = None) -> Job | None:
+        settled = None
         with self._write(now) as (conn, t):
             row = conn.execute(Q["take"], {
                 "id": job_id, "token": token, "worker_id": worker_id, "lease_s": lease_s,
                 "now": t, "keep_errors": KEEP_ERRORS}).fetchone()
-        return None if row is None else row_to_job(row)
+            if row is None or row["state"] == "running":
+                return None if row is None else row_to_job(row)
+            # Spent: its last attempt's lease was lost; dead now, as reap makes it.
+            if row["has_children"]:
+                settled = settle(conn, t, [(job_id, "dead")])
+        self._finished((job_id,), settled)
+        return None
 
     def ack_and_claim(
         self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *,

@@ -264,7 +264,8 @@ FROM claimed;
 -- name: take
 -- A broker's delivery (Backend.take): the job by id, whatever its run_at and whatever lease it
 -- held. A lease it held was lost (the broker handed the message out again): recorded as reap
--- records an expiry. SET reads the row as it was, so errors sees the old state and worker.
+-- records an expiry, and if that was its last attempt the job goes dead instead (spent; the
+-- row trigger settles its children, as for reap). SET reads the row as it was.
 WITH taken AS (
     UPDATE conveyor_jobs AS j
     SET errors = CASE WHEN j.state = 'running' THEN
@@ -274,18 +275,31 @@ WITH taken AS (
                             'attempt', j.attempt, 'at', extract(epoch FROM :NOW)::float8,
                             'kind', 'lease_expired', 'type', 'LeaseExpired',
                             'message', 'the broker handed the job out again: worker '
-                                       || coalesce(j.worker_id, '?') || ' stopped answering',
+                                       || coalesce(j.worker_id, '?') || ' stopped answering'
+                                       || CASE WHEN j.attempt >= j.max_attempts
+                                               THEN '; no attempts left' ELSE '' END,
                             'traceback', '', 'worker_id', j.worker_id))
                  ELSE j.errors END,
-        state = 'running',
-        attempt = j.attempt + 1,
-        attempted_at = :NOW,
-        worker_id = %(worker_id)s,
-        lease_token = %(token)s,
-        lease_expires_at = :NOW + make_interval(secs => %(lease_s)s::float8),
+        state = CASE WHEN j.state = 'running' AND j.attempt >= j.max_attempts THEN 'dead'
+                     ELSE 'running' END,
+        finished_at = CASE WHEN j.state = 'running' AND j.attempt >= j.max_attempts
+                           THEN :NOW END,
+        attempt = CASE WHEN j.state = 'running' AND j.attempt >= j.max_attempts
+                       THEN j.attempt ELSE j.attempt + 1 END,
+        attempted_at = CASE WHEN j.state = 'running' AND j.attempt >= j.max_attempts
+                            THEN j.attempted_at ELSE :NOW END,
+        worker_id = CASE WHEN j.state = 'running' AND j.attempt >= j.max_attempts
+                         THEN j.worker_id ELSE %(worker_id)s END,
+        lease_token = CASE WHEN j.state = 'running' AND j.attempt >= j.max_attempts
+                           THEN NULL ELSE %(token)s END,
+        lease_expires_at = CASE WHEN j.state = 'running' AND j.attempt >= j.max_attempts
+                                THEN NULL
+                                ELSE :NOW + make_interval(secs => %(lease_s)s::float8) END,
         held = false
     WHERE j.id = %(id)s AND j.state IN ('available', 'scheduled', 'running')
-    RETURNING :JOB(j)
+    RETURNING :JOB(j),
+              CASE WHEN j.waited AND j.state = 'dead'
+                   THEN pg_notify('conveyor_done', j.id::text) END AS told
 )
 SELECT taken.*,
        (SELECT coalesce(json_object_agg(s.step, s.result), '{}'::json)

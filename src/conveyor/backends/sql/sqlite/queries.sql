@@ -257,7 +257,8 @@ RETURNING *;
 -- name: take
 -- A broker's delivery (Backend.take): the job by id, whatever its run_at and whatever lease it
 -- held. A lease it held was lost (the broker handed the message out again): recorded as reap
--- records an expiry. SET reads the row as it was, so errors sees the old state and worker.
+-- records an expiry, and if that was its last attempt the job goes dead instead (spent).
+-- SET reads the row as it was, so every CASE sees the old state, attempt and worker.
 UPDATE conveyor_jobs
 SET errors = CASE WHEN state = 'running' THEN json_insert(
                  CASE WHEN json_array_length(errors) >= :keep_errors
@@ -266,15 +267,24 @@ SET errors = CASE WHEN state = 'running' THEN json_insert(
                      'attempt', attempt, 'at', :now, 'kind', 'lease_expired',
                      'type', 'LeaseExpired',
                      'message', 'the broker handed the job out again: worker '
-                                || coalesce(worker_id, '?') || ' stopped answering',
+                                || coalesce(worker_id, '?') || ' stopped answering'
+                                || CASE WHEN attempt >= max_attempts
+                                        THEN '; no attempts left' ELSE '' END,
                      'traceback', '', 'worker_id', worker_id))
              ELSE errors END,
-    state = 'running',
-    attempt = attempt + 1,
-    attempted_at = :now,
-    worker_id = :worker_id,
-    lease_token = :token,
-    lease_expires_at = :now + :lease_s,
+    state = CASE WHEN state = 'running' AND attempt >= max_attempts THEN 'dead'
+                 ELSE 'running' END,
+    finished_at = CASE WHEN state = 'running' AND attempt >= max_attempts THEN :now END,
+    attempt = CASE WHEN state = 'running' AND attempt >= max_attempts THEN attempt
+                   ELSE attempt + 1 END,
+    attempted_at = CASE WHEN state = 'running' AND attempt >= max_attempts THEN attempted_at
+                        ELSE :now END,
+    worker_id = CASE WHEN state = 'running' AND attempt >= max_attempts THEN worker_id
+                     ELSE :worker_id END,
+    lease_token = CASE WHEN state = 'running' AND attempt >= max_attempts THEN NULL
+                       ELSE :token END,
+    lease_expires_at = CASE WHEN state = 'running' AND attempt >= max_attempts THEN NULL
+                            ELSE :now + :lease_s END,
     held = 0
 WHERE id = :id AND state IN ('available', 'scheduled', 'running')
 RETURNING *;
