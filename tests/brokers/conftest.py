@@ -9,6 +9,8 @@ waits it out.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import time
 import uuid
@@ -17,7 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from stores import BackendUnavailable, _unavailable, also_ran
+from stores import (
+    BackendUnavailable,
+    StoreFactory,
+    _unavailable,
+    also_ran,
+    postgres_migrated_store,
+    redis_store,
+    sqlite_store,
+)
 
 from conveyor.backends.base import Backend
 
@@ -31,6 +41,11 @@ class Broker:
     url: str
     lease_s: float  # the lease the tests claim with
     lose: Callable[[Backend, float], None]  # make ``backend`` lose what it holds
+    state: str | None = None  # the companion store's URL, if any
+
+    @property
+    def companion(self) -> bool:
+        return self.state is not None
 
 
 def rabbitmq_broker(tmp_path: Path) -> Broker:
@@ -52,16 +67,31 @@ def rabbitmq_broker(tmp_path: Path) -> Broker:
 
 
 BROKERS: dict[str, Callable[[Path], Broker]] = {"rabbitmq": rabbitmq_broker}
+# Each broker alone, and with a companion store of each kind (broker/companion.py).
+COMPANIONS: dict[str, StoreFactory] = {
+    "sqlite": sqlite_store, "postgres": postgres_migrated_store, "redis": redis_store}
+ALONE = sorted(BROKERS)
+WITH_STATE = [f"{b}+{s}" for b in sorted(BROKERS) for s in COMPANIONS]
+PARAMS = [*ALONE, *WITH_STATE]
+# A test of what only a broker alone does (its dead lane, its refusals), or only a companion
+# adds, takes these instead of every combination: ``@alone`` / ``@with_state``.
+alone = pytest.mark.parametrize("broker", ALONE, indirect=True)
+with_state = pytest.mark.parametrize("broker", WITH_STATE, indirect=True)
 
 
-@pytest.fixture(params=sorted(BROKERS))
-def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Broker:
-    try:
-        found = BROKERS[request.param](tmp_path)
-        also_ran.add(request.param)
-        return found
-    except BackendUnavailable as exc:
-        _unavailable(request.param, exc)
+@pytest.fixture(params=PARAMS)
+def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Broker]:
+    name, _, store = str(request.param).partition("+")
+    with contextlib.ExitStack() as stack:
+        try:
+            found = BROKERS[name](tmp_path)
+            also_ran.add(name)
+            if store:
+                state = stack.enter_context(COMPANIONS[store](tmp_path))
+                found = dataclasses.replace(found, name=request.param, state=state)
+        except BackendUnavailable as exc:
+            _unavailable(store if store and name in also_ran else name, exc)
+        yield found
 
 
 @pytest.fixture
@@ -72,7 +102,7 @@ def open_broker(broker: Broker) -> Iterator[Callable[[], Backend]]:
     opened: list[Backend] = []
 
     def make() -> Backend:
-        b = open_backend(broker.url)
+        b = open_backend(broker.url, state=broker.state)
         opened.append(b)
         return b
 

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from conftest import Broker, wait_for
+from conftest import Broker, alone, wait_for
 
 from conveyor import JobState, LeaseLost, QueueFull, Unsupported
 from conveyor.backends.base import Backend, ErrorInfo, Lease, NewJob
@@ -193,6 +193,7 @@ def test_heartbeat_keeps_the_lease(open_broker: Open, broker: Broker) -> None:
     b.ack(lease(j), None)
 
 
+@alone
 def test_a_message_that_is_not_a_job_goes_to_the_dead_lane(
         open_broker: Open, broker: Broker) -> None:
     b = open_broker()
@@ -212,6 +213,7 @@ def test_max_depth_counts_the_broker_queue(open_broker: Open, broker: Broker) ->
         b.enqueue_many([job(max_depth=3)])
 
 
+@alone
 @pytest.mark.parametrize("kw,capability", [
     ({"unique_key": "k"}, "deduplicate by unique_key"),
     ({"after": (1,)}, "run jobs after= others"),
@@ -227,7 +229,8 @@ def test_what_a_broker_cannot_do_is_refused_by_name(
     assert claim_all(b, broker) == []  # nothing of the batch was written
 
 
-def test_lookups_are_refused_by_name(open_broker: Open) -> None:
+@alone
+def test_lookups_are_refused_by_name(open_broker: Open, broker: Broker) -> None:
     b = open_broker()
     for call, capability in [(lambda: b.get(1), "lookup"), (lambda: b.cancel(1), "cancel"),
                              (lambda: b.list_jobs(), "listing"),
