@@ -226,6 +226,8 @@ def test_what_a_broker_cannot_do_is_refused_by_name(
     with pytest.raises(Unsupported, match=capability) as info:
         b.enqueue_many([job(), job(**kw)])
     assert "docs/backends.md" in str(info.value)
+    # The way out it names: a companion store for records, a store of jobs for the rest.
+    assert ("state=" in str(info.value)) == (info.value.capability == "deduplicate by unique_key")
     assert claim_all(b, broker) == []  # nothing of the batch was written
 
 

@@ -103,7 +103,7 @@ class Ctx:
     def __init__(self, app_spec: str | None, url: str | None) -> None:
         self.app_spec = app_spec
         self.url = url
-        self.state: str | None = None  # --state: a broker's companion store
+        self.state_url: str | None = None  # --state-url: a broker's companion store
         self.log_level = "INFO"
         self.log_format = "text"
         self.verbose = False
@@ -125,10 +125,10 @@ class Ctx:
                 app = load_app(self.app_spec, verbose=self.verbose)
                 if self.url:
                     app.url = self.url
-                if self.state:
-                    app.state_url = absolute_url(self.state)
+                if self.state_url:
+                    app.state_url = absolute_url(self.state_url)
             else:
-                app = Conveyor(self.url, state=self.state)
+                app = Conveyor(self.url, state=self.state_url)
             self._loaded_app = app
         return self._loaded_app
 

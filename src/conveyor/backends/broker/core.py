@@ -75,13 +75,19 @@ _WHY = {
     "cancel": "cancel a job by id",
     "fair": "share a queue fairly between fair_key tenants",
 }
-HINT = ("a message broker keeps messages, not a job table; use a SQLite, PostgreSQL or Redis "
-        "store for this (see docs/backends.md, the capability table)")
+# What the companion store (broker/companion.py) cannot add either: the claim must choose.
+NEEDS_A_STORE = frozenset({"limits", "pause", "dependencies", "fair"})
+HINT_STATE = ("name a companion store that keeps the job records: Conveyor(url, "
+              "state='postgresql://...'), $CONVEYOR_STATE_URL or --state-url (docs/backends.md, "
+              "the capability table)")
+HINT_STORE = ("the broker chooses which job runs, so this needs a SQLite, PostgreSQL or Redis "
+              "store instead (docs/backends.md, the capability table)")
 EARLY = 0.05  # a delayed message received this close to its run_at runs now
 
 
 def unsupported(store: str, capability: str) -> Unsupported:
-    return Unsupported(_WHY[capability], store, HINT)
+    hint = HINT_STORE if capability in NEEDS_A_STORE else HINT_STATE
+    return Unsupported(_WHY[capability], store, hint)
 
 
 @dataclass

@@ -45,6 +45,10 @@ from .core import BrokerBackend
 from .transport import Delivery, Lane, LaneDepth, Outgoing
 
 log = logging.getLogger("conveyor.broker.rabbitmq")
+# pika logs every channel it opens at INFO; a worker's log is for jobs. Left alone if the
+# application set a level for it.
+if logging.getLogger("pika").level == logging.NOTSET:
+    logging.getLogger("pika").setLevel(logging.WARNING)
 T = TypeVar("T")
 
 STEP_MS = 100  # the shortest delay step
