@@ -48,7 +48,7 @@ SCRIPT_NAMES = (
     "enqueue", "enqueue_one", "claim", "heartbeat", "ack", "ack_many", "retry", "kill",
     "release", "reap", "promote", "prune", "cancel", "redrive", "purge", "record_worker",
     "remove_worker", "stats", "list_jobs", "record_step", "peek", "get", "sweep", "sweep_done",
-    "get_batch", "make_due", "cron_control", "queue_pause", "cancel_many",
+    "get_batch", "make_due", "cron_control", "queue_pause", "cancel_many", "take",
     *(f"{name}:strict" for name in STRICT_SCRIPTS),
 )
 
