@@ -125,6 +125,38 @@ def test_a_job_taken_again_is_where_a_reap_and_a_claim_leave_it(
     assert stats["default"].lease_expiries == 1 and stats["default"].running == 1
 
 
+def test_a_spent_job_taken_again_is_where_a_reap_leaves_it_dead(
+        twins: tuple[RedisBackend, RedisBackend], private_redis: RedisServer) -> None:
+    """Its last attempt's holder stopped answering: the store ends as a reap leaves a job out of
+    attempts (dead, its unique key freed, its waiting child in another queue cancelled), and
+    nothing is taken. The taker knows neither queue: the script asks for both blocks."""
+    claimed, taken = twins
+    r = private_redis.client()
+    parent = both(twins, plain(0, max_attempts=1, unique_key="u"), T0)
+    child = both(twins, plain(1, queue="other", after=(parent,)), T0)
+    cid, now = new_claim_id(), T0 + 100
+    [job] = claimed.claim("default", 1, worker_id="w1", lease_s=2, now=now, claim_id=cid)
+    assert job.id == parent
+    fresh = store(private_redis, "taken")  # knows no job's queue
+    try:
+        assert fresh.take(parent, f"{cid}00000000", worker_id="w1", lease_s=2,
+                          now=now) is not None
+        assert fresh.reap(now=now).requeued == []  # (marks the store indexed, as below)
+        later = now + 5
+        assert claimed.reap(now=later).dead == [parent]
+        assert fresh.take(parent, new_claim_id() + "1", worker_id="w2", lease_s=30,
+                          now=later) is None
+    finally:
+        fresh.close()
+    same(r, errors_alike=True)
+    dead = taken.get(parent)
+    assert dead is not None and dead.state is JobState.DEAD and dead.attempts == 1
+    assert dead.finished_at == later and dead.lease_token is None
+    assert "no attempts left" in dead.errors[-1]["message"]
+    assert taken.get(child).state is JobState.CANCELLED  # type: ignore[union-attr]
+    assert taken.enqueue_many([plain(2, unique_key="u")], now=later)[0].created
+
+
 def test_a_lease_still_running_is_replaced_in_every_index(backend: RedisBackend,
                                                           private_redis: RedisServer) -> None:
     """Taken again before its lease ran out: the new expiry is the job's score in the queue's

@@ -71,7 +71,8 @@ class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin, Redi
         a repeat of the same token with the job as the first call left it."""
         args = [self._now_arg(now), int(job_id), token, worker_id, repr(float(lease_s))]
         res = self._run("take", self._guess([job_id]), args, safe=True)
-        if not res:
+        if not res:  # not taken: finished (or spent, dead now), waiting, or unknown
+            self._forget(job_id)
             return None
         job = self._job(res[1:])
         self._remember(job)

@@ -12,33 +12,57 @@
 -- A running job's lease was lost (the broker handed the message out again because its holder
 -- stopped answering): the lost attempt is recorded as a lease_expired error naming the old
 -- worker and counted in P:expiries, as reap records an expiry, and the new expiry replaces the
--- old one in every index; the old holder's token no longer matches, so it is fenced. The same
--- token again is the same delivery (the call sent again after its reply was lost): the job
--- comes back as it is, so the client may repeat a take.
--- KEYS: the common header, then the block of the job's queue (a guess; see 'need').
+-- old one in every index; the old holder's token no longer matches, so it is fenced. If that
+-- was its last attempt (attempt >= max_attempts), the job goes dead instead, as reap makes it
+-- (the error says no attempts were left; unique key freed, children settled, waiters told)
+-- and is not taken. The same token again is the same delivery (the call sent again after its
+-- reply was lost): the job comes back as it is, so the client may repeat a take.
+-- KEYS: the common header, then the block of the job's queue (a guess; see 'need'), and of its
+-- waiting children's queues when it goes dead.
 -- ARGV: n, queue names; now ('' = the store's clock), id, token, worker_id, lease_s
--- Returns {} when the job is not taken, nothing changed (no such job; waiting; finished), or
--- {'need', queue} (nothing changed) when its queue's block is missing, else {'ok', id, its
+-- Returns {} when the job is not taken: nothing changed (no such job; waiting; finished), or it
+-- went dead (spent); {'need', queue...} (nothing changed) when a queue block is missing: its
+-- queue's, or its waiting children's when it goes dead (see _deps.lua); else {'ok', id, its
 -- hash as field, value pairs (step records included), its error records} (job_data).
 local now = clock(arg(1))
 local id, token, worker_id = arg(2), arg(3), arg(4)
 local expires = now + tonumber(arg(5))
 local key = P_JOB .. id
 local f = redis.call('HMGET', key, 'state', 'queue', 'lease_token', 'm', 'concurrency_key',
-  'rate_key', 'rate_period', 'attempt', 'worker_id', 'priority', 'fair_tag')
+  'rate_key', 'rate_period', 'attempt', 'worker_id', 'priority', 'fair_tag', 'max_attempts',
+  'kids')
 local state = f[1]
 if state ~= 'available' and state ~= 'scheduled' and state ~= 'running' then return {} end
 if state == 'running' and f[3] == token then return {'ok', unpack(job_data(id))} end
 local q = Q[f[2]]
 if not q then return {'need', f[2]} end
 local ck, rk = f[5], f[6]
+local spent = state == 'running' and tonumber(f[8]) >= tonumber(f[12])
+-- A job that goes dead with unsettled children needs their queues' blocks before anything is
+-- written (plan_children asks for them).
+local plan = nil
+if spent then
+  local need
+  plan, need = children_plan(id, f[13], 'dead')
+  if need then return {'need', unpack(need)} end
+end
 local n_at, e_at = num(now), num(expires)
 if state == 'running' then
   local why = 'the broker handed the job out again: worker ' .. (f[9] or '?')
     .. ' stopped answering'
+  if spent then why = why .. '; no attempts left' end
   add_error(id, f[8], now, f[9], '"kind":"lease_expired","type":"LeaseExpired","message":'
     .. cjson.encode(why) .. ',"traceback":""')
   redis.call('HINCRBY', K_EXPIRIES, q.name, 1)
+  if spent then  -- as reap makes a job dead: the holder's worker_id and attempt stay
+    leave(q, id, 'running', nil, ck)
+    redis.call('HDEL', key, 'lease_token', 'lease_expires_at', 'held')
+    redis.call('HSET', key, 'finished_at', n_at)
+    enter(q, id, key, 'dead', now)
+    free_unique(key, id)
+    if plan then apply_children(plan, now) end
+    return {}
+  end
 else
   leave(q, id, state, f[4], ck, rk)
   redis.call('ZADD', K_STATE.running, id, id)
