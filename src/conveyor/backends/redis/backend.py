@@ -65,6 +65,19 @@ class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin, Redi
             raise
         return self._claimed(res, queue, worker_id, tokens)
 
+    def take(self, job_id: int, token: str, *, worker_id: str, lease_s: float,
+             now: float | None = None) -> Job | None:
+        """A broker's delivery (take.lua). Sent again when its reply is lost: the script answers
+        a repeat of the same token with the job as the first call left it."""
+        args = [self._now_arg(now), int(job_id), token, worker_id, repr(float(lease_s))]
+        res = self._run("take", self._guess([job_id]), args, safe=True)
+        if not res:  # not taken: finished (or spent, dead now), waiting, or unknown
+            self._forget(job_id)
+            return None
+        job = self._job(res[1:])
+        self._remember(job)
+        return job
+
     def release_claim(self, queue: str, claim_id: str, *, now: float | None = None) -> list[int]:
         check_claim_id(claim_id)
         running_key = self.keys.queue(queue, "running")
