@@ -129,3 +129,14 @@ def test_take_of_a_spent_job_makes_it_dead(backend: Backend) -> None:
     assert "no attempts left" in dead.errors[-1]["message"]
     with pytest.raises(LeaseLost):
         backend.ack(Lease(job_id, second.lease_token or ""), None, now=T0 + 10)
+
+
+def test_a_replaced_lease_counts_as_an_expiry(backend: Backend) -> None:
+    """As reap counts each lease that ran out, per queue (QueueStats.lease_expiries)."""
+    job_id = enqueue_one(backend, max_attempts=5, queue="q1")
+    take(backend, job_id)
+    take(backend, job_id, now=T0 + 2)
+    take(backend, job_id, now=T0 + 3)
+    stats = {q.queue: q for q in backend.stats(now=T0 + 4).queues}
+    assert stats["q1"].lease_expiries == 2
+

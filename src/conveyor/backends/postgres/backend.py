@@ -119,13 +119,21 @@ class PostgresBackend(Enqueuing, Claiming, Administering, Grouping, Listening, L
     def take(self, job_id: int, token: str, *, worker_id: str, lease_s: float,
              now: float | None = None) -> Job | None:
         with self._tx(control=True) as conn:
+            was = conn.execute(Q["take_lock"], {"id": job_id}).fetchone()
             row = conn.execute(Q["take"], {
                 "id": job_id, "token": token, "worker_id": worker_id, "lease_s": lease_s,
                 "now": now, "keep_errors": KEEP_ERRORS}).fetchone()
-            if row is not None and row["state"] != "running":
+            if row is None:
+                return None
+            if was is not None and was["state"] == "running":
+                # Its lease was lost: counted as reap counts one.
+                conn.execute(Q["count_up"], {"name": "lease_expired", "queues": [row["queue"]]})
+            if row["state"] != "running":
                 notify_freed(conn, [row])  # spent: dead now, as reap makes it
                 return None
-        return None if row is None else row_to_job(row)
+            conn.execute(Q["raise_clock"], {"queue": row["queue"], "priority": row["priority"],
+                                            "tag": row["fair_tag"]})
+        return row_to_job(row)
 
     def ack(self, lease: Lease, result: str | None, *, now: float | None = None,
             connection: psycopg.Connection[Any] | None = None) -> None:

@@ -261,6 +261,16 @@ SELECT claimed.*,
         FROM conveyor_steps AS s WHERE s.job_id = claimed.id) AS steps
 FROM claimed;
 
+-- name: take_lock
+-- The job's state before a take (locked, so the take that follows sees the same).
+SELECT state FROM conveyor_jobs WHERE id = %(id)s FOR NO KEY UPDATE;
+
+-- name: raise_clock
+-- A taken job's round is done, as a claimed one's (claim_ids' "raised").
+INSERT INTO conveyor_queue_clock AS c (queue, priority, vtime)
+VALUES (%(queue)s, %(priority)s, %(tag)s)
+ON CONFLICT (queue, priority) DO UPDATE SET vtime = excluded.vtime WHERE c.vtime < excluded.vtime;
+
 -- name: take
 -- A broker's delivery (Backend.take): the job by id, whatever its run_at and whatever lease it
 -- held. A lease it held was lost (the broker handed the message out again): recorded as reap
