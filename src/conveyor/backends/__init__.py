@@ -26,6 +26,11 @@ def open_backend(url: str, *, pool_size: int | None = None) -> Backend:
         from .redis import RedisBackend
 
         return RedisBackend(url)
+    if scheme == "sqs":
+        _require("boto3", "sqs")
+        from .broker.sqs import open_sqs
+
+        return open_sqs(url)
     raise ConfigurationError(
         f"unsupported store URL {redact_url(url)!r}: expected sqlite:///file.db, "
         "postgresql://user@host/db or redis://host:6379/0"
