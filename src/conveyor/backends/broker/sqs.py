@@ -241,11 +241,12 @@ class SqsTransport:
         by_lane: dict[Lane, list[Outgoing]] = {}
         for item in items:
             by_lane.setdefault(item.lane, []).append(item)
-        for lane in by_lane:  # every name checked before anything is sent
+        for lane in by_lane:  # every name checked, and every queue made, before a send
             lane_name(self.settings.prefix, lane.queue, lane.level)
+        urls = {lane: self._url(lane, create=True) for lane in by_lane}
         sent = 0
         for lane, group in by_lane.items():
-            url = self._url(lane, create=True)
+            url = urls[lane]
             assert url is not None
             for chunk in _chunks(group):
                 entries = {str(i): _entry(str(i), item) for i, item in enumerate(chunk)}
