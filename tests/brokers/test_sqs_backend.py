@@ -5,6 +5,7 @@ Conditions are awaited by polling with a deadline (support.wait_until), never by
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -232,3 +233,30 @@ def test_stats_lists_the_queues_on_the_broker(sqs_backend: BrokerBackend, sqs_ur
         assert (stats.queue, stats.available) == (Q, 1)
     finally:
         other.close()
+
+
+def test_concurrent_claims_take_each_job_once(sqs_backend: BrokerBackend, sqs_url: str) -> None:
+    ids = {r.id for r in sqs_backend.enqueue_many([new_job(queue=Q) for _ in range(30)])}
+    backends = [sqs_backend, open_backend(sqs_url), open_backend(sqs_url)]
+    claimed: list[int] = []
+    lock = threading.Lock()
+
+    def work(b: BrokerBackend) -> None:
+        while True:
+            jobs = b.claim(Q, 4, worker_id="w", lease_s=30)
+            if not jobs:
+                return
+            with lock:
+                claimed.extend(j.id for j in jobs)
+            b.ack_many([(lease(j), None) for j in jobs])
+
+    try:
+        threads = [threading.Thread(target=work, args=(b,)) for b in backends]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert sorted(claimed) == sorted(ids)
+    finally:
+        for b in backends[1:]:
+            b.close()

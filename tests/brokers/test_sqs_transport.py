@@ -15,7 +15,7 @@ from support import wait_until
 from conveyor.backends.broker.sqs import MAX_DELAY, SqsTransport
 from conveyor.backends.broker.sqs_settings import parse_sqs_url
 from conveyor.backends.broker.transport import Delivery, Lane, Outgoing
-from conveyor.errors import InvalidName, StoreUnavailable
+from conveyor.errors import InvalidName, StoreError, StoreUnavailable
 
 LANE = Lane("jobs", 0)
 
@@ -224,3 +224,12 @@ def test_publish_that_fails_says_what_may_have_been_taken(transport: SqsTranspor
             gone.publish([Outgoing(LANE, b"y")])
     finally:
         gone.close()
+
+
+def test_a_second_purge_within_a_minute_is_refused_clearly(transport: SqsTransport) -> None:
+    dead = Lane("jobs", None)
+    transport.publish([Outgoing(dead, b"x")])
+    assert transport.purge(dead) == 1
+    transport.publish([Outgoing(dead, b"y")])
+    with pytest.raises(StoreError, match="at most once a minute"):
+        transport.purge(dead)
