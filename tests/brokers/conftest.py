@@ -5,6 +5,10 @@ under CI=true, as the stores of the conformance suite do (tests/stores.py).
 Each broker also says how a holder loses a message (``lose``): RabbitMQ's lease is the
 connection, so the holder's connection is cut; SQS's is the visibility timeout, so the test
 waits it out.
+
+SQS's server in the tests is moto's (the moto[server] package), started once per session as a
+process of its own on a free loopback port, never an in-process mock of the client; each test
+gets its own queue-name prefix on it. At the end only that server is stopped, by its pid.
 """
 
 from __future__ import annotations
@@ -12,6 +16,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import socket
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -29,7 +36,11 @@ from stores import (
     sqlite_store,
 )
 
+from conveyor.backends import open_backend
 from conveyor.backends.base import Backend
+from conveyor.backends.broker import BrokerBackend
+from conveyor.backends.broker.sqs import SqsTransport
+from conveyor.backends.broker.sqs_settings import parse_sqs_url
 
 RABBITMQ_URL = os.environ.get("CONVEYOR_TEST_RABBITMQ_URL",
                               "amqp://guest:guest@127.0.0.1:5672/%2F")
@@ -66,7 +77,21 @@ def rabbitmq_broker(tmp_path: Path) -> Broker:
     return Broker("rabbitmq", f"{RABBITMQ_URL}?prefix={prefix}&expires=60000", 30.0, lose)
 
 
-BROKERS: dict[str, Callable[[Path], Broker]] = {"rabbitmq": rabbitmq_broker}
+def sqs_broker(request: pytest.FixtureRequest) -> Broker:
+    endpoint = request.getfixturevalue("sqs_endpoint")
+
+    def lose(backend: Backend, lease_s: float) -> None:
+        # The visibility timeout is the lease: wait it out (no heartbeat meanwhile).
+        time.sleep(lease_s + 0.5)
+
+    prefix = f"t{uuid.uuid4().hex[:16]}"
+    return Broker("sqs", f"sqs://{endpoint}/?prefix={prefix}&levels=-1,0,1", 2.0, lose)
+
+
+BROKERS: dict[str, Callable[[pytest.FixtureRequest, Path], Broker]] = {
+    "rabbitmq": lambda request, tmp_path: rabbitmq_broker(tmp_path),
+    "sqs": lambda request, tmp_path: sqs_broker(request),
+}
 # Each broker alone, and with a companion store of each kind (broker/companion.py).
 COMPANIONS: dict[str, StoreFactory] = {
     "sqlite": sqlite_store, "postgres": postgres_migrated_store, "redis": redis_store}
@@ -84,7 +109,7 @@ def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Broker]:
     name, _, store = str(request.param).partition("+")
     with contextlib.ExitStack() as stack:
         try:
-            found = BROKERS[name](tmp_path)
+            found = BROKERS[name](request, tmp_path)
             also_ran.add(name)
             if store:
                 state = stack.enter_context(COMPANIONS[store](tmp_path))
@@ -97,8 +122,6 @@ def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Broker]:
 @pytest.fixture
 def open_broker(broker: Broker) -> Iterator[Callable[[], Backend]]:
     """Open backends on the test's broker queues (several: a zombie and its successor)."""
-    from conveyor.backends import open_backend
-
     opened: list[Backend] = []
 
     def make() -> Backend:
@@ -121,3 +144,105 @@ def wait_for(fn: Callable[[], object], timeout: float = 15.0) -> object:
         if time.monotonic() > deadline:
             raise AssertionError(f"not true within {timeout}s")
         time.sleep(0.05)
+
+
+START_TIMEOUT = 30.0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _answers(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+        return True
+    return False
+
+
+@contextlib.contextmanager
+def moto_server(log_dir: Path) -> Iterator[str]:
+    """A moto server on a free loopback port; yields ``host:port``."""
+    port = _free_port()
+    log_path = log_dir / "moto_server.log"
+    with open(log_path, "wb") as log:
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        except OSError as exc:
+            raise BackendUnavailable(f"cannot start moto's server: {exc}") from exc
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while not _answers(port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = log_path.read_text(errors="replace")[-2000:]
+                raise BackendUnavailable(
+                    f"moto's server did not start on 127.0.0.1:{port} "
+                    f"(exit code {proc.poll()}): {tail}")
+            time.sleep(0.05)
+        yield f"127.0.0.1:{port}"
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def sqs_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``host:port`` of the session's SQS server. moto takes any credentials; these keep boto3
+    from looking for the machine's own (and from signing with them)."""
+    home = tmp_path_factory.mktemp("sqs")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AWS_ACCESS_KEY_ID", "conveyor-test")
+        mp.setenv("AWS_SECRET_ACCESS_KEY", "conveyor-test")
+        mp.setenv("AWS_CONFIG_FILE", str(home / "no-config"))
+        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", str(home / "no-credentials"))
+        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
+                     "AWS_ENDPOINT_URL_SQS"):
+            mp.delenv(name, raising=False)
+        with contextlib.ExitStack() as stack:
+            try:
+                endpoint = stack.enter_context(moto_server(home))
+            except BackendUnavailable as exc:
+                _unavailable("sqs", exc)
+            yield endpoint
+
+
+@pytest.fixture
+def sqs_url(sqs_endpoint: str) -> str:
+    """An sqs:// URL with a prefix of its own and three priority levels."""
+    return f"sqs://{sqs_endpoint}/?prefix=t{uuid.uuid4().hex[:16]}&levels=-1,0,1"
+
+
+@pytest.fixture
+def sqs_backend(sqs_url: str) -> Iterator[BrokerBackend]:
+    b = open_backend(sqs_url)
+    assert isinstance(b, BrokerBackend)
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+@pytest.fixture
+def transport(sqs_url: str) -> Iterator[SqsTransport]:
+    t = SqsTransport(parse_sqs_url(sqs_url))
+    try:
+        yield t
+    finally:
+        t.close()
+
+
+@pytest.fixture
+def sqs_client(sqs_endpoint: str) -> object:
+    """A plain boto3 client on the server, to look at queues from outside the transport."""
+    import boto3
+
+    return boto3.client("sqs", endpoint_url=f"http://{sqs_endpoint}", region_name="us-east-1")
+

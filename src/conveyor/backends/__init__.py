@@ -36,9 +36,14 @@ def open_backend(url: str, *, pool_size: int | None = None, state: str | None = 
         from .broker.rabbitmq import open_rabbitmq
 
         return open_rabbitmq(url, state=_companion(state, pool_size))
+    if scheme == "sqs":
+        _require("boto3", "sqs")
+        from .broker.sqs import open_sqs
+
+        return open_sqs(url, state=_companion(state, pool_size))
     raise ConfigurationError(
         f"unsupported store URL {redact_url(url)!r}: expected sqlite:///file.db, "
-        "postgresql://user@host/db, redis://host:6379/0 or amqp://user:pass@host/vhost"
+        "postgresql://user@host/db, redis://host:6379/0, amqp://user:pass@host/vhost or sqs://"
     )
 
 

@@ -1,0 +1,499 @@
+"""Amazon SQS as Conveyor's broker (``sqs://`` URLs, see sqs_settings.py): the Transport of
+:class:`~conveyor.backends.broker.core.BrokerBackend` on boto3, with standard queues.
+
+* The lease is SQS's visibility timeout: a receive hides the message for ``ceil(lease_s)``
+  seconds, ``extend`` (the heartbeat) is ChangeMessageVisibility.
+* Fencing. SQS may accept an outdated receipt handle: its documentation says a delete with one
+  can succeed, and some servers (moto) change the visibility or delete through any handle the
+  message ever had. So this transport does not take the broker's word alone. Each delivery
+  keeps, on this machine's monotonic clock, the time until which SQS holds it for us for sure
+  (counted from before the request that set its visibility was sent). Past that (less a margin
+  for the next request's way there) the delivery counts as taken back, without asking SQS.
+  Before it, ``settle`` first changes the visibility with the handle (SQS refuses a message no
+  longer in flight) to hold it while the delete goes out, then deletes. The window left: a
+  request that takes longer than the margin to reach SQS, through a handle SQS still accepts.
+* Delays are DelaySeconds, 15 minutes at most (``max_delay``); the core sends a longer one
+  again when it comes out early.
+* Each job lane has a redrive policy into its dead lane after ``max_receives`` receives of one
+  message: a backstop for a message that kills every worker that takes it (the core counts
+  attempts itself, from ApproximateReceiveCount, and dead-letters first when max_attempts is
+  lower).
+* ``wait`` polls the lanes' ApproximateNumberOfMessages in growing pauses (a long-polling
+  receive would take the messages it finds, and count as their delivery).
+
+boto3 clients are safe to share between threads (a session is not): both are made once here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import ConfigurationError, StoreError, StoreUnavailable
+from ..base import Backend
+from .companion import CompanionBackend
+from .core import BrokerBackend
+from .sqs_settings import SqsSettings, lane_name, parse_lane_name, parse_sqs_url
+from .transport import Delivery, Lane, LaneDepth, Outgoing
+
+log = logging.getLogger("conveyor.broker.sqs")
+
+MAX_DELAY = 900  # SQS's longest DelaySeconds
+MAX_VISIBILITY = 43_200  # 12 hours, SQS's longest visibility timeout
+BATCH = 10  # entries per batch call
+BATCH_BYTES = 256 * 1024  # SQS's limit on the bodies of one SendMessageBatch
+RETENTION = 1_209_600  # 14 days, SQS's longest: a waiting or dead job is not dropped sooner
+HOLD = 30  # seconds a settle holds a message between its check and its delete
+MARGIN = 1.0  # at most this much of a lease is kept back for a request's way to SQS
+TRIES = 3
+_GONE_QUEUE = {"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
+_THROTTLED = {"Throttling", "ThrottlingException", "RequestThrottled", "RequestThrottledException",
+              "ServiceUnavailable", "InternalError", "InternalFailure", "KmsThrottled"}
+
+
+class SqsRefused(StoreError):
+    """SQS answered with an error that trying again will not change (access, a bad request)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Receipt:
+    """A delivery's handle: its receipt handle, and until when SQS holds it for this holder."""
+
+    url: str
+    handle: str
+    message_id: str
+    deadline: float  # time.monotonic()
+    margin: float
+
+    def hold(self, sent_at: float, seconds: int) -> None:
+        """SQS took a visibility of ``seconds`` from a request sent at ``sent_at``."""
+        self.deadline = sent_at + seconds
+        self.margin = min(MARGIN, seconds * 0.2)
+
+    def live(self, now: float) -> bool:
+        return now < self.deadline - self.margin
+
+    def drop(self) -> None:
+        self.deadline = -math.inf
+
+
+def visibility(lease_s: float) -> int:
+    return max(1, min(math.ceil(lease_s), MAX_VISIBILITY))
+
+
+class SqsTransport:
+    kind = "SQS"
+    max_delay = float(MAX_DELAY)
+
+    def __init__(self, settings: SqsSettings) -> None:
+        self.settings = settings
+        self._where = settings.where
+        # Two clients: one that retries by itself, and one that does not, for the visibility
+        # changes of settle and extend: those are retried here, after checking the lease again.
+        self._client = _client(settings, tries=TRIES)
+        self._fenced = _client(settings, tries=1)
+        self._urls: dict[Lane, str] = {}
+        self._arns: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+
+    # -- calls -----------------------------------------------------------------------------
+    def _call(self, what: str, fn: Callable[..., Any], maybe: str = "", **kw: Any) -> Any:
+        """``fn(**kw)`` with boto3's errors as Conveyor's: StoreUnavailable for what may pass
+        (the endpoint unreachable, throttled, failing), SqsRefused for a refusal."""
+        from botocore.exceptions import (
+            ClientError,
+            NoCredentialsError,
+            NoRegionError,
+            PartialCredentialsError,
+        )
+
+        try:
+            return fn(**kw)
+        except ClientError as exc:
+            code, message, status = _error(exc)
+            if status >= 500 or code in _THROTTLED:
+                raise StoreUnavailable(
+                    f"SQS at {self._where} failed {what}: {code}: {message}"
+                    + (f"; {maybe}" if maybe else "")) from exc
+            raise SqsRefused(code, f"SQS at {self._where} refused {what}: {code}: {message}"
+                             ) from exc
+        except (NoCredentialsError, PartialCredentialsError, NoRegionError) as exc:
+            raise ConfigurationError(
+                f"SQS at {self._where}: {exc} (see docs/backends.md, Amazon SQS)") from exc
+        except _lost() as exc:
+            raise StoreUnavailable(
+                f"SQS at {self._where} is unreachable: {what} failed ({exc})"
+                + (f"; {maybe}" if maybe else "")) from exc
+
+    def _batch(self, what: str, fn: Callable[..., Any], url: str, entries: dict[str, Any], *,
+               live: Callable[[str], bool] | None = None, maybe: str = "",
+               ) -> tuple[set[str], dict[str, str]]:
+        """One batch call of ``entries`` (by Id), trying again entries SQS failed on its side
+        and, with ``live`` (the fenced client, which does not retry by itself), calls that got
+        no answer, each time only for entries still ``live``. Returns the Ids done and the
+        refused ones with SQS's error code (or "expired": ``live`` said no)."""
+        done: set[str] = set()
+        refused: dict[str, str] = {}
+        todo = dict(entries)
+        failure: Exception | None = None
+        for attempt in range(TRIES):
+            if attempt:
+                time.sleep(0.05 * 2 ** attempt)
+            if live is not None:
+                for key in [k for k in todo if not live(k)]:
+                    refused[key] = "expired"
+                    del todo[key]
+            if not todo:
+                break
+            try:
+                reply = self._call(what, fn, maybe, QueueUrl=url, Entries=list(todo.values()))
+            except StoreUnavailable as exc:
+                if live is None:
+                    raise
+                failure = exc
+                continue
+            for ok in reply.get("Successful", []):
+                done.add(ok["Id"])
+                todo.pop(ok["Id"], None)
+            for bad in reply.get("Failed", []):
+                if bad.get("SenderFault"):
+                    refused[bad["Id"]] = bad.get("Code", "")
+                    todo.pop(bad["Id"], None)
+                else:
+                    failure = StoreUnavailable(f"SQS at {self._where} failed {what}: "
+                                               f"{bad.get('Code')}: {bad.get('Message')}")
+        if todo:
+            assert failure is not None
+            raise StoreUnavailable(f"{failure}; {maybe}" if maybe else str(failure)) from failure
+        return done, refused
+
+    # -- lanes -----------------------------------------------------------------------------
+    def _url(self, lane: Lane, *, create: bool) -> str | None:
+        """The lane's queue URL; with ``create`` the queue is made if it is missing (CreateQueue
+        is idempotent), else None stands for a queue that does not exist."""
+        url = self._urls.get(lane)
+        if url is not None:
+            return url
+        name = lane_name(self.settings.prefix, lane.queue, lane.level)
+        if create:
+            attributes = {"MessageRetentionPeriod": str(RETENTION)}
+            if not lane.dead:
+                attributes["RedrivePolicy"] = json.dumps({
+                    "deadLetterTargetArn": self._arn(Lane(lane.queue, None)),
+                    "maxReceiveCount": str(self.settings.max_receives)})
+            try:
+                url = self._call(f"creating queue {name}", self._client.create_queue,
+                                 QueueName=name, Attributes=attributes)["QueueUrl"]
+            except SqsRefused as exc:
+                if exc.code not in ("QueueAlreadyExists", "QueueNameExists"):
+                    raise
+                # Made before with other attributes (another max_receives): used as it is.
+                log.warning("SQS queue %s exists with other attributes than these settings "
+                            "ask for; using it as it is", name)
+                url = self._lookup(name)
+        else:
+            url = self._lookup(name)
+        if url is None:
+            return None
+        with self._lock:
+            self._urls[lane] = url
+        return url
+
+    def _lookup(self, name: str) -> str | None:
+        try:
+            url: str = self._call(f"looking up queue {name}", self._client.get_queue_url,
+                                  QueueName=name)["QueueUrl"]
+        except SqsRefused as exc:
+            if exc.code in _GONE_QUEUE:
+                return None
+            raise
+        return url
+
+    def _arn(self, dead: Lane) -> str:
+        url = self._url(dead, create=True)
+        assert url is not None
+        arn = self._arns.get(url)
+        if arn is None:
+            arn = self._call("reading a queue's ARN", self._client.get_queue_attributes,
+                             QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+            with self._lock:
+                self._arns[url] = arn
+        return arn
+
+    def _forget(self, lane: Lane, exc: SqsRefused) -> None:
+        """A queue deleted behind our back: made again on next use."""
+        if exc.code in _GONE_QUEUE:
+            with self._lock:
+                url = self._urls.pop(lane, None)
+                self._arns.pop(url or "", None)
+
+    # -- Transport -------------------------------------------------------------------------
+    def publish(self, items: Sequence[Outgoing]) -> None:
+        by_lane: dict[Lane, list[Outgoing]] = {}
+        for item in items:
+            by_lane.setdefault(item.lane, []).append(item)
+        for lane in by_lane:  # every name checked, and every queue made, before a send
+            lane_name(self.settings.prefix, lane.queue, lane.level)
+        urls = {lane: self._url(lane, create=True) for lane in by_lane}
+        sent = 0
+        for lane, group in by_lane.items():
+            url = urls[lane]
+            assert url is not None
+            for chunk in _chunks(group):
+                entries = {str(i): _entry(str(i), item) for i, item in enumerate(chunk)}
+                maybe = (f"{sent} of {len(items)} messages were taken before this batch of "
+                         f"{len(chunk)}, which may or may not have been")
+                try:
+                    _, refused = self._batch("sending messages", self._client.send_message_batch,
+                                             url, entries, maybe=maybe)
+                except SqsRefused as exc:
+                    self._forget(lane, exc)
+                    raise SqsRefused(exc.code, f"{exc}; {maybe}") from exc
+                if refused:
+                    codes = ", ".join(sorted(set(refused.values())))
+                    raise SqsRefused(codes, f"SQS at {self._where} refused {len(refused)} "
+                                     f"message(s) for queue {lane.queue!r} ({codes}); {maybe}")
+                sent += len(chunk)
+
+    def receive(self, lane: Lane, limit: int, *, lease_s: float) -> list[Delivery]:
+        url = self._url(lane, create=True)
+        assert url is not None
+        seconds = visibility(lease_s)
+        out: list[Delivery] = []
+        while len(out) < limit:
+            n = min(BATCH, limit - len(out))
+            sent_at = time.monotonic()
+            try:
+                reply = self._call(
+                    "receiving messages", self._client.receive_message,
+                    f"the messages it may have taken come back after {seconds} s",
+                    QueueUrl=url, MaxNumberOfMessages=n, VisibilityTimeout=seconds,
+                    WaitTimeSeconds=0, AttributeNames=["ApproximateReceiveCount"])
+            except SqsRefused as exc:
+                self._forget(lane, exc)
+                raise
+            messages = reply.get("Messages", [])
+            for m in messages:
+                receipt = Receipt(url, m["ReceiptHandle"], m["MessageId"], 0.0, 0.0)
+                receipt.hold(sent_at, seconds)
+                count = int(m.get("Attributes", {}).get("ApproximateReceiveCount", 1))
+                out.append(Delivery(lane, m["Body"].encode(), receipt, count))
+            if len(messages) < n:
+                break
+        return out
+
+    def _change(self, deliveries: Sequence[Delivery], seconds: int, what: str) -> list[bool]:
+        """Set the visibility of each delivery this holder still holds; per delivery whether
+        it did."""
+        result = [False] * len(deliveries)
+        for url, group in _by_url(deliveries):
+            for chunk in _batches(group):
+                receipts = {str(i): deliveries[i].handle for i in chunk}
+                for key in self._change_batch(url, receipts, seconds, what):
+                    result[int(key)] = True
+        return result
+
+    def _change_batch(self, url: str, receipts: dict[str, Receipt], seconds: int,
+                      what: str) -> set[str]:
+        entries = {k: {"Id": k, "ReceiptHandle": r.handle, "VisibilityTimeout": seconds}
+                   for k, r in receipts.items()}
+        checked = time.monotonic()
+
+        def live(key: str) -> bool:
+            # Checked right before each try: a try that would reach SQS after the lease ran
+            # out, through a handle SQS may still accept, is not sent.
+            nonlocal checked
+            checked = time.monotonic()
+            return receipts[key].live(checked)
+
+        done, refused = self._batch(what, self._fenced.change_message_visibility_batch, url,
+                                    entries, live=live,
+                                    maybe="the leases may or may not have been changed")
+        for key in done:
+            receipts[key].hold(checked, seconds)
+        for key in refused:
+            receipts[key].drop()
+        return done
+
+    def extend(self, deliveries: Sequence[Delivery], *, lease_s: float) -> list[bool]:
+        return self._change(deliveries, visibility(lease_s), "extending leases")
+
+    def settle(self, deliveries: Sequence[Delivery]) -> list[bool]:
+        held = self._change(deliveries, HOLD, "checking leases before a delete")
+        result = [False] * len(deliveries)
+        mine = [i for i, ok in enumerate(held) if ok]
+        for url, group in _by_url([deliveries[i] for i in mine]):
+            for chunk in _batches(group):
+                entries = {str(mine[i]): {"Id": str(mine[i]),
+                                          "ReceiptHandle": deliveries[mine[i]].handle.handle}
+                           for i in chunk}
+                done, _ = self._batch(
+                    "deleting messages", self._client.delete_message_batch, url, entries,
+                    maybe=f"the messages may or may not have been deleted (if not, they come "
+                          f"back after {HOLD} s)")
+                for key in done:
+                    result[int(key)] = True
+        for d in deliveries:
+            d.handle.drop()
+        return result
+
+    def give_back(self, deliveries: Sequence[Delivery]) -> None:
+        try:
+            self._change(deliveries, 0, "giving messages back")
+        except StoreError as exc:
+            log.warning("SQS: %d message(s) not given back (%s): they come back when their "
+                        "visibility timeout runs out", len(deliveries), exc)
+        for d in deliveries:
+            d.handle.drop()
+
+    def wait(self, lanes: Sequence[Lane], timeout: float) -> bool:
+        deadline = time.monotonic() + max(timeout, 0.0)
+        pause = 0.05
+        while True:
+            if any(self.depth(lane).ready > 0 for lane in lanes):
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0 or self._closed.wait(min(pause, left)):
+                return False
+            pause = min(pause * 2, 1.0)
+
+    def depth(self, lane: Lane) -> LaneDepth:
+        url = self._url(lane, create=False)
+        if url is None:
+            return LaneDepth(0, 0, 0)
+        try:
+            attrs = self._call(
+                "reading a queue's depth", self._client.get_queue_attributes, QueueUrl=url,
+                AttributeNames=["ApproximateNumberOfMessages",
+                                "ApproximateNumberOfMessagesNotVisible",
+                                "ApproximateNumberOfMessagesDelayed"])["Attributes"]
+        except SqsRefused as exc:
+            self._forget(lane, exc)
+            if exc.code in _GONE_QUEUE:
+                return LaneDepth(0, 0, 0)
+            raise
+        return LaneDepth(int(attrs.get("ApproximateNumberOfMessages", 0)),
+                         int(attrs.get("ApproximateNumberOfMessagesNotVisible", 0)),
+                         int(attrs.get("ApproximateNumberOfMessagesDelayed", 0)))
+
+    def purge(self, lane: Lane) -> int:
+        """PurgeQueue: every message goes, held ones too, and on AWS over up to a minute (one
+        purge per queue per 60 s). The count is SQS's approximate one from just before."""
+        d = self.depth(lane)
+        url = self._url(lane, create=False)
+        if url is None:
+            return 0
+        try:
+            self._call("purging a queue", self._client.purge_queue, QueueUrl=url)
+        except SqsRefused as exc:
+            if "PurgeQueueInProgress" in exc.code:
+                raise SqsRefused(exc.code, f"{exc} (SQS purges a queue at most once a minute; "
+                                 "the purge under way deletes these messages)") from exc
+            raise
+        return d.ready + (d.delayed or 0) + (d.in_flight or 0)
+
+    def queues(self) -> list[str] | None:
+        found: set[str] = set()
+        token: str | None = None
+        while True:
+            kw: dict[str, Any] = {"QueueNamePrefix": f"{self.settings.prefix}-",
+                                  "MaxResults": 1000}
+            if token:
+                kw["NextToken"] = token
+            reply = self._call("listing queues", self._client.list_queues, **kw)
+            for url in reply.get("QueueUrls", []):
+                parsed = parse_lane_name(self.settings.prefix, url.rsplit("/", 1)[-1])
+                if parsed is not None:
+                    found.add(parsed[0])
+            token = reply.get("NextToken")
+            if not token:
+                return sorted(found)
+
+    def close(self) -> None:
+        self._closed.set()
+        for client in (self._client, self._fenced):
+            client.close()
+
+
+def open_sqs(url: str, *, state: Backend | None = None) -> BrokerBackend:
+    """The SQS store of ``url``; with ``state``, a companion store keeps the records."""
+    settings = parse_sqs_url(url)
+    if state is not None:
+        return CompanionBackend(url, SqsTransport(settings), settings.levels, state)
+    return BrokerBackend(url, SqsTransport(settings), settings.levels)
+
+
+def _client(settings: SqsSettings, *, tries: int) -> Any:
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import BotoCoreError
+
+    try:
+        session = boto3.session.Session(
+            aws_access_key_id=settings.access_key, aws_secret_access_key=settings.secret_key,
+            region_name=settings.region, profile_name=settings.profile)
+        config = Config(connect_timeout=settings.timeout, read_timeout=settings.timeout,
+                        retries={"mode": "standard", "total_max_attempts": tries},
+                        max_pool_connections=32)
+        return session.client("sqs", endpoint_url=settings.endpoint, config=config)
+    except BotoCoreError as exc:
+        raise ConfigurationError(f"SQS at {settings.where}: {exc}") from exc
+
+
+def _lost() -> tuple[type[Exception], ...]:
+    """boto3's errors of a request that got no answer."""
+    from botocore.exceptions import ConnectionError, HTTPClientError
+
+    return (ConnectionError, HTTPClientError)
+
+
+def _error(exc: Any) -> tuple[str, str, int]:
+    response = exc.response or {}
+    error = response.get("Error", {})
+    status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    return str(error.get("Code", "")), str(error.get("Message", "")), status
+
+
+def _entry(key: str, item: Outgoing) -> dict[str, Any]:
+    entry: dict[str, Any] = {"Id": key, "MessageBody": item.body.decode()}
+    if item.delay > 0:
+        entry["DelaySeconds"] = min(math.ceil(item.delay), MAX_DELAY)
+    return entry
+
+
+def _chunks(items: list[Outgoing]) -> Iterator[list[Outgoing]]:
+    """Batches of at most BATCH messages and BATCH_BYTES of bodies (a bigger body goes alone)."""
+    chunk: list[Outgoing] = []
+    size = 0
+    for item in items:
+        if chunk and (len(chunk) == BATCH or size + len(item.body) > BATCH_BYTES):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(item)
+        size += len(item.body)
+    if chunk:
+        yield chunk
+
+
+def _by_url(deliveries: Sequence[Delivery]) -> list[tuple[str, list[int]]]:
+    """The deliveries' indexes grouped by queue URL."""
+    groups: dict[str, list[int]] = {}
+    for i, d in enumerate(deliveries):
+        groups.setdefault(d.handle.url, []).append(i)
+    return list(groups.items())
+
+
+def _batches(indexes: list[int]) -> Iterator[list[int]]:
+    for start in range(0, len(indexes), BATCH):
+        yield indexes[start:start + BATCH]
