@@ -6,7 +6,12 @@ for the dead. A job lane dead-letters into its dead lane after ``delivery_limit`
 (the broker's ``x-delivery-limit``: a backstop for a message that kills every worker before it
 can be counted; the core counts attempts itself and usually gets there first).
 
-* The lease is the connection: a message received with ``basic.get`` stays this connection's
+* Job lanes are consumed (``basic.consume``, manual acks) with a prefetch of the worker's free
+  slots (the first claim's limit, or ``?prefetch=``): a claim takes what the consumers
+  delivered, lowest level first; the dead lane, which nobody consumes, is read with
+  ``basic.get``. Messages delivered and never claimed are published again as fresh copies at
+  close, so they are not charged a delivery.
+* The lease is the connection: a message delivered to a consumer stays this connection's
   until it is acked; if the connection dies (the worker was killed, or froze past two
   heartbeats) RabbitMQ hands it out again with ``x-delivery-count`` one higher. Delivery tags
   belong to a channel: a holder whose channel is gone cannot ack (``settle`` says False), so a
@@ -25,6 +30,7 @@ can be counted; the core counts attempts itself and usually gets there first).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import math
@@ -54,7 +60,8 @@ T = TypeVar("T")
 STEP_MS = 100  # the shortest delay step
 STEPS = 21  # 100 ms .. 100 ms * 2**20 (29 hours)
 RETRY_BUDGET = 10.0  # seconds a call keeps trying to reach the broker
-_OURS = {"prefix", "levels", "delivery_limit", "expires"}
+WAIT_SLICE = 0.02  # seconds an idle wait serves the connection while holding the lock
+_OURS = {"prefix", "levels", "delivery_limit", "expires", "prefetch"}
 _GONE = (pex.AMQPConnectionError, pex.AMQPChannelError, pex.StreamLostError,
          pex.ConnectionClosed, pex.ChannelClosed, ConnectionError, OSError)
 
@@ -75,7 +82,8 @@ class RabbitTransport:
     max_delay = STEP_MS * 2 ** (STEPS - 1) / 1000
 
     def __init__(self, url: str, *, prefix: str = "conveyor", delivery_limit: int = 20,
-                 expires_ms: int | None = None, heartbeat_s: float = 1.0) -> None:
+                 expires_ms: int | None = None, heartbeat_s: float = 1.0,
+                 prefetch: int | None = None) -> None:
         self.where = redact_url(url)
         self.params = pika.URLParameters(url)
         self.prefix = prefix
@@ -86,6 +94,12 @@ class RabbitTransport:
         self._ch: Any = None
         self.epoch = 0  # bumped with every new channel: a delivery of an older one is lost
         self._declared: set[str] = set()
+        # Consumers of this channel, by lane name, and what each delivered that no claim took
+        # yet. Both die with the channel (its deliveries go back to the broker).
+        self._consumers: dict[str, str] = {}
+        self._lanes_by_tag: dict[str, Lane] = {}
+        self._buffers: dict[str, collections.deque[Delivery]] = {}
+        self.prefetch = prefetch  # per lane; None: the first claim's limit (the free slots)
         self._closed = False
         self._pump = threading.Thread(target=self._pump_loop, args=(heartbeat_s,),
                                       name="conveyor-amqp-pump", daemon=True)
@@ -129,6 +143,9 @@ class RabbitTransport:
         self._ch = ch
         self.epoch += 1
         self._declared.clear()
+        self._consumers.clear()
+        self._lanes_by_tag.clear()
+        self._buffers.clear()
         if not self._pump_started:
             self._pump_started = True
             self._pump.start()
@@ -136,6 +153,9 @@ class RabbitTransport:
 
     def _drop(self) -> None:
         conn, self._conn, self._ch = self._conn, None, None
+        self._consumers.clear()
+        self._lanes_by_tag.clear()
+        self._buffers.clear()
         if conn is not None:
             with contextlib.suppress(Exception):  # it is being thrown away
                 conn.close()
@@ -235,6 +255,45 @@ class RabbitTransport:
         self._call(f"publishing {len(items)} message(s)", send, safe=False)
 
     def receive(self, lane: Lane, limit: int, *, lease_s: float) -> list[Delivery]:
+        if lane.dead:
+            return self._get(lane, limit)
+
+        def take(ch: Any) -> list[Delivery]:
+            self._consume(ch, lane, limit)
+            buf = self._buffers[self.name(lane)]
+            if len(buf) < limit:
+                self._conn.process_data_events(0)  # what arrived since
+            return [buf.popleft() for _ in range(min(limit, len(buf)))]
+
+        # Safe to try again: what a lost channel held goes back to the broker.
+        return self._call(f"receiving from {self.name(lane)}", take, safe=True)
+
+    def _consume(self, ch: Any, lane: Lane, limit: int | None) -> None:
+        """Consume ``lane`` on this channel from now on, with manual acks and at most
+        ``prefetch`` unacked messages (the ones running and the ones delivered but not yet
+        claimed): a worker's free slots, so it never holds a message it could not start."""
+        name = self.name(lane)
+        if name in self._consumers:
+            return
+        self._ensure(ch, lane)
+        if self.prefetch is None:
+            self.prefetch = max(int(limit or 10), 1)
+        ch.basic_qos(prefetch_count=self.prefetch)  # for the consumers made from now on
+        tag = ch.basic_consume(name, self._on_message, auto_ack=False)
+        self._consumers[name] = tag
+        self._lanes_by_tag[tag] = lane
+        self._buffers.setdefault(name, collections.deque())
+
+    def _on_message(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
+        lane = self._lanes_by_tag.get(method.consumer_tag)
+        if lane is None:  # a consumer of an older channel: its deliveries are gone with it
+            return
+        count = int((props.headers or {}).get("x-delivery-count", 0))
+        self._buffers[self.name(lane)].append(
+            Delivery(lane, body, (self.epoch, method.delivery_tag), count + 1))
+
+    def _get(self, lane: Lane, limit: int) -> list[Delivery]:
+        """``basic.get`` one by one: for the dead lane, which nobody consumes."""
         def get(ch: Any) -> list[Delivery]:
             self._ensure(ch, lane)
             out = []
@@ -247,7 +306,6 @@ class RabbitTransport:
                 out.append(Delivery(lane, body, (self.epoch, method.delivery_tag), count + 1))
             return out
 
-        # Safe to try again: what a lost channel held goes back to the broker.
         return self._call(f"receiving from {self.name(lane)}", get, safe=True)
 
     def _ours(self, d: Delivery) -> bool:
@@ -291,16 +349,26 @@ class RabbitTransport:
                         return
 
     def wait(self, lanes: Sequence[Lane], timeout: float) -> bool:
+        """Serve the connection in short slices (the lock is free between them, for acks and
+        heartbeats) until a consumer of ``lanes`` has delivered something."""
         deadline = time.monotonic() + timeout
-        pause = 0.02
-        while True:
-            if any(self.depth(lane).ready > 0 for lane in lanes):
+        jobs = [lane for lane in lanes if not lane.dead]
+
+        def look(ch: Any) -> bool:
+            for lane in jobs:
+                self._consume(ch, lane, None)
+            if any(self._buffers[self.name(lane)] for lane in jobs):
                 return True
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left > 0:
+                self._conn.process_data_events(time_limit=min(left, WAIT_SLICE))
+            return any(self._buffers[self.name(lane)] for lane in jobs)
+
+        while True:
+            if self._call("waiting for messages", look, safe=True):
+                return True
+            if time.monotonic() >= deadline:
                 return False
-            time.sleep(min(pause, left))
-            pause = min(pause * 2, 0.25)
 
     def depth(self, lane: Lane) -> LaneDepth:
         ready = self._call(f"counting {self.name(lane)}", lambda ch: self._declare(ch, lane),
@@ -319,8 +387,29 @@ class RabbitTransport:
 
     def close(self) -> None:
         with self._lock:
-            self._closed = True
-            self._drop()
+            try:
+                self._hand_back_unclaimed()
+            finally:
+                self._closed = True
+                self._drop()
+
+    def _hand_back_unclaimed(self) -> None:
+        """Messages a consumer delivered that no claim took: published again as fresh copies,
+        then acked, so they do not come back with a higher delivery count (the core would
+        charge an attempt for it). If that fails, closing gives them back as they are."""
+        if self._ch is None or not self._ch.is_open:
+            return
+        props = pika.BasicProperties(delivery_mode=2, content_type="application/json")
+        try:
+            for name, buf in self._buffers.items():
+                while buf:
+                    d = buf[0]
+                    self._ch.basic_publish("", name, d.body, props, mandatory=True)
+                    self._ch.basic_ack(d.handle[1])
+                    buf.popleft()
+        except (*_GONE, pex.UnroutableError, pex.NackError):
+            log.warning("RabbitMQ at %s: could not hand back unclaimed messages; the broker "
+                        "gives them back as it does a lost connection's", self.where)
 
 
 def open_rabbitmq(url: str, *, state: Backend | None = None) -> BrokerBackend:
@@ -336,6 +425,7 @@ def open_rabbitmq(url: str, *, state: Backend | None = None) -> BrokerBackend:
             pika_url, prefix=ours.get("prefix", "conveyor"),
             delivery_limit=int(ours.get("delivery_limit", 20)),
             expires_ms=int(ours["expires"]) if "expires" in ours else None,
+            prefetch=int(ours["prefetch"]) if "prefetch" in ours else None,
         )
     except (ValueError, TypeError) as exc:
         raise ConfigurationError(f"{redact_url(url)!r}: {exc}") from None
