@@ -21,14 +21,14 @@ def open_backend(url: str, *, pool_size: int | None = None) -> Backend:
         from .postgres import PostgresBackend
 
         return PostgresBackend(url, max_size=pool_size)
-    if scheme in ("redis", "rediss"):
+    if scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
         _require("redis", "redis")
         from .redis import RedisBackend
 
         return RedisBackend(url)
     raise ConfigurationError(
         f"unsupported store URL {redact_url(url)!r}: expected sqlite:///file.db, "
-        "postgresql://user@host/db or redis://host:6379/0"
+        "postgresql://user@host/db, redis://host:6379/0 or redis+cluster://host:port,host:port"
     )
 
 

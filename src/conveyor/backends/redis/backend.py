@@ -350,6 +350,12 @@ class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin, Redi
         for (q, _), toks, res in zip(claims, tokens, replies, strict=True):
             if isinstance(res, list) and (not res or res[0] not in ("need", "stale")):
                 jobs = [*(jobs or []), *self._claimed(res, q, worker_id, toks)]
+        if isinstance(popped, Exception):
+            # The pop was refused (a cluster's MOVED or TRYAGAIN: see Transport.call, which
+            # tries again); the claims behind it on the same node were refused too.
+            if jobs is None:
+                raise popped
+            return True, jobs
         return popped is not None, jobs
 
     def _peek(self, queues: Sequence[str]) -> tuple[bool, float | None]:
