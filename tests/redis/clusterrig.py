@@ -78,6 +78,9 @@ class Node:
             # A replica may always take over, however long its link was down (the tests kill
             # masters on purpose).
             "--cluster-replica-validity-factor", "0",
+            # A replica's first sync at once (diskless, without the default 5 s wait for more
+            # replicas to join it).
+            "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0",
             "--appendonly", "no", "--save", "", "--daemonize", "no", "--logfile", str(self.log),
         ]
         self.proc: subprocess.Popen[bytes] | None = None
@@ -182,7 +185,8 @@ class LocalCluster:
 
     def wait_healthy(self, timeout: float = 30) -> None:
         """Every live node says cluster_state:ok and agrees on who owns every slot, with each
-        master's replicas known: what a test may start from."""
+        master's replicas known, and every replica's link to its master up (synced): what a
+        test may start from."""
         def healthy() -> bool:
             views = []
             for node in self.nodes:
@@ -190,6 +194,10 @@ class LocalCluster:
                     continue
                 try:
                     if node.info("cluster").get("cluster_enabled") != 1:
+                        return False
+                    replication = node.info("replication")
+                    if (replication.get("role") == "slave"
+                            and replication.get("master_link_status") != "up"):
                         return False
                     c = node.client()
                     try:

@@ -4,9 +4,11 @@ Each ``test_cluster_<name>.py`` here takes the tests (and module fixtures) of
 ``tests/conformance/<name>.py`` as its own (conformance.py); the fixtures below point them at a
 fresh app on the session's cluster (``redis_cluster``, tests/redis/conftest.py) through a
 ``redis+cluster://`` URL that lists every node, so they go through the cluster client: the
-slot's owner found from the seeds, MOVED followed. Five files, not the whole suite, to keep
-`make test` short; CONVEYOR_TEST_REDIS_CLUSTER_URL adds a ``redis-cluster`` store to every
-conformance test instead (tests/stores.py).
+slot's owner found from the seeds, MOVED followed. Not the whole suite, to keep `make test`
+short: enqueue and claim, leases, admin, waits, the worker; and the files whose scripts make
+keys past the ones they declare (limits, workflows, history), the loop claims (ack_and_claim),
+and a backend's life (fork, close, concurrency, pause). CONVEYOR_TEST_REDIS_CLUSTER_URL adds a
+``redis-cluster`` store to every conformance test instead (tests/stores.py).
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ from .cluster import (
     node_url,
     seeds_of,
 )
-from .scripts import BARE_SCRIPTS, SCRIPT_NAMES, _load_script
+from .scripts import BARE_SCRIPTS, GROWING_SCRIPTS, SCRIPT_NAMES, _load_script
 
 try:
     from hiredis import pack_command as _hiredis_pack_command
@@ -141,8 +141,8 @@ class _SSLConnection(_ConnectMixin, redis.SSLConnection):
 
 
 def parse_redis_url(url: str) -> tuple[str, str, dict[str, float]]:
-    """Split our own options (``prefix``, timeouts) off the URL; the rest goes to redis-py (a
-    cluster URL's, node by node: see Transport)."""
+    """Split our own options (``prefix``, the timeouts, ``wait_replicas``) off the URL; the rest
+    goes to redis-py (a cluster URL's, node by node: see Transport)."""
     parts = urlsplit(url)
     if parts.scheme not in ("redis", "rediss", *SCHEMES):
         raise ConfigurationError(f"not a redis URL: {_redact(url)!r}")
@@ -150,11 +150,16 @@ def parse_redis_url(url: str) -> tuple[str, str, dict[str, float]]:
         check_cluster_url(url, _redact(url))
     prefix = "conveyor"
     timeouts = {"socket_timeout": DEFAULT_SOCKET_TIMEOUT,
-                "socket_connect_timeout": DEFAULT_CONNECT_TIMEOUT}
+                "socket_connect_timeout": DEFAULT_CONNECT_TIMEOUT}  # (and wait_replicas)
     rest: list[tuple[str, str]] = []
     for key, value in parse_qsl(parts.query, keep_blank_values=True):
         if key == "prefix":
             prefix = value
+        elif key == "wait_replicas":
+            if not value.isdigit():
+                raise ConfigurationError(
+                    f"{_redact(url)!r}: wait_replicas must be a count of replicas (0 or more)")
+            timeouts[key] = int(value)
         elif key in timeouts:
             try:
                 timeouts[key] = float(value)
@@ -209,6 +214,11 @@ class Transport:
         self.where = _redact(redis_url)
         self.socket_timeout = timeouts["socket_timeout"]
         self.closed = False  # set by the backend's close()
+        # wait_replicas=N: an enqueue waits (WAIT) for N replicas to have it, for up to half the
+        # socket timeout (its reply must come within the whole of it).
+        self.wait_replicas = int(timeouts.get("wait_replicas", 0))
+        self._wait_for_replicas = ("WAIT", self.wait_replicas,
+                                   max(1, int(self.socket_timeout * 500)))
         self.route: Route | None = None
         # A cluster's redirections met, by kind (MOVED, ASK, TRYAGAIN, ...): a diagnostic
         # count (increments from several threads may race), which the tests read.
@@ -342,11 +352,15 @@ class Transport:
     # -- script calls --------------------------------------------------------------------
     def script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """One script call: its reply, or its error reply raised; sent again once after
-        NOSCRIPT, and to the node an ASK names (see asked)."""
-        [reply] = self.send_scripts([(name, keys, args)])
+        NOSCRIPT, and to the node an ASK names (see asked). An enqueue with wait_replicas
+        is followed by WAIT on the same connection (see _replicated)."""
+        last = self._wait_for_replicas if self.wait_replicas and name in GROWING_SCRIPTS else None
+        reply, *waited = self.send_scripts([(name, keys, args)], last=last)
         if isinstance(reply, redis.exceptions.NoScriptError):
-            [reply] = self.send_scripts([(name, keys, args)])
-        if self._follows_ask(reply):
+            reply, *waited = self.send_scripts([(name, keys, args)], last=last)
+        if waited and not isinstance(reply, Exception):
+            self._replicated(name, waited[0])
+        if self._follows_ask(reply):  # (an enqueue is never run by ASK: see cluster.py)
             command = ("EVALSHA", self.scripts[name].sha, len(keys), *keys, *args)
             try:
                 reply = self.asked(reply, self.pool, command, lambda conn: conn.read_response())
@@ -355,6 +369,20 @@ class Transport:
         if isinstance(reply, Exception):
             raise reply
         return reply
+
+    def _replicated(self, name: str, confirmed: Any) -> None:
+        """The WAIT after an enqueue: fewer replicas than wait_replicas have it. The job is on
+        the primary, and runs unless a failover comes before the replicas catch up: told to
+        the caller as a reply lost (it may or may not run), never retried (it would be written
+        twice)."""
+        if isinstance(confirmed, int) and confirmed >= self.wait_replicas:
+            return
+        seconds = self._wait_for_replicas[2] / 1000
+        raise StoreUnavailable(
+            f"Redis at {self.where}: {name.partition(':')[0]} was written on the primary, but "
+            f"{confirmed} of {self.wait_replicas} replicas confirmed it within {seconds:g} s "
+            "(wait_replicas): a failover before they catch up would lose it, so it may or may "
+            "not happen")
 
     def _follows_ask(self, reply: Any) -> bool:
         return (self.route is not None and isinstance(reply, redis.exceptions.AskError)
@@ -418,7 +446,8 @@ class Transport:
             conn.disconnect()
 
     def send_scripts(self, calls: Sequence[ScriptCall], *,
-                     first: tuple[Any, ...] | None = None) -> list[Any]:
+                     first: tuple[Any, ...] | None = None,
+                     last: tuple[Any, ...] | None = None) -> list[Any]:
         """EVALSHA each (script, keys, args) in one write on one connection of ours; the replies
         in order, an error reply as its exception. This is redis-py's pipeline without its
         command layer (argument checks, observability hooks, Script objects that ask SCRIPT
@@ -432,7 +461,8 @@ class Transport:
         part of a one-job enqueue; the one check of it that matters is kept: a connection the
         server closed is replaced before anything is sent on it.
         ``first``: a plain command sent ahead of the scripts in the same write (the idle wait's
-        blocking pop, on a connection with the longer timeout); its reply comes first."""
+        blocking pop, on a connection with the longer timeout); its reply comes first. ``last``:
+        one sent after them (an enqueue's WAIT); its reply comes last."""
         conn = self._checkout(blocking=first is not None)
         try:
             conn.connect()  # no-op when connected; _NotSent if it cannot
@@ -449,6 +479,8 @@ class Transport:
             for name, keys, args in calls:
                 command = ("EVALSHA", self.scripts[name].sha, len(keys), *keys, *args)
                 packed += _pack(conn, command)
+            if last is not None:
+                packed += _pack(conn, last)
             conn.send_packed_command(packed, check_health=False)
             replies: list[Any] = []
             if first is not None:
@@ -463,6 +495,11 @@ class Transport:
                 except redis.ResponseError as exc:
                     replies.append(exc)
                     refused = True
+            if last is not None:
+                try:
+                    tail = conn.read_response()
+                except redis.ResponseError as exc:
+                    tail = exc
         except BaseException as exc:
             conn.disconnect()  # replies may be left unread on it
             if self.route is not None and isinstance(exc, redis.ConnectionError
@@ -473,6 +510,8 @@ class Transport:
             self._checkin(self.idle if first is None else self.idle_blocking, conn)
         if refused:
             self.reload_refused(calls, replies)
+        if last is not None:
+            replies.append(tail)
         return replies if first is None else [head, *replies]
 
     def reload_refused(self, calls: Sequence[ScriptCall], replies: Sequence[Any]) -> None:
