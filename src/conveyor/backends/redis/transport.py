@@ -338,8 +338,10 @@ class Transport:
         the slot moves, CLUSTERDOWN while a failover elects a node, an ASK not followed, a
         replica's READONLY); None, it is not a cluster's redirection (or this is no cluster)."""
         route = self.route
+        if route is None:
+            return None
         kind = next((k for cls, k in _REDIRECTIONS if isinstance(exc, cls)), None)
-        if route is None or kind is None:
+        if kind is None:
             return None
         self.redirects[kind] += 1
         if isinstance(exc, redis.exceptions.MovedError):
