@@ -26,7 +26,7 @@ def open_backend(url: str, *, pool_size: int | None = None, state: str | None = 
         from .postgres import PostgresBackend
 
         return PostgresBackend(url, max_size=pool_size)
-    if scheme in ("redis", "rediss"):
+    if scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
         _require("redis", "redis")
         from .redis import RedisBackend
 
@@ -43,7 +43,8 @@ def open_backend(url: str, *, pool_size: int | None = None, state: str | None = 
         return open_sqs(url, state=_companion(state, pool_size))
     raise ConfigurationError(
         f"unsupported store URL {redact_url(url)!r}: expected sqlite:///file.db, "
-        "postgresql://user@host/db, redis://host:6379/0, amqp://user:pass@host/vhost or sqs://"
+        "postgresql://user@host/db, redis://host:6379/0, redis+cluster://host:port,host:port, "
+        "amqp://user:pass@host/vhost or sqs://"
     )
 
 
