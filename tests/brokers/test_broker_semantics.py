@@ -159,6 +159,34 @@ def test_a_holder_that_lost_the_message_is_fenced(open_broker: Open, broker: Bro
     assert successor.list_jobs(state=JobState.DEAD, queue="q").jobs == []
 
 
+def test_a_claim_that_meets_its_message_again_hands_it_out_once(
+        open_broker: Open, broker: Broker) -> None:
+    """The holder loses a message in the middle of a claim (after receiving it, before the
+    claim's next receive) and the broker hands it to that same claim again. The claim returns
+    the job once, as the newer hand-out: the older one's lease went with it, and a worker
+    keys its jobs by id (two of one id in a claim ran one attempt twice)."""
+    b = open_broker()
+    b.enqueue_many([job(max_attempts=5)])
+    transport = b.transport  # type: ignore[attr-defined]
+    receive = transport.receive
+    first: list = []
+
+    def receive_then_lose(lane: Lane, limit: int, *, lease_s: float) -> list:
+        got = receive(lane, limit, lease_s=lease_s)
+        if got and not first:
+            first.extend(got)
+            broker.lose(b, broker.lease_s)
+            wait_for(lambda: transport.depth(lane).ready == 1)  # the broker has it back
+        return got
+
+    transport.receive = receive_then_lose
+    jobs = claim_all(b, broker, limit=2)
+    assert len(first) == 1
+    assert [(j.id, j.attempts) for j in jobs] == [(json.loads(first[0].body)["id"], 2)]
+    b.ack(lease(jobs[0]), None)
+    assert claim_all(b, broker) == []
+
+
 def test_lost_hand_outs_use_up_the_attempts(open_broker: Open, broker: Broker) -> None:
     b = open_broker()
     b.enqueue_many([job(max_attempts=2)])

@@ -4,6 +4,7 @@ lane."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 
@@ -77,3 +78,21 @@ def test_a_worker_with_cron_schedules_is_refused(app: Conveyor) -> None:
     app.cron("* * * * *", name="every-minute")(tick)
     with pytest.raises(Unsupported, match="keep cron ticks"):
         Worker(app, concurrency=1)
+
+
+def test_a_worker_prunes_without_failing_on_the_history(
+        app: Conveyor, caplog: pytest.LogCaptureFixture) -> None:
+    """A broker keeps no history: the worker's retention passes leave it alone (they logged
+    "pruning failed" with a traceback every pass)."""
+    passes: list[int] = []
+    prune = app.backend.prune
+
+    def counted(**kw: object) -> int:
+        passes.append(1)
+        return prune(**kw)  # type: ignore[arg-type]
+
+    app.backend.prune = counted  # type: ignore[method-assign]
+    with caplog.at_level(logging.ERROR, logger="conveyor"), \
+            running_worker(app, concurrency=1, prune_interval=0.1, maintenance_interval=0.05):
+        wait_for(lambda: len(passes) >= 3)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []

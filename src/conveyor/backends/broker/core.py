@@ -211,10 +211,24 @@ class BrokerBackend(Backend):
                     job = self._hand_out(d, worker_id=worker_id, lease_s=lease_s,
                                          claim_id=claim_id)
                     if job is not None:
+                        self._drop_earlier(jobs, job)
                         jobs.append(job)
             if len(jobs) >= limit:
                 break
         return jobs
+
+    def _drop_earlier(self, jobs: list[Job], job: Job) -> None:
+        """Remove from ``jobs`` an earlier hand-out of ``job`` in the same claim. The broker
+        hands a message out again only once it took it back from its holder: this transport
+        lost it between two receives of the claim (its connection died), so the earlier one's
+        lease is gone. One claim must not return a job twice: a worker keys jobs by id (it
+        ran one attempt twice, the stale one's and the new one's, over its concurrency)."""
+        earlier = [j for j in jobs if j.id == job.id]
+        if earlier:
+            with self._lock:
+                for j in earlier:
+                    self._held.pop(j.lease_token or "", None)
+            jobs[:] = [j for j in jobs if j.id != job.id]
 
     def _hand_out(self, d: Delivery, *, worker_id: str, lease_s: float,
                   claim_id: str) -> Job | None:
