@@ -270,7 +270,10 @@ def test_rabbitmq_chaos_loses_nothing(rabbit: RabbitNode,
         assert restarts >= 1 and cuts >= 2 and kills >= pick(5, 30), report.faults
         assert all(broker.cut), f"a cut that found no connection to cut: {broker.cut}"
         assert len(broker.storm) == broker.counts["storm"] * STORM_CUTS and sum(broker.storm)
-        assert max(report.attempts_hist) >= 2, "no job was handed out again: no fault bit"
+        # (A broker alone charges hand-outs it took back only past MAX_STALLS: duplicates show
+        # the faults bit as well as later attempts do.)
+        assert max(report.attempts_hist) >= 2 or report.duplicated_total > 0, \
+            "no job was handed out again: no fault bit"
         assert report.ok >= JOBS * 0.9, f"most enqueues failed: {errors[:3]}"
         assert report.executions >= report.ok
     finally:

@@ -6,9 +6,10 @@ other stores keep in their tables.
   time in milliseconds and 22 random bits), since a broker counts nothing.
 * A claim receives from the queue's lanes, lowest priority level first. Each delivery gets a
   lease token of this process; the broker's lease (the connection, the visibility timeout) is
-  the real one. A delivery the broker handed out before (its holder died or froze) costs the
-  attempt it started: past ``max_attempts`` it goes to the dead lane at once, as a reaped job
-  goes dead.
+  the real one. A delivery the broker handed out before (its holder died, froze or lost its
+  connection) costs an attempt once it has been handed out ``MAX_STALLS`` times more than its
+  attempts (the broker counts hand-outs, not starts); past ``max_attempts`` it goes to the dead
+  lane at once, as a reaped job goes dead.
 * Ack, retry, kill and release check the token, then settle the delivery with the broker. A
   holder whose delivery the broker took back (a zombie) is told ``LeaseLost`` and records
   nothing: the settle is refused by the broker itself (a dead channel's tags, an outdated
@@ -83,6 +84,11 @@ HINT_STATE = ("name a companion store that keeps the job records: Conveyor(url, 
 HINT_STORE = ("the broker chooses which job runs, so this needs a SQLite, PostgreSQL or Redis "
               "store instead (docs/backends.md, the capability table)")
 EARLY = 0.05  # a delayed message received this close to its run_at runs now
+# Hand-outs the broker took back that cost no attempt (then each one does). A broker cannot
+# tell a message that ran from one held unstarted (a consumer's prefetch) or lost with a
+# connection cut, so the first few go free, as the stores' MAX_STALLS do for held jobs; a job
+# that kills every worker still ends (dead), after max_attempts + MAX_STALLS hand-outs.
+MAX_STALLS = 3
 
 
 def unsupported(store: str, capability: str) -> Unsupported:
@@ -249,7 +255,7 @@ class BrokerBackend(Backend):
             self.transport.publish([Outgoing(d.lane, d.body, delay=body.run_at - at)])
             self.transport.settle([d])
             return None
-        attempt = body.attempts + d.deliveries
+        attempt = body.attempts + 1 + max(d.deliveries - 1 - MAX_STALLS, 0)
         if attempt > body.max_attempts:
             # Handed out before to a holder that died or froze, as often as it may run.
             error = ErrorInfo("lease_expired", f"{self.kind} handed the job out again after "
