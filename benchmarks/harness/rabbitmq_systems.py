@@ -295,7 +295,9 @@ class ConveyorSystem(System):
         return sent
 
     def warm(self) -> None:
-        self.app.backend.wait_for_jobs(["default"], 0)  # connects and declares the lanes
+        # Connects and declares the lanes (stats reads each lane's count). Not wait_for_jobs:
+        # that starts consumers, which would take messages into this producer's prefetch.
+        self.app.backend.stats()
 
     def worker_argv(self, k: int = 0) -> list[str]:
         return [
