@@ -18,10 +18,12 @@ The order of writes, and what each crash leaves:
   and dropped. So a message delivered again after its job succeeded (the broker lost the ack)
   does not run the job twice, and ``cancel`` works: the record is cancelled, its message is
   dropped when it comes.
-* Ack, retry and kill write the record first (fenced by the lease token), then settle the
-  message. A crash in between leaves a message whose record is final: dropped when delivered.
-  A retry publishes the next attempt's message before it writes the record (a crash in between
-  runs the job once more, never zero times).
+* Ack, retry, kill and release write the record first (fenced by the lease token), then
+  (retry, release) publish the next message, then settle the delivery. A crash after the
+  record leaves the delivery unsettled, so the broker hands it out again: a final record drops
+  it, a retried one runs it (its delay lost). The next message is published only once the
+  record says the attempt ended: it may be delivered at once, and its take must not find the
+  attempt still running (that would fence it and record a lost lease it never had).
 
 Not available with a companion either (``missing``): concurrency and rate limits, fair
 sharing, pausing a queue and dependencies (chains, batches): each needs the claim to choose
@@ -174,20 +176,29 @@ class CompanionBackend(BrokerBackend):
         if held.attempt >= held.body.max_attempts:
             self.kill(lease, error, now=now)
             return JobState.DEAD
-        if self.state.heartbeat([lease], lease_s=held.body.timeout + 30, now=now):
-            self._drop(lease)
-            raise LeaseLost(lease.job_id)
         delay = max(float(delay), 0.0)
         at = self.now() if now is None else now
         again = Outgoing(held.delivery.lane,
                          _with(held.body, attempts=held.attempt, run_at=at + delay).encode(),
                          delay=delay)
-        self.transport.publish([again])  # first: a crash after it runs the job once more
         self._drop(lease)
         try:
-            return self.state.retry(lease, error, delay=delay, now=now)
-        finally:
+            # The record first (fenced): the next message may be delivered the moment it is
+            # published, and its take must find the attempt ended. A crash before the publish
+            # leaves the delivery unsettled: the broker hands it out again.
+            state = self.state.retry(lease, error, delay=delay, now=now)
+            if state is not JobState.DEAD:
+                self.transport.publish([again])
+        except LeaseLost:
             self.transport.settle([held.delivery])
+            raise
+        except Exception:
+            # The store did not answer: whether the retry was recorded is unknown. The
+            # delivery goes back to the broker, whose next hand-out the record decides on.
+            self.transport.give_back([held.delivery])
+            raise
+        self.transport.settle([held.delivery])
+        return state
 
     def kill(self, lease: Lease, error: ErrorInfo, *, now: float | None = None) -> None:
         held = self._drop(lease)
@@ -204,11 +215,11 @@ class CompanionBackend(BrokerBackend):
             held = self._drop(lease)
             if held is None:
                 continue
-            self.transport.publish([Outgoing(held.delivery.lane, held.delivery.body)])
-            try:
-                done = self.state.release([lease], now=now)
-            finally:
-                self.transport.settle([held.delivery])
+            # The record first, then the next message (see retry), then the delivery.
+            done = self.state.release([lease], now=now)
+            if done:
+                self.transport.publish([Outgoing(held.delivery.lane, held.delivery.body)])
+            self.transport.settle([held.delivery])
             released.extend(done)
         return released
 
