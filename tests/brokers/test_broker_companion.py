@@ -178,8 +178,6 @@ def test_the_next_message_is_taken_only_after_the_record_moved_on(
     """A retry or release publishes the job's next message; a worker may receive it at once.
     The record must already say the attempt ended, or that worker's take would find the job
     still running, fence the attempt that is ending and record a lost lease it never had."""
-    from conftest import wait_for as poll
-
     from conveyor.backends import open_backend
     from conveyor.backends.base import ErrorInfo, Lease
 
@@ -188,13 +186,13 @@ def test_the_next_message_is_taken_only_after_the_record_moved_on(
     try:
         base = {"task": "t", "queue": "q", "args": "{}", "max_attempts": 3, "timeout": 30.0}
         first.enqueue_many([NewJob(**base)])  # type: ignore[arg-type]
-        (job,) = poll(lambda: first.claim("q", 1, worker_id="w1", lease_s=30))  # type: ignore[misc]
+        (job,) = wait_for(lambda: first.claim("q", 1, worker_id="w1", lease_s=30))  # type: ignore[misc]
         publish = first.transport.publish  # type: ignore[attr-defined]
         taken: list = []
 
         def publish_then_deliver(items: object) -> None:
             publish(items)
-            taken.extend(poll(lambda: second.claim("q", 1, worker_id="w2", lease_s=30)))  # type: ignore[arg-type]
+            taken.extend(wait_for(lambda: second.claim("q", 1, worker_id="w2", lease_s=30)))  # type: ignore[arg-type]
 
         first.transport.publish = publish_then_deliver  # type: ignore[attr-defined]
         lease = Lease(job.id, job.lease_token or "")
