@@ -77,7 +77,7 @@ def rabbitmq_broker(tmp_path: Path) -> Broker:
     return Broker("rabbitmq", f"{RABBITMQ_URL}?prefix={prefix}&expires=60000", 30.0, lose)
 
 
-def sqs_broker(request: pytest.FixtureRequest) -> Broker:
+def sqs_broker(request: pytest.FixtureRequest, *, fifo: bool = False) -> Broker:
     endpoint = request.getfixturevalue("sqs_endpoint")
 
     def lose(backend: Backend, lease_s: float) -> None:
@@ -85,12 +85,17 @@ def sqs_broker(request: pytest.FixtureRequest) -> Broker:
         time.sleep(lease_s + 0.5)
 
     prefix = f"t{uuid.uuid4().hex[:16]}"
+    if fifo:
+        return Broker("sqs-fifo", f"sqs://{endpoint}/?prefix={prefix}&levels=-1,0,1&fifo=true",
+                      2.0, lose)
     return Broker("sqs", f"sqs://{endpoint}/?prefix={prefix}&levels=-1,0,1", 2.0, lose)
 
 
 BROKERS: dict[str, Callable[[pytest.FixtureRequest, Path], Broker]] = {
     "rabbitmq": lambda request, tmp_path: rabbitmq_broker(tmp_path),
     "sqs": lambda request, tmp_path: sqs_broker(request),
+    # FIFO queues (?fifo=true): the same suite, on message groups and the delay queues.
+    "sqs-fifo": lambda request, tmp_path: sqs_broker(request, fifo=True),
 }
 # Each broker alone, and with a companion store of each kind (broker/companion.py).
 COMPANIONS: dict[str, StoreFactory] = {
