@@ -9,6 +9,8 @@ waits it out.
 SQS's server in the tests is moto's (the moto[server] package), started once per session as a
 process of its own on a free loopback port, never an in-process mock of the client; each test
 gets its own queue-name prefix on it. At the end only that server is stopped, by its pid.
+Broker ``sqs-fifo`` is the same server with ``fifo=true`` (FIFO lanes, message groups, delay
+queues), so the whole suite runs on FIFO queues too.
 """
 
 from __future__ import annotations
