@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from support import wait_until
 
+from conveyor.backends.broker import sqs
 from conveyor.backends.broker.sqs import SqsTransport
 from conveyor.backends.broker.sqs_settings import parse_sqs_url
 from conveyor.backends.broker.transport import Delivery, Lane, Outgoing
@@ -191,3 +192,31 @@ def test_fifo_and_standard_lanes_of_one_prefix_are_apart(sqs_url: str) -> None:
     finally:
         standard.close()
         fifo.close()
+
+
+def test_a_move_whose_delete_was_lost_is_dropped_as_a_duplicate(
+        fifo: SqsTransport, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that dies between a move's send and its delete leaves the delayed message to
+    come back in its delay queue; the next move sends it with the same deduplication id, and
+    SQS drops it."""
+    monkeypatch.setattr(sqs, "PUMP_HOLD", 1)
+    fifo.publish([Outgoing(LANE, b"once", delay=1)])
+    delete = fifo._client.delete_message_batch
+    lost: list[str] = []
+
+    def lose_the_delete(QueueUrl: str, Entries: list[dict[str, str]]) -> dict[str, Any]:
+        if QueueUrl.endswith("-delay"):
+            lost.extend(e["Id"] for e in Entries)  # answered, never done: as if it died
+            return {"Successful": [{"Id": e["Id"]} for e in Entries], "Failed": []}
+        result: dict[str, Any] = delete(QueueUrl=QueueUrl, Entries=Entries)
+        return result
+
+    monkeypatch.setattr(fifo._client, "delete_message_batch", lose_the_delete)
+    wait_until(lambda: fifo._pump(LANE, now=True), timeout=15, message="the first move")
+    monkeypatch.setattr(fifo._client, "delete_message_batch", delete)
+    # Back in the delay queue after PUMP_HOLD, and moved again.
+    wait_until(lambda: fifo._pump(LANE, now=True), timeout=15, message="the second move")
+    assert lost and fifo.depth(LANE).delayed == 0
+    [d] = fifo.receive(LANE, 10, lease_s=30)
+    assert d.body == b"once"
+    assert fifo.receive(LANE, 10, lease_s=30) == []
