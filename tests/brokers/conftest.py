@@ -9,6 +9,8 @@ waits it out.
 SQS's server in the tests is moto's (the moto[server] package), started once per session as a
 process of its own on a free loopback port, never an in-process mock of the client; each test
 gets its own queue-name prefix on it. At the end only that server is stopped, by its pid.
+Broker ``sqs-fifo`` is the same server with ``fifo=true`` (FIFO lanes, message groups, delay
+queues), so the whole suite runs on FIFO queues too.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ def rabbitmq_broker(tmp_path: Path) -> Broker:
     return Broker("rabbitmq", f"{RABBITMQ_URL}?prefix={prefix}&expires=60000", 30.0, lose)
 
 
-def sqs_broker(request: pytest.FixtureRequest) -> Broker:
+def sqs_broker(request: pytest.FixtureRequest, *, fifo: bool = False) -> Broker:
     endpoint = request.getfixturevalue("sqs_endpoint")
 
     def lose(backend: Backend, lease_s: float) -> None:
@@ -85,18 +87,27 @@ def sqs_broker(request: pytest.FixtureRequest) -> Broker:
         time.sleep(lease_s + 0.5)
 
     prefix = f"t{uuid.uuid4().hex[:16]}"
+    if fifo:
+        return Broker("sqs-fifo", f"sqs://{endpoint}/?prefix={prefix}&levels=-1,0,1&fifo=true",
+                      2.0, lose)
     return Broker("sqs", f"sqs://{endpoint}/?prefix={prefix}&levels=-1,0,1", 2.0, lose)
 
 
 BROKERS: dict[str, Callable[[pytest.FixtureRequest, Path], Broker]] = {
     "rabbitmq": lambda request, tmp_path: rabbitmq_broker(tmp_path),
     "sqs": lambda request, tmp_path: sqs_broker(request),
+    # FIFO queues (?fifo=true): the same suite, on message groups and the delay queues.
+    "sqs-fifo": lambda request, tmp_path: sqs_broker(request, fifo=True),
 }
 # Each broker alone, and with a companion store of each kind (broker/companion.py).
 COMPANIONS: dict[str, StoreFactory] = {
     "sqlite": sqlite_store, "postgres": postgres_migrated_store, "redis": redis_store}
 ALONE = sorted(BROKERS)
-WITH_STATE = [f"{b}+{s}" for b in sorted(BROKERS) for s in COMPANIONS]
+# RabbitMQ with each store; the SQS brokers with SQLite's. The companion's logic is one for every
+# broker (broker/companion.py) and each store's take has its own conformance tests
+# (tests/conformance/test_take.py): the full matrix would add minutes to every run, not cases.
+WITH_STATE = [*(f"rabbitmq+{s}" for s in COMPANIONS),
+              *(f"{b}+sqlite" for b in sorted(BROKERS) if b != "rabbitmq")]
 PARAMS = [*ALONE, *WITH_STATE]
 # A test of what only a broker alone does (its dead lane, its refusals), or only a companion
 # adds, takes these instead of every combination: ``@alone`` / ``@with_state``.

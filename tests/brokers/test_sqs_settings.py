@@ -78,6 +78,29 @@ def test_names_read_back() -> None:
     assert parse_lane_name("app", "app--p0") is None
 
 
+def test_fifo_lane_names() -> None:
+    assert parse_sqs_url("sqs://h/?fifo=true").fifo is True
+    assert parse_sqs_url("sqs://h/").fifo is False
+    assert lane_name("app", "default", 0, fifo=True) == "app-default-p0.fifo"
+    assert lane_name("app", "default", None, fifo=True) == "app-default-dead.fifo"
+    assert lane_name("app", "default", -1, fifo=True, delay=True) == "app-default-pm1-delay"
+    assert parse_lane_name("app", "app-default-p0.fifo", fifo=True) == ("default", 0)
+    assert parse_lane_name("app", "app-default-dead.fifo", fifo=True) == ("default", None)
+    # Each kind reads only its own lanes; a delay queue is no lane.
+    assert parse_lane_name("app", "app-default-p0.fifo") is None
+    assert parse_lane_name("app", "app-default-p0", fifo=True) is None
+    assert parse_lane_name("app", "app-default-p0-delay", fifo=True) is None
+    assert parse_lane_name("app", "app-default-p0-delay") is None
+    # Room is kept for the longer ending ("-delay"), for the dead lane too: a queue fits every
+    # one of its names or none.
+    fits = "q" * (NAME_MAX - len("app--dead-delay"))
+    assert len(lane_name("app", fits, None, fifo=True)) == NAME_MAX - 1
+    assert len(lane_name("app", "q" * (NAME_MAX - len("app--p0-delay")), 0, fifo=True,
+                         delay=True)) == NAME_MAX
+    with pytest.raises(InvalidName, match="FIFO endings"):
+        lane_name("app", fits + "q", None, fifo=True)
+
+
 def test_a_queue_too_long_for_sqs_is_refused_clearly() -> None:
     fits = "q" * (NAME_MAX - len("app--dead"))
     assert len(lane_name("app", fits, None)) == NAME_MAX
@@ -100,6 +123,13 @@ def test_every_queue_name_round_trips(queue: str, level: int | None) -> None:
 
     assert re.fullmatch(SQS_NAME, name)
     assert parse_lane_name("pfx", name) == (queue, level)
+    try:
+        fifo = lane_name("pfx", queue, level, fifo=True)
+    except InvalidName:
+        assert len(escape(queue)) > NAME_MAX - 16
+        return
+    assert re.fullmatch(r"[A-Za-z0-9_-]{1,75}\.fifo", fifo)
+    assert parse_lane_name("pfx", fifo, fifo=True) == (queue, level)
 
 
 def test_batches_keep_to_sqs_limits() -> None:

@@ -27,7 +27,9 @@ The order of writes, and what each crash leaves:
 
 Not available with a companion either (``missing``): concurrency and rate limits, fair
 sharing, pausing a queue and dependencies (chains, batches): each needs the claim to choose
-among waiting jobs, and the broker chooses.
+among waiting jobs, and the broker chooses. Fair sharing is there when the broker does it
+itself (SQS FIFO: a message group per fair_key). Unique keys are always the store's: each
+message's deduplication id is its own job's, so the broker never drops one the store created.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class CompanionBackend(BrokerBackend):
     def __init__(self, url: str, transport: Transport, levels: Sequence[int],
                  state: Backend) -> None:
         super().__init__(url, transport, levels)
+        self.missing = MISSING_WITH_STATE - (transport.supports & {"fair"})
         self.state = state
 
     # -- producer -----------------------------------------------------------------------
@@ -78,7 +81,7 @@ class CompanionBackend(BrokerBackend):
         for j in jobs:
             if j.concurrency_key is not None or j.rate_key is not None:
                 raise self._unsupported("limits")
-            if j.fair_key is not None:
+            if j.fair_key is not None and "fair" in self.missing:
                 raise self._unsupported("fair")
         results = self.state.enqueue_many(jobs, now=now)
         out = []
@@ -99,17 +102,19 @@ class CompanionBackend(BrokerBackend):
         run_at = job.run_at if job.run_at is not None else res.at + max(job.delay, 0.0)
         body = Body(id=res.id, uid=res.uid or "", task=job.task, queue=job.queue, args=job.args,
                     meta=job.meta, priority=job.priority, max_attempts=job.max_attempts,
-                    timeout=job.timeout, created_at=res.at, run_at=run_at)
-        return Outgoing(self.lane(job.queue, job.priority), body.encode(),
-                        delay=max(run_at - res.at, 0.0))
+                    timeout=job.timeout, created_at=res.at, run_at=run_at,
+                    fair_key=job.fair_key, unique_key=job.unique_key)
+        return self._outgoing(self.lane(job.queue, job.priority), body,
+                              delay=max(run_at - res.at, 0.0), dedup_id=f"job:{res.id}")
 
     def _republish(self, job: Job, *, delay: float = 0.0) -> Outgoing:
         """The message of a job the store holds (redrive, a cron tick's job)."""
         body = Body(id=job.id, uid=job.uid or "", task=job.task, queue=job.queue,
                     args=_json(job.args), meta=_json(job.meta), priority=job.priority,
                     max_attempts=job.max_attempts, timeout=job.timeout,
-                    created_at=job.created_at, run_at=job.run_at, attempts=job.attempts)
-        return Outgoing(self.lane(job.queue, job.priority), body.encode(), delay=delay)
+                    created_at=job.created_at, run_at=job.run_at, attempts=job.attempts,
+                    fair_key=job.fair_key, unique_key=job.unique_key)
+        return self._outgoing(self.lane(job.queue, job.priority), body, delay=delay)
 
     # -- worker -------------------------------------------------------------------------
     def _hand_out(self, d: Delivery, *, worker_id: str, lease_s: float,
@@ -124,7 +129,7 @@ class CompanionBackend(BrokerBackend):
             self.transport.settle([d])
             return None
         if body.run_at > at + 0.05:
-            self.transport.publish([Outgoing(d.lane, d.body, delay=body.run_at - at)])
+            self.transport.publish([self._outgoing(d.lane, body, delay=body.run_at - at)])
             self.transport.settle([d])
             return None
         token = self._token(claim_id)
@@ -178,9 +183,9 @@ class CompanionBackend(BrokerBackend):
             return JobState.DEAD
         delay = max(float(delay), 0.0)
         at = self.now() if now is None else now
-        again = Outgoing(held.delivery.lane,
-                         _with(held.body, attempts=held.attempt, run_at=at + delay).encode(),
-                         delay=delay)
+        again = self._outgoing(held.delivery.lane,
+                               _with(held.body, attempts=held.attempt, run_at=at + delay),
+                               delay=delay)
         self._drop(lease)
         try:
             # The record first (fenced): the next message may be delivered the moment it is
@@ -218,7 +223,7 @@ class CompanionBackend(BrokerBackend):
             # The record first, then the next message (see retry), then the delivery.
             done = self.state.release([lease], now=now)
             if done:
-                self.transport.publish([Outgoing(held.delivery.lane, held.delivery.body)])
+                self.transport.publish([self._outgoing(held.delivery.lane, held.body)])
             self.transport.settle([held.delivery])
             released.extend(done)
         return released
@@ -305,7 +310,8 @@ class CompanionBackend(BrokerBackend):
 
     def cron_enqueue(self, schedule: str, tick: float, job: NewJob | None, *,
                      now: float | None = None) -> EnqueueResult | None:
-        if job is not None and (job.after or job.concurrency_key or job.rate_key or job.fair_key):
+        if job is not None and (job.after or job.concurrency_key or job.rate_key
+                                or (job.fair_key and "fair" in self.missing)):
             raise self._unsupported("dependencies")
         res = self.state.cron_enqueue(schedule, tick, job, now=now)
         if res is not None and res.created and job is not None:

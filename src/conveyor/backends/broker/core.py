@@ -21,7 +21,9 @@ other stores keep in their tables.
 What a broker cannot answer (a job by id, listings other than the dead lane, results, steps,
 unique keys, cron ticks, limits, pauses, dependencies, history) raises
 :class:`~conveyor.errors.Unsupported` naming the capability; ``MISSING`` lists them and
-docs/backends.md has the table.
+docs/backends.md has the table. A transport that adds a capability says so
+(``Transport.supports``: SQS FIFO deduplicates unique keys and groups by fair_key), and the
+backend's ``missing`` leaves it out.
 """
 
 from __future__ import annotations
@@ -114,6 +116,7 @@ class BrokerBackend(Backend):
         self.transport = transport
         self.kind = transport.kind
         self.levels = tuple(sorted(set(levels)))
+        self.missing = MISSING - transport.supports
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
         self._seen: set[str] = set()  # queues this process used (for stats without a listing)
@@ -147,6 +150,18 @@ class BrokerBackend(Backend):
                 del self._held[lease.token]
             return held
 
+    @staticmethod
+    def _outgoing(lane: Lane, body: Body, *, delay: float = 0.0,
+                  dedup_id: str | None = None) -> Outgoing:
+        """The message of ``body`` for ``lane``, in its group (for a broker that groups): the
+        job's fair_key in a job lane, so that a tenant's jobs are handed out in order and
+        tenants side by side; else the job's own id, so that two copies of one job (a retry
+        published while the old delivery is still held) are never out at once, and other jobs
+        never wait behind it. Only an enqueue passes a ``dedup_id``: a job published again must
+        not be dropped as its own duplicate."""
+        group = body.fair_key if body.fair_key is not None and not lane.dead else str(body.id)
+        return Outgoing(lane, body.encode(), delay=delay, dedup_id=dedup_id, group=group)
+
     def _settle(self, lease: Lease, held: _Held) -> None:
         (ok,) = self.transport.settle([held.delivery])
         if not ok:
@@ -158,11 +173,11 @@ class BrokerBackend(Backend):
         if batches or any(j.after or j.after_refs for j in jobs):
             raise self._unsupported("dependencies")
         for j in jobs:
-            if j.unique_key is not None:
+            if j.unique_key is not None and "unique" in self.missing:
                 raise self._unsupported("unique")
             if j.concurrency_key is not None or j.rate_key is not None:
                 raise self._unsupported("limits")
-            if j.fair_key is not None:
+            if j.fair_key is not None and "fair" in self.missing:
                 raise self._unsupported("fair")
         at = self.now() if now is None else now
         self._check_depth(jobs)
@@ -176,9 +191,14 @@ class BrokerBackend(Backend):
                 meta=job.meta, priority=job.priority, max_attempts=job.max_attempts,
                 timeout=job.timeout, created_at=at, run_at=run_at,
                 state=(JobState.SCHEDULED if run_at > at else JobState.AVAILABLE).value,
+                fair_key=job.fair_key, unique_key=job.unique_key,
             )
-            out.append(Outgoing(self.lane(job.queue, job.priority), body.encode(),
-                                delay=max(run_at - at, 0.0)))
+            # A broker that deduplicates (SQS FIFO) drops a second job of one unique key within
+            # its window, yet acknowledges it as sent: created stays True, and that job's id
+            # names no job (docs/backends.md). Without a key, the job's own uid: never a match.
+            dedup = f"unique:{job.unique_key}" if job.unique_key is not None else f"job:{uid}"
+            out.append(self._outgoing(self.lane(job.queue, job.priority), body,
+                                      delay=max(run_at - at, 0.0), dedup_id=dedup))
             results.append(EnqueueResult(body.id, True, at, uid))
             self._seen.add(job.queue)
         self.transport.publish(out)
@@ -252,7 +272,7 @@ class BrokerBackend(Backend):
         if body.run_at > at + EARLY:
             # Received early: the broker's longest delay is shorter than this one (or the
             # clocks of the producer and this worker differ). Wait the rest in the broker.
-            self.transport.publish([Outgoing(d.lane, d.body, delay=body.run_at - at)])
+            self.transport.publish([self._outgoing(d.lane, body, delay=body.run_at - at)])
             self.transport.settle([d])
             return None
         attempt = body.attempts + 1 + max(d.deliveries - 1 - MAX_STALLS, 0)
@@ -262,7 +282,7 @@ class BrokerBackend(Backend):
                               "its holder stopped answering, and it has no attempts left")
             dead = body.failed(attempt - 1, error.as_dict(attempt - 1, at, None),
                                state=JobState.DEAD.value, finished_at=at)
-            self.transport.publish([Outgoing(Lane(body.queue, None), dead.encode())])
+            self.transport.publish([self._outgoing(Lane(body.queue, None), dead)])
             self.transport.settle([d])
             return None
         token = self._token(claim_id)
@@ -320,7 +340,7 @@ class BrokerBackend(Backend):
         again = held.body.failed(held.attempt, error.as_dict(held.attempt, at, held.worker_id),
                                  run_at=at + delay, state=state.value,
                                  worker_id=held.worker_id)
-        self._replace(lease, held, Outgoing(held.delivery.lane, again.encode(), delay=delay))
+        self._replace(lease, held, self._outgoing(held.delivery.lane, again, delay=delay))
         return state
 
     def kill(self, lease: Lease, error: ErrorInfo, *, now: float | None = None) -> None:
@@ -329,7 +349,7 @@ class BrokerBackend(Backend):
         dead = held.body.failed(held.attempt, error.as_dict(held.attempt, at, held.worker_id),
                                 state=JobState.DEAD.value, finished_at=at,
                                 worker_id=held.worker_id)
-        self._replace(lease, held, Outgoing(Lane(held.body.queue, None), dead.encode()))
+        self._replace(lease, held, self._outgoing(Lane(held.body.queue, None), dead))
 
     def _replace(self, lease: Lease, held: _Held, new: Outgoing) -> None:
         """Publish ``new`` in place of the held delivery, then settle that delivery. The lease
@@ -356,7 +376,7 @@ class BrokerBackend(Backend):
             # count it (the broker counts every hand-out).
             back = replace(held.body, attempts=held.attempt - 1)
             try:
-                self._replace(lease, held, Outgoing(held.delivery.lane, back.encode()))
+                self._replace(lease, held, self._outgoing(held.delivery.lane, back))
             except LeaseLost:
                 continue
             released.append(lease.job_id)
@@ -468,8 +488,8 @@ class BrokerBackend(Backend):
                         continue
                     again = replace(body, attempts=0, state=JobState.AVAILABLE.value,
                                     run_at=at, finished_at=None)
-                    self.transport.publish([Outgoing(self.lane(body.queue, body.priority),
-                                                     again.encode())])
+                    self.transport.publish([self._outgoing(self.lane(body.queue, body.priority),
+                                                           again)])
                     self.transport.settle([d])
                     moved += 1
                 if wanted is not None and moved == len(wanted):

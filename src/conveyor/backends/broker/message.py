@@ -39,6 +39,9 @@ class Body:
     state: str = JobState.AVAILABLE.value  # "dead" in the dead lane
     finished_at: float | None = None
     worker_id: str | None = None
+    # Kept for the job's lifetime: a broker that groups messages (SQS FIFO) groups by fair_key.
+    fair_key: str | None = None
+    unique_key: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # fields of a later version, kept
 
     def encode(self) -> bytes:
@@ -50,6 +53,9 @@ class Body:
             "attempts": self.attempts, "errors": list(self.errors[-KEEP_ERRORS:]),
             "state": self.state, "finished_at": self.finished_at, "worker_id": self.worker_id,
         }
+        for key in ("fair_key", "unique_key"):  # only when set: most jobs have neither
+            if getattr(self, key) is not None:
+                doc[key] = getattr(self, key)
         return json.dumps(doc, separators=(",", ":")).encode()
 
     def failed(self, attempt: int, error: dict[str, Any], **changes: Any) -> Body:
@@ -68,6 +74,7 @@ class Body:
             finished_at=self.finished_at, errors=list(self.errors),
             worker_id=worker_id or self.worker_id, lease_token=lease_token,
             lease_expires_at=lease_expires_at, meta=json.loads(self.meta),
+            fair_key=self.fair_key, unique_key=self.unique_key,
         )
 
 
@@ -89,7 +96,8 @@ def decode(raw: bytes) -> Body:
     missing = [k for k in _FIELDS if k not in doc]
     if missing:
         raise BadMessage(f"a job message without {', '.join(missing)}")
-    known = {*_FIELDS, "v", "attempts", "errors", "state", "finished_at", "worker_id"}
+    known = {*_FIELDS, "v", "attempts", "errors", "state", "finished_at", "worker_id",
+             "fair_key", "unique_key"}
     try:
         return Body(
             id=int(doc["id"]), uid=str(doc["uid"]), task=str(doc["task"]),
@@ -99,7 +107,12 @@ def decode(raw: bytes) -> Body:
             run_at=float(doc["run_at"]), attempts=int(doc.get("attempts", 0)),
             errors=tuple(doc.get("errors") or ()), state=str(doc.get("state", "available")),
             finished_at=doc.get("finished_at"), worker_id=doc.get("worker_id"),
+            fair_key=_text(doc.get("fair_key")), unique_key=_text(doc.get("unique_key")),
             extra={k: v for k, v in doc.items() if k not in known},
         )
     except (TypeError, ValueError) as exc:
         raise BadMessage(f"a job message with a field of the wrong type: {exc}") from None
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)

@@ -80,6 +80,7 @@ def parse_levels(text: str, url: str) -> tuple[int, ...]:
 class RabbitTransport:
     kind = "RabbitMQ"
     max_delay = STEP_MS * 2 ** (STEPS - 1) / 1000
+    supports: frozenset[str] = frozenset()
 
     def __init__(self, url: str, *, prefix: str = "conveyor", delivery_limit: int = 20,
                  expires_ms: int | None = None, heartbeat_s: float = 1.0,

@@ -21,19 +21,34 @@
 * ``wait`` polls the lanes' ApproximateNumberOfMessages in growing pauses (a long-polling
   receive would take the messages it finds, and count as their delivery).
 
+With ``fifo=true`` the lanes are FIFO queues (``supports`` unique keys and fair sharing):
+
+* Each message is sent with a MessageGroupId, the digest of ``Outgoing.group`` (the core's
+  fair_key, or the job's own id), or a group of its own without one; and a
+  MessageDeduplicationId, the digest of ``Outgoing.dedup_id``, or a random one without it.
+  SQS hands out a group's messages in order, none while one of the group is held, and drops a
+  message whose deduplication id it took in the last 5 minutes (acknowledging it as sent).
+* FIFO queues take no per-message DelaySeconds. A delayed message goes to the job lane's
+  standard delay queue instead, with DelaySeconds and its group and deduplication id as message
+  attributes; ``receive`` (at most once a second per lane, sooner while it finds some) and
+  ``wait`` move the due ones into the FIFO lane ("the pump"). A move is a send, then a delete:
+  a crash in between sends it again after PUMP_HOLD seconds, with the same deduplication id.
+
 boto3 clients are safe to share between threads (a session is not): both are made once here.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ...errors import ConfigurationError, StoreError, StoreUnavailable
 from ..base import Backend
@@ -52,6 +67,11 @@ RETENTION = 1_209_600  # 14 days, SQS's longest: a waiting or dead job is not dr
 HOLD = 30  # seconds a settle holds a message between its check and its delete
 MARGIN = 1.0  # at most this much of a lease is kept back for a request's way to SQS
 TRIES = 3
+PUMP_EVERY = 1.0  # seconds between a lane's moves of due delayed messages, while none are found
+PUMP_HOLD = 30  # seconds a message being moved is hidden in its delay queue
+PUMP_MAX = 100  # messages one move takes at most (the claim that makes it waits for it)
+GROUP_ATTR = "conveyor-group"  # a delayed message's MessageGroupId, for its move
+DEDUP_ATTR = "conveyor-dedup"  # and its MessageDeduplicationId
 _GONE_QUEUE = {"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
 _THROTTLED = {"Throttling", "ThrottlingException", "RequestThrottled", "RequestThrottledException",
               "ServiceUnavailable", "InternalError", "InternalFailure", "KmsThrottled"}
@@ -97,12 +117,17 @@ class SqsTransport:
 
     def __init__(self, settings: SqsSettings) -> None:
         self.settings = settings
+        self.fifo = settings.fifo
+        self.supports: frozenset[str] = (frozenset({"unique", "fair"}) if settings.fifo
+                                         else frozenset())
         self._where = settings.where
         # Two clients: one that retries by itself, and one that does not, for the visibility
         # changes of settle and extend: those are retried here, after checking the lease again.
         self._client = _client(settings, tries=TRIES)
         self._fenced = _client(settings, tries=1)
         self._urls: dict[Lane, str] = {}
+        self._delay_urls: dict[Lane, str] = {}  # FIFO: each job lane's delay queue
+        self._next_pump: dict[Lane, float] = {}  # FIFO: time.monotonic() of the next move
         self._arns: dict[str, str] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -179,16 +204,28 @@ class SqsTransport:
         return done, refused
 
     # -- lanes -----------------------------------------------------------------------------
-    def _url(self, lane: Lane, *, create: bool) -> str | None:
-        """The lane's queue URL; with ``create`` the queue is made if it is missing (CreateQueue
-        is idempotent), else None stands for a queue that does not exist."""
-        url = self._urls.get(lane)
+    def _name(self, lane: Lane, *, delay: bool = False) -> str:
+        return lane_name(self.settings.prefix, lane.queue, lane.level, fifo=self.fifo,
+                         delay=delay)
+
+    def _url(self, lane: Lane, *, create: bool, delay: bool = False) -> str | None:
+        """The lane's queue URL (``delay``: its FIFO lane's delay queue); with ``create`` the
+        queue is made if it is missing (CreateQueue is idempotent), else None stands for a
+        queue that does not exist."""
+        cache = self._delay_urls if delay else self._urls
+        url = cache.get(lane)
         if url is not None:
             return url
-        name = lane_name(self.settings.prefix, lane.queue, lane.level)
+        name = self._name(lane, delay=delay)
         if create:
             attributes = {"MessageRetentionPeriod": str(RETENTION)}
-            if not lane.dead:
+            if self.fifo and not delay:
+                attributes["FifoQueue"] = "true"
+                attributes["ContentBasedDeduplication"] = "false"
+            if not lane.dead and not delay:
+                if self.fifo:
+                    # Made before its lane: where a lane exists, so does its delay queue.
+                    self._url(lane, create=True, delay=True)
                 attributes["RedrivePolicy"] = json.dumps({
                     "deadLetterTargetArn": self._arn(Lane(lane.queue, None)),
                     "maxReceiveCount": str(self.settings.max_receives)})
@@ -207,7 +244,7 @@ class SqsTransport:
         if url is None:
             return None
         with self._lock:
-            self._urls[lane] = url
+            cache[lane] = url
         return url
 
     def _lookup(self, name: str) -> str | None:
@@ -236,22 +273,31 @@ class SqsTransport:
         if exc.code in _GONE_QUEUE:
             with self._lock:
                 url = self._urls.pop(lane, None)
+                self._delay_urls.pop(lane, None)
                 self._arns.pop(url or "", None)
 
     # -- Transport -------------------------------------------------------------------------
     def publish(self, items: Sequence[Outgoing]) -> None:
-        by_lane: dict[Lane, list[Outgoing]] = {}
+        # By queue: a FIFO lane's delayed messages go to its delay queue.
+        by_queue: dict[tuple[Lane, bool], list[Outgoing]] = {}
         for item in items:
-            by_lane.setdefault(item.lane, []).append(item)
-        for lane in by_lane:  # every name checked, and every queue made, before a send
-            lane_name(self.settings.prefix, lane.queue, lane.level)
-        urls = {lane: self._url(lane, create=True) for lane in by_lane}
+            by_queue.setdefault((item.lane, self.fifo and item.delay > 0), []).append(item)
+        for lane, delayed in by_queue:  # every name checked, and every queue made, before a send
+            self._name(lane, delay=delayed)
+        urls: dict[tuple[Lane, bool], str | None] = {}
+        for lane, delayed in by_queue:
+            # A delay queue is made with its lane (which makes it first): where there is no
+            # lane, there is no delay queue to look at either.
+            urls[(lane, delayed)] = self._url(lane, create=True)
+            if delayed:
+                urls[(lane, delayed)] = self._url(lane, create=True, delay=True)
         sent = 0
-        for lane, group in by_lane.items():
-            url = urls[lane]
+        for (lane, delayed), group in by_queue.items():
+            url = urls[(lane, delayed)]
             assert url is not None
             for chunk in _chunks(group):
-                entries = {str(i): _entry(str(i), item) for i, item in enumerate(chunk)}
+                entries = {str(i): _entry(str(i), item, fifo=self.fifo, delayed=delayed)
+                           for i, item in enumerate(chunk)}
                 maybe = (f"{sent} of {len(items)} messages were taken before this batch of "
                          f"{len(chunk)}, which may or may not have been")
                 try:
@@ -269,17 +315,24 @@ class SqsTransport:
     def receive(self, lane: Lane, limit: int, *, lease_s: float) -> list[Delivery]:
         url = self._url(lane, create=True)
         assert url is not None
+        if self.fifo and not lane.dead:
+            self._pump(lane)
         seconds = visibility(lease_s)
         out: list[Delivery] = []
         while len(out) < limit:
             n = min(BATCH, limit - len(out))
+            extra: dict[str, Any] = {}
+            if self.fifo:
+                # boto3's own tries of this call then get the same messages back from SQS,
+                # instead of leaving the first try's hidden (and their groups blocked).
+                extra["ReceiveRequestAttemptId"] = uuid.uuid4().hex
             sent_at = time.monotonic()
             try:
                 reply = self._call(
                     "receiving messages", self._client.receive_message,
                     f"the messages it may have taken come back after {seconds} s",
                     QueueUrl=url, MaxNumberOfMessages=n, VisibilityTimeout=seconds,
-                    WaitTimeSeconds=0, AttributeNames=["ApproximateReceiveCount"])
+                    WaitTimeSeconds=0, AttributeNames=["ApproximateReceiveCount"], **extra)
             except SqsRefused as exc:
                 self._forget(lane, exc)
                 raise
@@ -357,19 +410,100 @@ class SqsTransport:
         for d in deliveries:
             d.handle.drop()
 
+    def _pump(self, lane: Lane, *, now: bool = False) -> int:
+        """FIFO: move the job lane's due delayed messages from its delay queue into the lane,
+        each with the group and deduplication id it was published with; how many. At most once
+        per PUMP_EVERY seconds unless ``now`` or the last move found some."""
+        at = time.monotonic()
+        if not now and at < self._next_pump.get(lane, 0.0):
+            return 0
+        self._next_pump[lane] = at + PUMP_EVERY
+        source = self._url(lane, create=False, delay=True)
+        if source is None:
+            return 0
+        target = self._url(lane, create=True)
+        assert target is not None
+        moved = 0
+        while moved < PUMP_MAX:
+            try:
+                reply = self._call(
+                    "receiving delayed messages", self._client.receive_message,
+                    f"the messages it may have taken come back after {PUMP_HOLD} s",
+                    QueueUrl=source, MaxNumberOfMessages=BATCH, VisibilityTimeout=PUMP_HOLD,
+                    WaitTimeSeconds=0, MessageAttributeNames=[GROUP_ATTR, DEDUP_ATTR])
+            except SqsRefused as exc:
+                self._forget(lane, exc)
+                raise
+            messages = reply.get("Messages", [])
+            for chunk in _chunks(messages, lambda m: len(m["Body"].encode())):
+                moved += self._move(lane, source, target, chunk)
+            if len(messages) < BATCH:
+                break
+        if moved:
+            self._next_pump[lane] = 0.0  # more may have come due meanwhile
+        return moved
+
+    def _move(self, lane: Lane, source: str, target: str, messages: list[dict[str, Any]]) -> int:
+        entries = {}
+        for i, m in enumerate(messages):
+            attrs = m.get("MessageAttributes", {})
+            # A message without them was not sent here by a transport: a group of its own.
+            group = attrs.get(GROUP_ATTR, {}).get("StringValue") or _digest(m["MessageId"])
+            dedup = attrs.get(DEDUP_ATTR, {}).get("StringValue") or _digest(m["MessageId"])
+            entries[str(i)] = {"Id": str(i), "MessageBody": m["Body"], "MessageGroupId": group,
+                               "MessageDeduplicationId": dedup}
+        maybe = (f"the delayed messages may or may not have been moved; those that were not "
+                 f"are moved after {PUMP_HOLD} s")
+        try:
+            done, refused = self._batch("moving delayed messages", self._client.send_message_batch,
+                                        target, entries, maybe=maybe)
+        except SqsRefused as exc:
+            self._forget(lane, exc)
+            raise
+        if refused:
+            log.error("SQS refused to move %d delayed message(s) of queue %r into their lane "
+                      "(%s); they are tried again in %d s", len(refused), lane.queue,
+                      ", ".join(sorted(set(refused.values()))), PUMP_HOLD)
+        gone = {k: {"Id": k, "ReceiptHandle": messages[int(k)]["ReceiptHandle"]} for k in done}
+        if gone:
+            self._batch("deleting moved messages", self._client.delete_message_batch, source,
+                        gone, maybe=f"a moved message that was not deleted is moved again after "
+                                    f"{PUMP_HOLD} s, and dropped by SQS as a duplicate")
+        return len(done)
+
     def wait(self, lanes: Sequence[Lane], timeout: float) -> bool:
         deadline = time.monotonic() + max(timeout, 0.0)
         pause = 0.05
         while True:
-            if any(self.depth(lane).ready > 0 for lane in lanes):
-                return True
+            for lane in lanes:
+                held, delayed = self._depths(lane)
+                if held.ready > 0:
+                    return True
+                if delayed is not None and delayed.ready > 0 and self._pump(lane, now=True):
+                    return True
             left = deadline - time.monotonic()
             if left <= 0 or self._closed.wait(min(pause, left)):
                 return False
             pause = min(pause * 2, 1.0)
 
     def depth(self, lane: Lane) -> LaneDepth:
-        url = self._url(lane, create=False)
+        held, delayed = self._depths(lane)
+        if delayed is None:
+            return held
+        # A delayed message that is due waits to be moved: ready; one being moved is neither
+        # held by a worker nor ready, so it counts as delayed still.
+        return LaneDepth(held.ready + delayed.ready, held.in_flight,
+                         (delayed.delayed or 0) + (delayed.in_flight or 0))
+
+    def _depths(self, lane: Lane) -> tuple[LaneDepth, LaneDepth | None]:
+        """The counts of the lane's queue and (FIFO job lanes) of its delay queue."""
+        held = self._count(lane)
+        if not self.fifo or lane.dead or self._urls.get(lane) is None:
+            return held, None  # no lane (_count looked it up): no delay queue
+        return held, self._count(lane, delay=True)
+
+    def _count(self, lane: Lane, *, delay: bool = False) -> LaneDepth:
+        url = self._url(lane, create=False, delay=delay)
         if url is None:
             return LaneDepth(0, 0, 0)
         try:
@@ -413,7 +547,8 @@ class SqsTransport:
                 kw["NextToken"] = token
             reply = self._call("listing queues", self._client.list_queues, **kw)
             for url in reply.get("QueueUrls", []):
-                parsed = parse_lane_name(self.settings.prefix, url.rsplit("/", 1)[-1])
+                parsed = parse_lane_name(self.settings.prefix, url.rsplit("/", 1)[-1],
+                                         fifo=self.fifo)
                 if parsed is not None:
                     found.add(parsed[0])
             token = reply.get("NextToken")
@@ -465,23 +600,50 @@ def _error(exc: Any) -> tuple[str, str, int]:
     return str(error.get("Code", "")), str(error.get("Message", "")), status
 
 
-def _entry(key: str, item: Outgoing) -> dict[str, Any]:
+def _entry(key: str, item: Outgoing, *, fifo: bool = False,
+           delayed: bool = False) -> dict[str, Any]:
+    """A SendMessageBatch entry: for a standard queue with its delay; for a FIFO lane with its
+    group and deduplication id, or (``delayed``) for the lane's delay queue with both kept as
+    attributes for the move."""
     entry: dict[str, Any] = {"Id": key, "MessageBody": item.body.decode()}
-    if item.delay > 0:
+    if item.delay > 0 and (delayed or not fifo):
         entry["DelaySeconds"] = min(math.ceil(item.delay), MAX_DELAY)
+    if not fifo:
+        return entry
+    group = _digest(item.group) if item.group is not None else uuid.uuid4().hex
+    dedup = _digest(item.dedup_id) if item.dedup_id is not None else uuid.uuid4().hex
+    if delayed:
+        entry["MessageAttributes"] = {
+            GROUP_ATTR: {"DataType": "String", "StringValue": group},
+            DEDUP_ATTR: {"DataType": "String", "StringValue": dedup}}
+    else:
+        entry["MessageGroupId"] = group
+        entry["MessageDeduplicationId"] = dedup
     return entry
 
 
-def _chunks(items: list[Outgoing]) -> Iterator[list[Outgoing]]:
-    """Batches of at most BATCH messages and BATCH_BYTES of bodies (a bigger body goes alone)."""
-    chunk: list[Outgoing] = []
-    size = 0
+def _digest(text: str) -> str:
+    """A group or deduplication id SQS takes (at most 128 characters of a set) for any text:
+    its SHA-256 in hex, the same in every process."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+T = TypeVar("T")
+
+
+def _chunks(items: list[T], size: Callable[[T], int] | None = None) -> Iterator[list[T]]:
+    """Batches of at most BATCH messages and BATCH_BYTES of bodies (a bigger body goes alone);
+    ``size`` is a message's body size (default: an Outgoing's)."""
+    measure: Callable[[Any], int] = size or (lambda item: len(item.body))
+    chunk: list[T] = []
+    total = 0
     for item in items:
-        if chunk and (len(chunk) == BATCH or size + len(item.body) > BATCH_BYTES):
+        n = measure(item)
+        if chunk and (len(chunk) == BATCH or total + n > BATCH_BYTES):
             yield chunk
-            chunk, size = [], 0
+            chunk, total = [], 0
         chunk.append(item)
-        size += len(item.body)
+        total += n
     if chunk:
         yield chunk
 

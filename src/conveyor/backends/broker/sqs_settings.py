@@ -9,12 +9,15 @@ A URL names the endpoint, the region and the queue names' prefix::
 Options: ``region``, ``prefix`` (default ``conveyor``), ``levels`` (priority levels, e.g.
 ``-1,0,1``; default ``0``), ``max_receives`` (the redrive policy's maxReceiveCount, default 20),
 ``profile`` (a profile of the AWS config files), ``secure``, ``timeout`` (seconds per request,
-default 10).
+default 10), ``fifo`` (FIFO queues: deduplication by ``unique_key`` and message groups by
+``fair_key``; see sqs.py).
 
 SQS queue names take ``A-Z a-z 0-9 _ -`` and at most 80 characters; Conveyor's queue names also
 take ``.`` and ``:``. A lane is ``{prefix}-{queue}-p{level}`` (``pm1`` for level -1) and a dead
 lane ``{prefix}-{queue}-dead``, with the queue name escaped reversibly (``_`` is ``__``, ``.``
 is ``_d``, ``:`` is ``_c``), so ``queues()`` reads the Conveyor names back from the broker.
+With ``fifo=true`` every lane's name ends in ``.fifo`` (SQS's rule for a FIFO queue) and each
+job lane has a standard queue for its delayed messages, ``{prefix}-{queue}-p{level}-delay``.
 """
 
 from __future__ import annotations
@@ -31,7 +34,12 @@ PREFIX_RE = re.compile(r"[A-Za-z0-9_]{1,40}")
 _ESCAPE = {"_": "__", ".": "_d", ":": "_c"}
 _UNESCAPE = {"_": "_", "d": ".", "c": ":"}
 _SUFFIX_RE = re.compile(r"-(dead|p(m?)([0-9]+))$")
-_OPTIONS = {"region", "prefix", "levels", "max_receives", "profile", "secure", "timeout"}
+_OPTIONS = {"region", "prefix", "levels", "max_receives", "profile", "secure", "timeout", "fifo"}
+FIFO = ".fifo"
+DELAY = "-delay"
+# Room a FIFO lane's names keep for the longer of their two endings, so that a queue name
+# fits all of its lanes or none.
+_FIFO_ROOM = max(len(FIFO), len(DELAY))
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,7 @@ class SqsSettings:
     profile: str | None = None
     access_key: str | None = None
     secret_key: str | None = None
+    fifo: bool = False
 
     @property
     def where(self) -> str:
@@ -94,6 +103,7 @@ def parse_sqs_url(url: str) -> SqsSettings:
         profile=opts.get("profile") or None,
         access_key=unquote(parts.username) if parts.username else None,
         secret_key=unquote(parts.password) if parts.password else None,
+        fifo=_flag(opts.get("fifo", "false"), "fifo"),
     )
 
 
@@ -142,24 +152,36 @@ def unescape(text: str) -> str | None:
     return "".join(out)
 
 
-def lane_name(prefix: str, queue: str, level: int | None) -> str:
-    """The SQS queue of a lane: ``level`` None is the dead lane."""
+def lane_name(prefix: str, queue: str, level: int | None, *, fifo: bool = False,
+              delay: bool = False) -> str:
+    """The SQS queue of a lane: ``level`` None is the dead lane. With ``fifo`` the FIFO queue,
+    or with ``delay`` too the standard queue that holds the job lane's delayed messages."""
     check_queue_name(queue)
     suffix = "dead" if level is None else f"p{level}" if level >= 0 else f"pm{-level}"
-    name = f"{prefix}-{escape(queue)}-{suffix}"
-    if len(name) > NAME_MAX:
+    base = f"{prefix}-{escape(queue)}-{suffix}"
+    room = _FIFO_ROOM if fifo else 0
+    if len(base) + room > NAME_MAX:
         raise InvalidName(
-            f"queue {queue!r} is too long for SQS: its lane {name!r} has {len(name)} characters, "
-            f"SQS allows {NAME_MAX} (shorten the queue name or the prefix; '_', '.' and ':' "
-            "take two characters each)")
-    return name
+            f"queue {queue!r} is too long for SQS: its lane {base!r} has {len(base)} characters, "
+            f"SQS allows {NAME_MAX}{f' less {room} for the FIFO endings' if room else ''} "
+            "(shorten the queue name or the prefix; '_', '.' and ':' take two characters each)")
+    if not fifo:
+        return base
+    if delay:
+        if level is None:
+            raise ValueError("the dead lane has no delay queue")
+        return base + DELAY
+    return base + FIFO
 
 
-def parse_lane_name(prefix: str, name: str) -> tuple[str, int | None] | None:
+def parse_lane_name(prefix: str, name: str, *,
+                    fifo: bool = False) -> tuple[str, int | None] | None:
     """(queue, level) of a lane's SQS name, level None for the dead lane; None if the name is
-    not one of this prefix's lanes."""
-    if not name.startswith(f"{prefix}-"):
+    not one of this prefix's lanes (of the FIFO kind with ``fifo``, else the standard kind)."""
+    if name.endswith(FIFO) != fifo or not name.startswith(f"{prefix}-"):
         return None
+    if fifo:
+        name = name[:-len(FIFO)]
     match = _SUFFIX_RE.search(name)
     if match is None:
         return None

@@ -19,6 +19,10 @@ Rules every transport keeps:
 * A message published with ``delay`` is not received before ``min(delay, max_delay)`` seconds
   have passed; it may be received early past ``max_delay`` (the core publishes it again with
   the remaining delay).
+* ``supports`` names what the broker adds to the core (capabilities of core.MISSING): "unique",
+  a message whose ``dedup_id`` the broker took recently is dropped (SQS FIFO: within 5
+  minutes); "fair", messages of one ``group`` are handed out in order, one hand-out at a time,
+  and groups side by side. A transport without them ignores both fields.
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ class LaneDepth:
 class Transport(Protocol):
     kind: str  # the broker's name, for messages: "RabbitMQ", "SQS"
     max_delay: float  # the longest delay one publish can hold (seconds)
+    supports: frozenset[str]  # of "unique", "fair" (see above)
 
     def publish(self, items: Sequence[Outgoing]) -> None: ...
 
