@@ -159,6 +159,33 @@ def test_a_holder_that_lost_the_message_is_fenced(open_broker: Open, broker: Bro
     assert successor.list_jobs(state=JobState.DEAD, queue="q").jobs == []
 
 
+def test_a_claim_hands_out_a_job_once_if_the_broker_hands_it_out_again_meanwhile(
+        open_broker: Open, broker: Broker) -> None:
+    """A claim whose receives outlast the lease (a slow or cut network) can be handed one
+    message twice before it returns. It returns the job once, with the newest delivery's lease
+    (the first one is the broker's again): a worker starts whatever a claim returns, so a job in
+    it twice would run twice at once."""
+    b = open_broker()
+    (made,) = b.enqueue_many([job(max_attempts=5)])
+    receive = b.transport.receive  # type: ignore[attr-defined]
+    seen = {"held": False, "lost": False}
+
+    def slow(lane: Lane, limit: int, *, lease_s: float) -> list:
+        if seen["held"] and not seen["lost"]:
+            seen["lost"] = True
+            broker.lose(b, lease_s)  # the first delivery's lease ends while the claim goes on
+        out = receive(lane, limit, lease_s=lease_s)
+        seen["held"] = seen["held"] or bool(out)
+        return out
+
+    b.transport.receive = slow  # type: ignore[attr-defined]
+    got = b.claim("q", 5, worker_id="w1", lease_s=broker.lease_s)
+    assert seen["lost"]
+    assert [(j.id, j.attempts) for j in got] == [(made.id, 2)]
+    b.ack(lease(got[0]), None)
+    assert claim_all(b, broker) == []
+
+
 def test_lost_hand_outs_use_up_the_attempts(open_broker: Open, broker: Broker) -> None:
     b = open_broker()
     b.enqueue_many([job(max_attempts=2)])

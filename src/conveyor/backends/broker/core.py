@@ -211,10 +211,22 @@ class BrokerBackend(Backend):
                     job = self._hand_out(d, worker_id=worker_id, lease_s=lease_s,
                                          claim_id=claim_id)
                     if job is not None:
-                        jobs.append(job)
+                        jobs = self._once(jobs, job)
             if len(jobs) >= limit:
                 break
         return jobs
+
+    def _once(self, jobs: list[Job], job: Job) -> list[Job]:
+        """``jobs`` and ``job``, without an earlier delivery of the same job: the broker handed
+        its message out again while this claim went on (its receives outlasted the lease), so
+        that delivery is the broker's again, and a worker would run the job twice at once."""
+        stale = [j.lease_token for j in jobs if j.id == job.id]
+        if not stale:
+            return [*jobs, job]
+        with self._lock:
+            for token in stale:
+                self._held.pop(token or "", None)
+        return [*(j for j in jobs if j.id != job.id), job]
 
     def _hand_out(self, d: Delivery, *, worker_id: str, lease_s: float,
                   claim_id: str) -> Job | None:
