@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from support import wait_until
 
+from conveyor.backends.broker import sqs as sqs_module
 from conveyor.backends.broker.sqs import MAX_DELAY, SqsTransport
 from conveyor.backends.broker.sqs_settings import parse_sqs_url
 from conveyor.backends.broker.transport import Delivery, Lane, Outgoing
@@ -91,6 +92,18 @@ def test_a_late_settle_does_not_delete_the_redelivered_message_in_one_process(
     second = received_again(transport)
     assert transport.settle([first, second]) == [False, True]
     assert transport.depth(LANE).in_flight == 0
+
+
+def test_a_call_sqs_answered_at_once_does_not_wait(transport: SqsTransport,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch call (send, change visibility, delete) pauses only before trying again."""
+    paused: list[float] = []
+    monkeypatch.setattr(sqs_module.time, "sleep", paused.append)
+    transport.publish([Outgoing(LANE, b"x")])
+    [d] = transport.receive(LANE, 1, lease_s=30)
+    assert transport.extend([d], lease_s=30) == [True]
+    assert transport.settle([d]) == [True]
+    assert paused == []
 
 
 def test_extend_keeps_the_message(transport: SqsTransport) -> None:
@@ -185,6 +198,39 @@ def test_job_lanes_redrive_into_the_dead_lane(sqs_url: str, sqs_client: Any) -> 
         assert dead.body == b"poison"
     finally:
         t.close()
+
+
+def test_queues_deleted_behind_its_back_are_made_again(transport: SqsTransport, sqs_url: str,
+                                                       sqs_client: Any) -> None:
+    """Every queue of the prefix gone at once, as after a restart of an SQS-compatible server
+    that keeps nothing on disk (moto's), or a cleanup script: each process finds its queue gone
+    once and says so, then makes the queues again, the dead lane first (the job lanes' redrive
+    policy names it)."""
+    worker = SqsTransport(parse_sqs_url(sqs_url))
+    try:
+        transport.publish([Outgoing(LANE, b"before")])
+        [d] = worker.receive(LANE, 1, lease_s=30)
+        assert worker.settle([d]) == [True]
+        prefix = transport.settings.prefix
+        for url in sqs_client.list_queues(QueueNamePrefix=f"{prefix}-")["QueueUrls"]:
+            sqs_client.delete_queue(QueueUrl=url)
+
+        # A lane the producer never used: made at once, its dead lane again first.
+        transport.publish([Outgoing(Lane("jobs", 1), b"new lane")])
+        with pytest.raises(StoreError, match="does not exist"):
+            worker.receive(LANE, 1, lease_s=30)
+        assert worker.receive(LANE, 1, lease_s=30) == []  # made again
+        transport.publish([Outgoing(LANE, b"after")])
+        got = worker.receive(LANE, 1, lease_s=30) + worker.receive(Lane("jobs", 1), 1, lease_s=30)
+        assert bodies(got) == [b"after", b"new lane"]
+        assert worker.settle(got) == [True, True]
+        url = sqs_client.get_queue_url(QueueName=f"{prefix}-jobs-p0")["QueueUrl"]
+        attrs = sqs_client.get_queue_attributes(QueueUrl=url, AttributeNames=["RedrivePolicy"])
+        target = json.loads(attrs["Attributes"]["RedrivePolicy"])["deadLetterTargetArn"]
+        assert target.endswith(f":{prefix}-jobs-dead")
+        sqs_client.get_queue_url(QueueName=f"{prefix}-jobs-dead")  # it exists again
+    finally:
+        worker.close()
 
 
 def test_a_queue_name_sqs_cannot_hold_sends_nothing(transport: SqsTransport) -> None:

@@ -246,9 +246,10 @@ class BrokerBackend(Backend):
     def _drop_earlier(self, jobs: list[Job], job: Job) -> None:
         """Remove from ``jobs`` an earlier hand-out of ``job`` in the same claim. The broker
         hands a message out again only once it took it back from its holder: this transport
-        lost it between two receives of the claim (its connection died), so the earlier one's
-        lease is gone. One claim must not return a job twice: a worker keys jobs by id (it
-        ran one attempt twice, the stale one's and the new one's, over its concurrency)."""
+        lost it between two receives of the claim (its connection died, or the claim's
+        receives outlasted the visibility timeout), so the earlier one's lease is gone. One
+        claim must not return a job twice: a worker keys jobs by id (it ran one attempt twice,
+        the stale one's and the new one's, over its concurrency)."""
         earlier = [j for j in jobs if j.id == job.id]
         if earlier:
             with self._lock:

@@ -173,6 +173,8 @@ class SqsTransport:
         todo = dict(entries)
         failure: Exception | None = None
         for attempt in range(TRIES):
+            if not todo:
+                break
             if attempt:
                 time.sleep(0.05 * 2 ** attempt)
             if live is not None:
@@ -208,7 +210,8 @@ class SqsTransport:
         return lane_name(self.settings.prefix, lane.queue, lane.level, fifo=self.fifo,
                          delay=delay)
 
-    def _url(self, lane: Lane, *, create: bool, delay: bool = False) -> str | None:
+    def _url(self, lane: Lane, *, create: bool, delay: bool = False,
+             again: bool = False) -> str | None:
         """The lane's queue URL (``delay``: its FIFO lane's delay queue); with ``create`` the
         queue is made if it is missing (CreateQueue is idempotent), else None stands for a
         queue that does not exist."""
@@ -233,6 +236,11 @@ class SqsTransport:
                 url = self._call(f"creating queue {name}", self._client.create_queue,
                                  QueueName=name, Attributes=attributes)["QueueUrl"]
             except SqsRefused as exc:
+                if exc.code in _GONE_QUEUE and not lane.dead and not again:
+                    # The dead lane the redrive policy names is gone (this process knew it
+                    # from before the queues were deleted): it is made again first.
+                    self._forget(Lane(lane.queue, None), exc)
+                    return self._url(lane, create=True, again=True)
                 if exc.code not in ("QueueAlreadyExists", "QueueNameExists"):
                     raise
                 # Made before with other attributes (another max_receives): used as it is.
@@ -269,12 +277,15 @@ class SqsTransport:
         return arn
 
     def _forget(self, lane: Lane, exc: SqsRefused) -> None:
-        """A queue deleted behind our back: made again on next use."""
+        """A queue deleted behind our back: made again on next use. A job lane's dead lane is
+        forgotten with it: what deleted one (a server restarted without its state, a cleanup)
+        most likely deleted both, and the job lane's redrive policy must name one that exists."""
         if exc.code in _GONE_QUEUE:
             with self._lock:
-                url = self._urls.pop(lane, None)
-                self._delay_urls.pop(lane, None)
-                self._arns.pop(url or "", None)
+                for gone in {lane, Lane(lane.queue, None)}:
+                    url = self._urls.pop(gone, None)
+                    self._delay_urls.pop(gone, None)
+                    self._arns.pop(url or "", None)
 
     # -- Transport -------------------------------------------------------------------------
     def publish(self, items: Sequence[Outgoing]) -> None:
