@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from conftest import Broker, wait_for, with_state
+from brokerkit import Broker, wait_for, with_state
 from support import running_worker, wait_for_job
 
 from conveyor import Conveyor, JobState, RetryPolicy, Unsupported

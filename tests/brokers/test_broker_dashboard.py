@@ -3,7 +3,7 @@ broker alone shows its overview and says plainly, page by page, what it cannot s
 
 from __future__ import annotations
 
-from conftest import Broker, alone, with_state
+from brokerkit import Broker, alone, with_state
 from starlette.testclient import TestClient
 
 from conveyor import Conveyor

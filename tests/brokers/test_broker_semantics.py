@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from conftest import Broker, alone, wait_for
+from brokerkit import Broker, alone, wait_for
 
 from conveyor import JobState, LeaseLost, QueueFull, Unsupported
 from conveyor.backends.base import Backend, ErrorInfo, Lease, NewJob

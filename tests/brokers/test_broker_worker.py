@@ -9,7 +9,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from conftest import Broker, wait_for
+from brokerkit import Broker, wait_for
 from support import running_worker
 
 from conveyor import Conveyor, JobState, Reject, RetryPolicy, Unsupported
