@@ -465,12 +465,14 @@ def check(name: str, backend_name: str, seed: int, history: History, effects: It
 
 def check_effects(name: str, backend_name: str, seed: int, history: History,
                   effects: Iterable[dict[str, Any]], *, effect: str = "done",
-                  max_attempts: int = 100) -> Report:
+                  max_attempts: int = 100, free_handouts: int = 0) -> Report:
     """The total-queue check from the side-effect log alone, for a store that keeps no job
     table (a message broker: an acked message is gone). ``lost`` = ``ok`` enqueues with no
     ``effect`` record; ``unexpected``, ``duplicated`` and ``recovered`` as in :func:`check`;
-    ``same_attempt_twice`` = a (job, attempt) recorded twice (the broker counts hand-outs, so a
-    message handed out again starts a later attempt); ``attempts_over_max`` = jobs with an
+    ``same_attempt_twice`` = a (job, attempt) recorded more than ``1 + free_handouts`` times (a
+    broker alone counts hand-outs, and the first ``free_handouts`` it takes back cost no
+    attempt: broker/core.py MAX_STALLS; past them a hand-out starts a later attempt);
+    ``attempts_over_max`` = jobs with an
     attempt past ``max_attempts``. What needs the store's rows (states, results, leases) is
     left for the caller to check against what the broker does keep."""
     rep = Report(name=name, backend=backend_name, seed=seed)
@@ -496,7 +498,7 @@ def check_effects(name: str, backend_name: str, seed: int, history: History,
     rep.duplicate_runs = {n: [f"a{x['attempt']} pid {x['pid']} @{x['t']:.3f}" for x in runs[n]]
                           for n in rep.duplicated}
     rep.recovered = sorted(n for n in (info | failed) if n in runs)
-    rep.same_attempt_twice = sorted(k for k, c in per_attempt.items() if c > 1)
+    rep.same_attempt_twice = sorted(k for k, c in per_attempt.items() if c > 1 + free_handouts)
     rep.attempts_over_max = sorted({job for job, attempt in per_attempt if attempt > max_attempts})
     rep.attempts_hist = dict(sorted(Counter(
         max(int(r["attempt"]) for r in rs) for rs in runs.values()).items()))

@@ -68,6 +68,7 @@ from stores import BackendUnavailable, _unavailable, also_ran
 
 from conveyor import Conveyor
 from conveyor.backends import open_backend
+from conveyor.backends.broker.core import MAX_STALLS
 from conveyor.backends.broker.transport import Lane
 
 pytestmark = [pytest.mark.faults, pytest.mark.process]
@@ -235,7 +236,8 @@ def test_rabbitmq_chaos_loses_nothing(rabbit: RabbitNode,
         elapsed = time.monotonic() - t0
 
         effects = read_effects(cluster.log)
-        report = check_effects("R19 rabbitmq chaos", "rabbitmq", seed, history, effects)
+        report = check_effects("R19 rabbitmq chaos", "rabbitmq", seed, history, effects,
+                               free_handouts=MAX_STALLS)
         kills = nemesis.counts().get("sigkill", 0)
         cuts = len(broker.cut) + len(broker.storm)
         restarts = broker.counts["restart"]
@@ -335,7 +337,8 @@ def test_frozen_worker_loses_its_jobs_to_another(rabbit: RabbitNode,
         left = _lanes_left(url)
 
         effects = read_effects(cluster.log)
-        report = check_effects("R19 rabbitmq freeze", "rabbitmq", seed, history, effects)
+        report = check_effects("R19 rabbitmq freeze", "rabbitmq", seed, history, effects,
+                               free_handouts=MAX_STALLS)
         # Handed out again after the frozen worker's connection was dropped: a later attempt.
         last = {}
         for r in effects:
