@@ -1,10 +1,12 @@
-"""One command for every benchmark: Conveyor against its peers on SQLite, PostgreSQL and Redis.
+"""One command for every benchmark: Conveyor against its peers on SQLite, PostgreSQL, Redis and
+RabbitMQ.
 
-    python benchmarks/run.py [--stores sqlite,postgres,redis] [--rounds 3] [--jobs 20000] [--quick]
+    python benchmarks/run.py [--stores sqlite,postgres,redis,rabbitmq] [--rounds 3] [--jobs 20000]
+                             [--quick]
 
 The first run creates ``benchmarks/.venv-peers`` (git-ignored) with the peers at pinned versions
-(Celery, RQ, Dramatiq, Huey, arq, procrastinate, SAQ), matplotlib, and Conveyor from this
-checkout (``pip install -e .[postgres,redis]``); then it runs itself again with that
+(Celery, RQ, Dramatiq, Huey, arq, procrastinate, SAQ, Taskiq), matplotlib, and Conveyor from
+this checkout (``pip install -e .[postgres,redis,rabbitmq]``); then it runs itself again with that
 environment's Python. Per store, every scenario runs for Conveyor and every peer that supports
 the store, the systems taking turns within each round, and the results go to
 ``benchmarks/results/<date>-<store>.md`` with PNG charts beside it. ``docs/benchmarks.md``
@@ -24,34 +26,44 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 PEER_VENV = HERE / ".venv-peers"
 STAMP = PEER_VENV / ".harness-pins"
-STORES = ("sqlite", "postgres", "redis")
+STORES = ("sqlite", "postgres", "redis", "rabbitmq")
 # The peers at the versions of the documented run. arq 0.28 declares redis<6, so redis-py is
 # installed in a second step at the version Conveyor's own tests use (arq works with it). hiredis
 # (in Conveyor's redis extra) is pinned too: redis-py uses it for every system here, so all of
-# them parse RESP with the same C parser.
+# them parse RESP with the same C parser. RabbitMQ: Celery talks to it through py-amqp (kombu),
+# Dramatiq and Conveyor through pika, Taskiq through aio-pika; those clients are pinned too.
 PEERS = [
     "celery==5.7.0",
     "kombu==5.7.0",
     "rq==3.0.0",
-    "dramatiq[redis]==2.2.1",
+    "dramatiq[redis,rabbitmq]==2.2.1",
     "huey==3.5.4",
     "arq==0.28.0",
     "procrastinate==3.10.0",
     "saq==0.26.4",
+    "taskiq==0.13.0",
+    "taskiq-aio-pika==0.6.1",
+    "aio-pika==10.2.1",
+    "amqp==5.4.2",
+    "pika==1.4.4",
     "matplotlib==3.11.2",
 ]
 AFTER = ["redis==8.1.0", "hiredis==3.5.0"]
+DEFAULT_AMQP = os.environ.get("CONVEYOR_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 DEFAULT_PG = os.environ.get("CONVEYOR_BENCH_POSTGRES_URL", "postgresql://root@127.0.0.1:5432/test")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python benchmarks/run.py",
-        description="Benchmark Conveyor against Celery, RQ, Dramatiq, Huey, arq, procrastinate and SAQ "
-        "(each on the stores it supports). Writes benchmarks/results/<date>-<store>.md and PNG charts.",
+        description="Benchmark Conveyor against Celery, RQ, Dramatiq, Huey, arq, procrastinate, "
+        "SAQ and Taskiq (each on the stores it supports). Writes "
+        "benchmarks/results/<date>-<store>.md and PNG charts.",
     )
     p.add_argument(
-        "--stores", default=",".join(STORES), help="comma-separated subset of sqlite,postgres,redis"
+        "--stores",
+        default=",".join(STORES),
+        help="comma-separated subset of sqlite,postgres,redis,rabbitmq",
     )
     p.add_argument(
         "--rounds",
@@ -113,6 +125,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="host:port; databases 9-15 are FLUSHed (default %(default)s)",
     )
     p.add_argument(
+        "--amqp",
+        default=DEFAULT_AMQP,
+        help="RabbitMQ; only queues and exchanges named benchrmq-* are made, and deleted "
+        "(default %(default)s)",
+    )
+    p.add_argument(
         "--seed", type=int, default=None, help="seed of the random gaps between latency probes"
     )
     p.add_argument(
@@ -155,7 +173,7 @@ def ensure_peer_venv() -> Path:
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(PEER_VENV)], check=True)
     pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    subprocess.run([*pip, *PEERS, "-e", f"{ROOT}[postgres,redis]"], check=True)
+    subprocess.run([*pip, *PEERS, "-e", f"{ROOT}[postgres,redis,rabbitmq]"], check=True)
     subprocess.run([*pip, *AFTER], check=True)  # prints arq's redis<6 conflict: expected
     STAMP.write_text(wanted)
     return python

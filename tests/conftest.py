@@ -24,6 +24,7 @@ from stores import (
     BackendUnavailable,
     _skipped,
     _unavailable,
+    also_ran,
     close_postgres_template,
 )
 
@@ -40,6 +41,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """Say plainly which backends ran, so a skip can never pass for a green run."""
     ran = [spec.name for spec in BACKENDS if spec.name not in _skipped]
+    ran += sorted(also_ran - set(_skipped))
     line = f"conveyor backends tested: {', '.join(ran) or 'none'}"
     if _skipped:
         line += "; SKIPPED: " + "; ".join(f"{k} ({v})" for k, v in _skipped.items())

@@ -139,15 +139,66 @@ def redis_store(tmp_path: Path) -> Iterator[str]:
         client.close()
 
 
+# A Redis Cluster to run the whole suite on as well (redis+cluster://host:port,host:port/), when
+# set: not by default, the suite takes long enough; tests/redis/on_cluster runs five of its
+# files on a cluster it starts itself in every run.
+REDIS_CLUSTER_URL = os.environ.get("CONVEYOR_TEST_REDIS_CLUSTER_URL", "")
+
+
+@contextlib.contextmanager
+def redis_cluster_store(tmp_path: Path) -> Iterator[str]:
+    """A fresh key prefix (so a slot of its own) per test on the cluster; its keys are deleted
+    afterwards on the node that owns the slot then."""
+    import uuid
+
+    import redis
+    from redis.crc import key_slot
+
+    from conveyor.backends.redis.cluster import node_url, read_slots, seeds_of
+
+    prefix = f"conveyor_test_{uuid.uuid4().hex[:12]}"
+    slot = key_slot(("{" + prefix + "}").encode())
+
+    def owner() -> redis.Redis:
+        for host, port in seeds_of(REDIS_CLUSTER_URL):
+            seed = redis.Redis.from_url(node_url(REDIS_CLUSTER_URL, host, port), socket_timeout=2,
+                                        socket_connect_timeout=1)
+            try:
+                where, _ = read_slots(seed.execute_command("CLUSTER", "SLOTS"), slot, host)
+            except redis.RedisError:
+                continue
+            finally:
+                seed.close()
+            if where is not None:
+                return redis.Redis.from_url(node_url(REDIS_CLUSTER_URL, *where), socket_timeout=5)
+        raise BackendUnavailable(f"no node of {REDIS_CLUSTER_URL} answers CLUSTER SLOTS")
+
+    owner().close()
+    sep = "&" if "?" in REDIS_CLUSTER_URL else "?"
+    try:
+        yield f"{REDIS_CLUSTER_URL}{sep}prefix={prefix}"
+    finally:
+        client = owner()
+        try:  # only this test's keys (another prefix may share the slot)
+            keys = list(client.scan_iter(match=f"{{{prefix}}}*", count=1000))
+            for start in range(0, len(keys), 500):
+                client.delete(*keys[start:start + 500])
+        finally:
+            client.close()
+
+
 BACKENDS: list[BackendSpec] = [
     BackendSpec("sqlite", sqlite_store),
     BackendSpec("postgres", postgres_migrated_store),
     BackendSpec("redis", redis_store),
+    *([BackendSpec("redis-cluster", redis_cluster_store)] if REDIS_CLUSTER_URL else []),
 ]
 
 
 NOT_YET_IMPLEMENTED: list[str] = []
 _skipped: dict[str, str] = {}
+# Stores outside BACKENDS that tests of this run reached (the brokers of tests/brokers).
+also_ran: set[str] = set()
 
 
 def _unavailable(name: str, exc: BackendUnavailable) -> NoReturn:

@@ -32,6 +32,11 @@ PACKAGES = (
     "arq",
     "procrastinate",
     "saq",
+    "taskiq",
+    "taskiq-aio-pika",
+    "aio-pika",
+    "amqp",
+    "pika",
     "matplotlib",
 )
 
@@ -132,9 +137,14 @@ class HostSteal:
 
 
 def main(a: argparse.Namespace) -> int:
-    from harness import postgres_store, redis_store, sqlite_store
+    from harness import postgres_store, rabbitmq_store, redis_store, sqlite_store
 
-    drivers = {"sqlite": sqlite_store, "postgres": postgres_store, "redis": redis_store}
+    drivers = {
+        "sqlite": sqlite_store,
+        "postgres": postgres_store,
+        "redis": redis_store,
+        "rabbitmq": rabbitmq_store,
+    }
     rng = random.Random(a.seed)
     a.out_dir.mkdir(parents=True, exist_ok=True)
     date = time.strftime("%Y-%m-%d")

@@ -21,6 +21,7 @@ from .errors import (
     StoreUnavailable,
     UnknownParent,
     UnknownTask,
+    Unsupported,
     WaitInTask,
     WaitTimeout,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "Task",
     "UnknownParent",
     "UnknownTask",
+    "Unsupported",
     "WaitInTask",
     "WaitTimeout",
     "current_job",

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 from .backends.base import Backend, Stats
+from .errors import Unsupported
 from .job import JobState
 
 log = logging.getLogger("conveyor.alerts")
@@ -317,10 +318,14 @@ class Alerting:
         """One pass: returns the incidents that fired or resolved in it."""
         stats = self.backend.stats(now=now)
         seen: dict[str, tuple[Rule, Finding]] = {}
-        for rule in self.rules:
+        for rule in list(self.rules):
             try:
                 for finding in rule.check(stats, self.backend, self._memory):
                     seen[finding.key] = (rule, finding)
+            except Unsupported as exc:
+                # It needs what the store cannot answer (a broker alone): off, said once.
+                self.rules = [r for r in self.rules if r is not rule]
+                log.warning("alert rule %s is off on this store: %s", rule.name, exc)
             except Exception:
                 log.exception("alert rule %s failed", rule.name)
         changes: list[Incident] = []

@@ -61,9 +61,12 @@ def _refuse_after(after: object) -> None:
 class Conveyor:
     """One app: where jobs are stored and which tasks exist.
 
-    ``url`` is ``sqlite:///file.db``, ``postgresql://...`` or ``redis://...``; without it,
-    ``$CONVEYOR_URL``, then ``sqlite:///conveyor.db``; a relative SQLite path is made absolute
-    against the current directory when the app is created. ``visibility_timeout`` is the lease
+    ``url`` is ``sqlite:///file.db``, ``postgresql://...``, ``redis://...`` or a message
+    broker, ``amqp://...`` (RabbitMQ); without it, ``$CONVEYOR_URL``, then
+    ``sqlite:///conveyor.db``; ``state`` (or ``$CONVEYOR_STATE_URL``) names a broker's
+    companion store, which keeps the job records a broker cannot (docs/backends.md). A
+    relative SQLite path is made absolute against the current directory when the app is
+    created. ``visibility_timeout`` is the lease
     length in seconds: a worker that stops heartbeating for that long loses its jobs to other
     workers.
     ``max_payload_bytes`` caps a job's arguments as JSON (enqueue raises PayloadTooLarge);
@@ -97,9 +100,12 @@ class Conveyor:
         verify_keys: Sequence[str | bytes] = (),
         pool_size: int | None = None,
         include: Sequence[str] = (),
+        state: str | None = None,
     ) -> None:
         self.include = _check_include(include)
         self.url = url or os.environ.get("CONVEYOR_URL") or DEFAULT_URL
+        state = state or os.environ.get("CONVEYOR_STATE_URL") or None
+        self.state_url = absolute_url(state) if state else None
         if pool_size is not None and (isinstance(pool_size, bool) or not isinstance(pool_size, int)
                                       or pool_size < 1):
             raise ConfigurationError(f"pool_size must be an int >= 1 or None, got {pool_size!r}")
@@ -156,7 +162,8 @@ class Conveyor:
         if self._backend is None:
             with self._lock:
                 if self._backend is None:
-                    self._backend = open_backend(self.url, pool_size=self.pool_size)
+                    self._backend = open_backend(self.url, pool_size=self.pool_size,
+                                                 state=self.state_url)
         return self._backend
 
     def import_includes(self) -> dict[str, list[str]]:

@@ -129,6 +129,19 @@ class SignatureInvalid(ConveyorError):
     """A job's signature is missing or does not match (recorded on the job; it goes dead)."""
 
 
+class Unsupported(ConveyorError, NotImplementedError):
+    """The store cannot do this: a message broker (RabbitMQ, SQS) holds messages, not a job
+    table, so it cannot look a job up by id, list jobs, keep results or cron ticks, and so on.
+    The message names the capability and how to get it (a store that has it, or a companion
+    store where one is supported). Nothing was written."""
+
+    def __init__(self, capability: str, store: str, hint: str = "") -> None:
+        self.capability = capability
+        self.store = store
+        msg = f"{store} cannot {capability}"
+        super().__init__(f"{msg}: {hint}" if hint else msg)
+
+
 class StoreError(ConveyorError):
     """The store failed or could not be reached; the operation did not happen."""
 

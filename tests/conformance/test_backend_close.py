@@ -54,6 +54,15 @@ def store_held(url: str) -> Iterator[None]:
             conn.execute(f'LOCK TABLE "{schema}".conveyor_jobs IN ACCESS EXCLUSIVE MODE')
             yield
             conn.rollback()
+    elif scheme.endswith("+cluster"):  # the node that serves the app's slot (its route)
+        held = open_backend(url)
+        client = held._transport.r  # type: ignore[attr-defined]
+        client.client_pause(int(HOLD_S * 3 * 1000), all=False)  # writes (scripts too) wait
+        try:
+            yield
+        finally:
+            client.client_unpause()
+            held.close()
     else:
         import redis
 

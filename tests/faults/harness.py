@@ -463,6 +463,48 @@ def check(name: str, backend_name: str, seed: int, history: History, effects: It
     return rep
 
 
+def check_effects(name: str, backend_name: str, seed: int, history: History,
+                  effects: Iterable[dict[str, Any]], *, effect: str = "done",
+                  max_attempts: int = 100, free_handouts: int = 0) -> Report:
+    """The total-queue check from the side-effect log alone, for a store that keeps no job
+    table (a message broker: an acked message is gone). ``lost`` = ``ok`` enqueues with no
+    ``effect`` record; ``unexpected``, ``duplicated`` and ``recovered`` as in :func:`check`;
+    ``same_attempt_twice`` = a (job, attempt) recorded more than ``1 + free_handouts`` times (a
+    broker alone counts hand-outs, and the first ``free_handouts`` it takes back cost no
+    attempt: broker/core.py MAX_STALLS; past them a hand-out starts a later attempt);
+    ``attempts_over_max`` = jobs with an
+    attempt past ``max_attempts``. What needs the store's rows (states, results, leases) is
+    left for the caller to check against what the broker does keep."""
+    rep = Report(name=name, backend=backend_name, seed=seed)
+    attempted = {o.n for o in history.by_type("invoke")}
+    ok = history.ok_ids()
+    failed = {o.n for o in history.by_type("fail")}
+    info = {o.n for o in history.by_type("info")}
+    rep.attempted, rep.ok, rep.failed, rep.info = len(attempted), len(ok), len(failed), len(info)
+    runs: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    per_attempt: Counter[tuple[int, int]] = Counter()
+    for rec in effects:
+        if rec.get("e") == effect:
+            runs[int(rec["n"])].append(rec)
+            per_attempt[(int(rec["job"]), int(rec["attempt"]))] += 1
+    rep.executions = sum(len(v) for v in runs.values())
+    rep.lost = sorted(n for n in ok if not runs.get(n))
+    # The job an enqueue made is known by its id: an effect of another id for the same n
+    # would be a second job from one enqueue.
+    rep.enqueued_twice = sorted(n for n, job_id in ok.items()
+                                if any(int(r["job"]) != job_id for r in runs.get(n, ())))
+    rep.unexpected = sorted(n for n in runs if n not in attempted)
+    rep.duplicated = {n: len(r) - 1 for n, r in sorted(runs.items()) if len(r) > 1}
+    rep.duplicate_runs = {n: [f"a{x['attempt']} pid {x['pid']} @{x['t']:.3f}" for x in runs[n]]
+                          for n in rep.duplicated}
+    rep.recovered = sorted(n for n in (info | failed) if n in runs)
+    rep.same_attempt_twice = sorted(k for k, c in per_attempt.items() if c > 1 + free_handouts)
+    rep.attempts_over_max = sorted({job for job, attempt in per_attempt if attempt > max_attempts})
+    rep.attempts_hist = dict(sorted(Counter(
+        max(int(r["attempt"]) for r in rs) for rs in runs.values()).items()))
+    return rep
+
+
 # -- worker processes ------------------------------------------------------------------------
 @dataclass
 class WorkerSpec:
@@ -476,6 +518,7 @@ class WorkerSpec:
     prefetch: int = 0  # --prefetch: jobs held (leased) beyond the free slots
     prefetch_hold: float | None = None  # --prefetch-hold: seconds a held job waits for a slot
     env: dict[str, str] = field(default_factory=dict)
+    args: tuple[str, ...] = ()  # more command-line options, e.g. ("--log-level", "DEBUG")
 
 
 class Cluster:
@@ -518,6 +561,7 @@ class Cluster:
             argv += ["--prefetch-hold", str(spec.prefetch_hold)]
         if spec.processes > 1:
             argv += ["--processes", str(spec.processes)]
+        argv += list(spec.args)
         env = {**self.env, **spec.env}
         if self.url_for is not None:
             env["CONVEYOR_URL"] = self.url_for(name)

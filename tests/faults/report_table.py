@@ -19,6 +19,7 @@ SURVIVED = {
     "worker_crashes": "worker crashes (poison)", "redis_sigkill": "Redis SIGKILL restarts",
     "pg_immediate_stop": "PostgreSQL crash restarts", "sessions_terminated": "sessions terminated",
     "disk_full_s": "disk-full episodes", "server_sigstop": "server SIGSTOPs", "clients_killed": "Redis clients killed",
+    "rabbitmq_sigkill": "RabbitMQ SIGKILL restarts", "connection_cuts": "connection cuts",
 }
 
 
@@ -27,7 +28,7 @@ def per_backend(rows: list[dict[str, Any]]) -> None:
     print("| backend | load held (enqueues ok / executions) | faults survived | bad inputs tried "
           "| lost | duplicated | recovered | unexpected |")
     print("|---|---|---|---|---|---|---|---|")
-    for backend in ("sqlite", "postgres", "redis"):
+    for backend in ("sqlite", "postgres", "redis", "rabbitmq"):
         mine = [r for r in rows if r["backend"] == backend]
         if not mine:
             continue
@@ -43,8 +44,9 @@ def per_backend(rows: list[dict[str, Any]]) -> None:
         total = {key: sum(int(r[key]) for r in mine)
                  for key in ("ok", "executions", "lost", "duplicated", "recovered", "unexpected")}
         survived = ", ".join(f"{k}: {v:,}" for k, v in faults.items())
+        tried = f"{bad} poison jobs (crash, Reject, 1 MB error, unknown task)" if bad else "-"
         print(f"| {backend} | {total['ok']:,} / {total['executions']:,} | {survived} "
-              f"| {bad} poison jobs (crash, Reject, 1 MB error, unknown task) | {total['lost']} "
+              f"| {tried} | {total['lost']} "
               f"| {total['duplicated']} | {total['recovered']} | {total['unexpected']} |")
 
 

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from clusterrig import LocalCluster, local_cluster
 from redisrig import RedisServer
 
 from conveyor.backends import open_backend
@@ -32,3 +33,11 @@ def backend(private_redis: RedisServer) -> Iterator[RedisBackend]:
         yield b
     finally:
         b.close()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """One local Redis Cluster (3 masters, 3 replicas) for the session's cluster tests; a
+    test that moves a slot or fails a node over leaves it healthy for the next."""
+    with local_cluster(tmp_path_factory.mktemp("redis-cluster")) as cluster:
+        yield cluster

@@ -8,10 +8,15 @@ from ..errors import ConfigurationError
 from .base import Backend
 
 
-def open_backend(url: str, *, pool_size: int | None = None) -> Backend:
+def open_backend(url: str, *, pool_size: int | None = None, state: str | None = None) -> Backend:
     """``pool_size``: PostgreSQL's connection pool, fixed (see PostgresBackend); other stores
-    have none to size."""
+    have none to size. ``state``: a broker's companion store (broker/companion.py), the URL
+    of a SQLite, PostgreSQL or Redis store that keeps the job records; only with a broker."""
     scheme = urlsplit(url).scheme
+    if state is not None and scheme not in BROKER_SCHEMES:
+        raise ConfigurationError(
+            f"state= names a companion store for a message broker (amqp://, sqs://); "
+            f"{redact_url(url)!r} is a store of its own")
     if scheme == "sqlite":
         from .sqlite import SqliteBackend
 
@@ -21,14 +26,25 @@ def open_backend(url: str, *, pool_size: int | None = None) -> Backend:
         from .postgres import PostgresBackend
 
         return PostgresBackend(url, max_size=pool_size)
-    if scheme in ("redis", "rediss"):
+    if scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
         _require("redis", "redis")
         from .redis import RedisBackend
 
         return RedisBackend(url)
+    if scheme in ("amqp", "amqps"):
+        _require("pika", "rabbitmq")
+        from .broker.rabbitmq import open_rabbitmq
+
+        return open_rabbitmq(url, state=_companion(state, pool_size))
+    if scheme == "sqs":
+        _require("boto3", "sqs")
+        from .broker.sqs import open_sqs
+
+        return open_sqs(url, state=_companion(state, pool_size))
     raise ConfigurationError(
         f"unsupported store URL {redact_url(url)!r}: expected sqlite:///file.db, "
-        "postgresql://user@host/db or redis://host:6379/0"
+        "postgresql://user@host/db, redis://host:6379/0, redis+cluster://host:port,host:port, "
+        "amqp://user:pass@host/vhost or sqs://"
     )
 
 
@@ -62,6 +78,18 @@ def sqlite_path(url: str) -> str | None:
         return parse_sqlite_url(url)[0]
     except ConfigurationError:
         return None
+
+
+BROKER_SCHEMES = ("amqp", "amqps", "sqs")
+
+
+def _companion(state: str | None, pool_size: int | None) -> Backend | None:
+    if state is None:
+        return None
+    if urlsplit(state).scheme in BROKER_SCHEMES:
+        raise ConfigurationError(f"state= is a store for the job records (sqlite://, "
+                                 f"postgresql://, redis://), not {redact_url(state)!r}")
+    return open_backend(state, pool_size=pool_size)
 
 
 def _require(module: str, extra: str) -> None:

@@ -195,6 +195,10 @@ class Backend(abc.ABC):
     """A store of jobs. Instances are safe to share between threads of one process."""
 
     url: str
+    # What this store cannot do, by capability name (see broker/core.py's MISSING; the stores
+    # of job tables miss nothing). A caller that can go on without one asks here first (the
+    # worker's history recorder); everything else raises Unsupported when it is used.
+    missing: frozenset[str] = frozenset()
 
     # -- producer -----------------------------------------------------------------------
     @abc.abstractmethod
@@ -229,6 +233,27 @@ class Backend(abc.ABC):
         ``claim_id`` (check_claim_id; a random one if None): every lease token of this claim
         begins with it, so ``release_claim`` can give back a claim whose reply was lost.
         """
+
+    def take(self, job_id: int, token: str, *, worker_id: str, lease_s: float,
+             now: float | None = None) -> Job | None:
+        """Lease the job ``job_id`` for a delivery a message broker made: the store is then a
+        broker's companion (broker/companion.py), which keeps the job records while the broker
+        decides which worker runs what, and when.
+
+        The job becomes ``running`` with ``attempts`` + 1, lease ``token`` (the caller's: it
+        begins with a claim id, as a claim's do), ``worker_id``, ``attempted_at = now`` and
+        ``lease_expires_at = now + lease_s``, and is returned as ``claim`` returns jobs (steps
+        included). It is taken whatever its ``run_at`` (the broker held the delay) and whatever
+        lease it held: the broker handed the message out again because its holder stopped
+        answering, so that holder is fenced (its token no longer matches) and the attempt it
+        lost is recorded as a ``lease_expired`` error, as ``reap`` records one; if that was its
+        last attempt (``attempts`` = ``max_attempts``), the job goes ``dead`` instead, as
+        ``reap`` makes it (children settled, waiters woken), and None is returned. Returns None,
+        changing nothing, when the store holds no such job or it cannot run: finished
+        (succeeded, dead or cancelled: the message is a duplicate, or the job was cancelled) or
+        ``waiting``. Not counted against concurrency or rate limits, nor the queue's pause:
+        the companion refuses jobs that have them."""
+        raise NotImplementedError(f"{type(self).__name__} cannot serve as a broker's companion")
 
     @abc.abstractmethod
     def heartbeat(self, leases: Sequence[Lease], *, lease_s: float, now: float | None = None,

@@ -97,6 +97,8 @@ LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
               help="Your Conveyor app, e.g. myproject.jobs:app ($CONVEYOR_APP).")
 @click.option("--url", envvar="CONVEYOR_URL",
               help="Store URL, overriding the app's ($CONVEYOR_URL).")
+@click.option("--state-url", envvar="CONVEYOR_STATE_URL", metavar="URL",
+              help="A broker's companion store, overriding the app's ($CONVEYOR_STATE_URL).")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(LOG_LEVELS, case_sensitive=False),
               help="DEBUG also logs every job start and success.")
@@ -107,8 +109,8 @@ LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
               help="Show the traceback of a task module that fails to import.")
 @click.version_option(package_name="conveyor")
 @click.pass_context
-def cli(ctx: click.Context, app_spec: str | None, url: str | None, log_level: str,
-        log_format: str, verbose: bool) -> None:
+def cli(ctx: click.Context, app_spec: str | None, url: str | None, state_url: str | None,
+        log_level: str, log_format: str, verbose: bool) -> None:
     """Conveyor: background jobs with leases, retries and a dead-letter queue.
 
     --app, --url, --log-level, --log-format and --verbose may also follow the command:
@@ -119,6 +121,7 @@ def cli(ctx: click.Context, app_spec: str | None, url: str | None, log_level: st
     configure_logging(log_level, log_format)
     fit_console_to_output()
     ctx.obj = Ctx(app_spec, url)
+    ctx.obj.state_url = state_url
     ctx.obj.log_level = log_level
     ctx.obj.log_format = log_format
     ctx.obj.verbose = verbose
@@ -149,7 +152,8 @@ def _global_options(*, store: bool) -> list[click.Parameter]:
                             hidden=True, **kwargs)
 
     levels = click.Choice(LOG_LEVELS, case_sensitive=False)
-    options = [again("--app", "app_spec", metavar="MODULE:ATTR"), again("--url")] if store else []
+    options = ([again("--app", "app_spec", metavar="MODULE:ATTR"), again("--url"),
+                again("--state-url")] if store else [])
     return [*options, again("--log-level", type=levels),
             again("--log-format", type=click.Choice(["text", "json"])),
             again("--verbose", is_flag=True, default=None)]

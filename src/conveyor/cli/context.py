@@ -14,7 +14,7 @@ import click
 from rich.console import Console
 
 from ..app import Conveyor
-from ..backends import sqlite_path
+from ..backends import absolute_url, sqlite_path
 from ..errors import IncludeError, InvalidName
 from ..payload import check_queue_name, check_task_name
 
@@ -103,6 +103,7 @@ class Ctx:
     def __init__(self, app_spec: str | None, url: str | None) -> None:
         self.app_spec = app_spec
         self.url = url
+        self.state_url: str | None = None  # --state-url: a broker's companion store
         self.log_level = "INFO"
         self.log_format = "text"
         self.verbose = False
@@ -124,8 +125,10 @@ class Ctx:
                 app = load_app(self.app_spec, verbose=self.verbose)
                 if self.url:
                     app.url = self.url
+                if self.state_url:
+                    app.state_url = absolute_url(self.state_url)
             else:
-                app = Conveyor(self.url)
+                app = Conveyor(self.url, state=self.state_url)
             self._loaded_app = app
         return self._loaded_app
 

@@ -28,7 +28,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..alerts import Rule
 from ..app import Conveyor
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, Unsupported
 from .pages import Pages
 from .params import MAX_PAGE_SIZE as MAX_PAGE_SIZE
 from .params import PAGE_SIZE as PAGE_SIZE
@@ -95,7 +95,7 @@ def create_app(
     star = Starlette(
         routes=pages.routes(),
         lifespan=lifespan,
-        exception_handlers={HTTPException: pages.http_error},
+        exception_handlers={HTTPException: pages.http_error, Unsupported: pages.unsupported},
     )
     asgi: Any = SecurityMiddleware(star, auth)
     if forwarded_allow_ips and not auth.enabled:

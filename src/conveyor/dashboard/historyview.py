@@ -61,6 +61,7 @@ class HistoryView:
     ranges: tuple[Range, ...]
     charts: list[Chart]
     total: Bucket
+    kept: bool = True  # False: the store keeps no history (a broker alone)
 
     @property
     def avg_wait(self) -> float | None:
@@ -77,13 +78,14 @@ def history_view(backend: Backend, rng: Range, *, now: float,
     end = int(now) - int(now) % MINUTE + MINUTE  # the current minute counts too
     start = end - rng.seconds
     first = start - start % rng.bucket
-    points = backend.history(queue=queue, since=first, until=end)
+    kept = "history" not in backend.missing
+    points = backend.history(queue=queue, since=first, until=end) if kept else []
     buckets = {t: Bucket() for t in range(first, end, rng.bucket)}
     total = Bucket()
     for p in points:
         buckets.setdefault(p.at - p.at % rng.bucket, Bucket()).add(p)
         total.add(p)
-    return HistoryView(rng, RANGES, _charts(buckets, rng), total)
+    return HistoryView(rng, RANGES, _charts(buckets, rng), total, kept)
 
 
 def _charts(buckets: Mapping[int, Bucket], rng: Range) -> list[Chart]:

@@ -15,6 +15,7 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
 from ..backends import redact_url
 from ..backends.base import Stats
+from ..errors import Unsupported
 from ..job import JobState
 from . import formatting as fmt
 from .params import BadRequest
@@ -44,6 +45,8 @@ class Rendering:
                 return await run_in_threadpool(fn, request, data)
             except BadRequest as exc:
                 return self.error(request, 400, "Bad request", str(exc))
+            except Unsupported as exc:  # a broker without a companion store
+                return self.error(request, 501, "Not available on this store", str(exc))
             except Exception as exc:
                 log.exception("dashboard: %s %s failed", request.method, request.url.path)
                 return self.error(request, 503, "The store did not answer",
@@ -110,6 +113,12 @@ class Rendering:
                                            "There is no such page.")
         return PlainTextResponse(f"{exc.detail}\n", status_code=exc.status_code,
                                  headers=exc.headers)
+
+    async def unsupported(self, request: Request, exc: Exception) -> Response:
+        """A page the store cannot answer (a message broker without a companion store): said
+        on the page, with the way out, instead of a server error."""
+        return await run_in_threadpool(self.error, request, 501, "Not available on this store",
+                                       str(exc))
 
     def redirect(self, request: Request, target: str, flash: str | None = None,
                  kind: str = "ok") -> Response:

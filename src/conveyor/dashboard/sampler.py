@@ -26,6 +26,7 @@ from ..alerts import (
     StuckSlots,
 )
 from ..backends.base import Backend, QueueStats, Stats
+from ..errors import Unsupported
 
 log = logging.getLogger("conveyor.dashboard")
 
@@ -119,10 +120,14 @@ class Sampler:
     def _evaluate(self, stats: Stats, backend: Backend) -> None:
         seen: dict[str, tuple[Rule, Finding]] = {}
         with self._eval_lock:  # rules keep memory between calls (rates): one evaluation at a time
-            for rule in self.rules:
+            for rule in list(self.rules):
                 try:
                     for finding in rule.check(stats, backend, self._memory):
                         seen[finding.key] = (rule, finding)
+                except Unsupported as exc:
+                    # It needs what the store cannot answer (a broker alone): off, said once.
+                    self.rules = [r for r in self.rules if r is not rule]
+                    log.warning("dashboard: alert rule %s is off on this store: %s", rule.name, exc)
                 except Exception:
                     log.exception("dashboard: alert rule %s failed", rule.name)
         with self._lock:

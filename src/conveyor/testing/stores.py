@@ -2,7 +2,8 @@
 
 SQLite: a file in the test's directory. PostgreSQL: a schema of its own in the database the
 URL names (``search_path``), dropped afterwards. Redis: a key prefix of its own in the
-database the URL names, its keys deleted afterwards. Each holds only what its test wrote, so
+database the URL names (on a cluster URL, in whichever slot it hashes to), its keys deleted
+afterwards. Each holds only what its test wrote, so
 tests can run side by side on one server (pytest-xdist, CI jobs sharing a service).
 """
 
@@ -46,6 +47,10 @@ def temporary_store(base_url: str | None, directory: str | Path) -> Iterator[str
         assert base_url is not None
         with _redis_prefix(base_url, name) as url:
             yield url
+    elif scheme in ("redis+cluster", "rediss+cluster"):
+        assert base_url is not None
+        with _redis_cluster_prefix(base_url, name) as url:
+            yield url
     else:
         raise ConfigurationError(f"no temporary store for {scheme!r} URLs "
                                  "(sqlite, postgresql and redis have one)")
@@ -83,6 +88,35 @@ def _redis_prefix(base_url: str, prefix: str) -> Iterator[str]:
                 client.delete(*keys[start:start + 500])
         finally:
             client.close()
+
+
+@contextlib.contextmanager
+def _redis_cluster_prefix(base_url: str, prefix: str) -> Iterator[str]:
+    """As _redis_prefix, on a Redis Cluster: through a backend, which finds the node that
+    serves the prefix's slot."""
+    from ..backends import open_backend
+    from ..backends.redis import RedisBackend
+
+    url = _with_query(base_url, prefix=prefix)
+    backend = open_backend(url)
+    assert isinstance(backend, RedisBackend)
+    try:
+        backend.now()  # reachable: StoreUnavailable if not
+        yield url
+    finally:
+        t = backend._transport
+
+        def delete() -> None:
+            # Every key of the store carries its hash tag: one slot, so one node, the one the
+            # backend's connections go to (SCAN has no key to be redirected by).
+            keys = list(t.r.scan_iter(match=f"{{{prefix}}}*", count=1000))
+            for start in range(0, len(keys), 500):
+                t.r.delete(*keys[start:start + 500])
+
+        try:
+            t.call("delete the store", delete, safe=True)
+        finally:
+            backend.close()
 
 
 @contextlib.contextmanager

@@ -134,6 +134,12 @@ class Worker:
         self.weights = parse_queues(queues)
         self.strict = strict  # strict priority between queues instead of weighted sharing
         self.scheduler = scheduler  # run the app's cron schedules here too (safe in every worker)
+        if self.scheduler and self.app.schedules and "cron" in self.backend.missing:
+            # Refused at once: ticks nobody records would fire on every worker.
+            from ..backends.broker.core import unsupported
+
+            raise unsupported(getattr(self.backend, "kind", type(self.backend).__name__),
+                              "cron")
         self.burst = burst  # stop once the queues are empty (Claimer.burst_turn)
         self.concurrency = concurrency
         self.prefetch = prefetch

@@ -58,9 +58,10 @@ class Leases:
             w.heartbeat_file.beat(store_ok=True)
             for r in beating:
                 # Refused because the job is done, not because the lease was lost: its task
-                # completed it in its own transaction, or its ack landed meanwhile (while an
-                # ack is on its way, the ack's answer says whether the lease held).
-                if r.job.id in lost and not r.settled and not r.acking and not r.completing:
+                # completed it in its own transaction, or its ack, retry or kill landed
+                # meanwhile (while an outcome is on its way, its answer says whether the lease
+                # held).
+                if r.job.id in lost and not r.settled and not r.writing and not r.completing:
                     await self._lost(r)
 
     async def _lost(self, r: Running) -> None:

@@ -61,7 +61,9 @@ class Maintenance:
         never holds them up. Passes come every ``prune_interval`` at most, sooner when jobs
         finish faster than a batch per interval."""
         w = self.w
-        pruner = Pruner(w.backend, retention_rules(w.app), history_days=w.app.history_days)
+        # A store without history (a broker) has none to roll up: the pass leaves it alone.
+        keep = None if "history" in w.backend.missing else w.app.history_days
+        pruner = Pruner(w.backend, retention_rules(w.app), history_days=keep)
         call = functools.partial(w._call, w._maint)
         # At a random point of the first interval: workers started together spread out.
         await asyncio.sleep(w.prune_interval * w._rng.uniform(0, 1))
@@ -95,8 +97,8 @@ class Maintenance:
         w = self.w
         recorder: Recorder = w.history
         points = recorder.take()
-        if not points:
-            return 0
+        if not points or "history" in w.backend.missing:
+            return 0  # a store without history (a broker): the counts are dropped, not kept
         try:
             await w._call(w._maint, w.backend.record_history, points)
         except asyncio.CancelledError:

@@ -13,7 +13,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from ...errors import LeaseLost
-from ...job import JobState
+from ...job import Job, JobState
 from .. import forking
 from ..base import MAX_STALLS, ErrorInfo, Lease, ReapResult, WorkerInfo
 from .admin import Administering
@@ -26,7 +26,16 @@ from .listen import Listening
 from .locks import Locking
 from .migrate import LATEST as SCHEMA_VERSION
 from .migrate import migrate as migrate_schema
-from .queries import CHANNEL, KEEP_ERRORS, Q, error_json, forget_batches, notify, notify_freed
+from .queries import (
+    CHANNEL,
+    KEEP_ERRORS,
+    Q,
+    error_json,
+    forget_batches,
+    notify,
+    notify_freed,
+    row_to_job,
+)
 
 
 class PostgresBackend(Enqueuing, Claiming, Administering, Grouping, Listening, Locking,
@@ -106,6 +115,25 @@ class PostgresBackend(Enqueuing, Claiming, Administering, Grouping, Listening, L
             ).fetchall()
         kept = {r["id"] for r in rows}
         return {x.job_id for x in leases} - kept
+
+    def take(self, job_id: int, token: str, *, worker_id: str, lease_s: float,
+             now: float | None = None) -> Job | None:
+        with self._tx(control=True) as conn:
+            was = conn.execute(Q["take_lock"], {"id": job_id}).fetchone()
+            row = conn.execute(Q["take"], {
+                "id": job_id, "token": token, "worker_id": worker_id, "lease_s": lease_s,
+                "now": now, "keep_errors": KEEP_ERRORS}).fetchone()
+            if row is None:
+                return None
+            if was is not None and was["state"] == "running":
+                # Its lease was lost: counted as reap counts one.
+                conn.execute(Q["count_up"], {"name": "lease_expired", "queues": [row["queue"]]})
+            if row["state"] != "running":
+                notify_freed(conn, [row])  # spent: dead now, as reap makes it
+                return None
+            conn.execute(Q["raise_clock"], {"queue": row["queue"], "priority": row["priority"],
+                                            "tag": row["fair_tag"]})
+        return row_to_job(row)
 
     def ack(self, lease: Lease, result: str | None, *, now: float | None = None,
             connection: psycopg.Connection[Any] | None = None) -> None:

@@ -1,7 +1,9 @@
 """The Redis backend: one Lua script per state transition, keys that fit one Cluster slot.
 
-``redis://[[user]:password@]host[:port][/db][?prefix=NAME]`` (``rediss://`` for TLS). All keys
-of one app start with ``{NAME}:`` (default ``conveyor``); the braces are the Cluster hash tag.
+``redis://[[user]:password@]host[:port][/db][?prefix=NAME]`` (``rediss://`` for TLS), or
+``redis+cluster://host:port,host:port/?prefix=NAME`` (``rediss+cluster://``) for Redis Cluster
+(``cluster.py``). All keys of one app start with ``{NAME}:`` (default ``conveyor``); the braces
+are the Cluster hash tag.
 The key layout is the table in ``keys.py`` (described in docs/redis.md and at the top of
 ``lua/_common.lua``); the parts are listed in ``backend.py``.
 

@@ -2,11 +2,12 @@
 claims (alone, behind acks, sent from the event loop) and the idle wait.
 
 One Lua script per state transition; keys that fit one Cluster slot. The parts:
-``transport.py`` (connections, retries, script calls), ``keys.py`` (the key layout),
-``scripts.py`` (the Lua files and how they load), ``core.py`` (running a script with the
-queue blocks it needs), ``enqueue.py``, ``settle.py`` (heartbeat, ack, retry, kill, release),
-``maintenance.py`` (reap, promote, sweep, prune), ``admin.py`` (get, list, stats, redrive,
-purge, cancel, workers), ``loop_claims.py`` (claims from the worker's event loop).
+``transport.py`` (connections, retries, script calls; ``cluster.py``, the node a cluster
+URL goes to), ``keys.py`` (the key layout), ``scripts.py`` (the Lua files and how they
+load), ``core.py`` (running a script with the queue blocks it needs), ``enqueue.py``,
+``settle.py`` (heartbeat, ack, retry, kill, release), ``maintenance.py`` (reap, promote,
+sweep, prune), ``admin.py`` (get, list, stats, redrive, purge, cancel, workers),
+``loop_claims.py`` (claims from the worker's event loop).
 """
 
 from __future__ import annotations
@@ -42,10 +43,11 @@ _Acks = Sequence[tuple[Lease, str | None]]
 
 
 class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin, RedisHistory):
-    """``redis://[[user]:password@]host[:port][/db][?prefix=NAME]`` (``rediss://`` for TLS).
-    All keys of one app start with ``{NAME}:`` (default ``conveyor``); the braces are the
-    Cluster hash tag. The key layout and the scripts are described in docs/redis.md, keys.py
-    and at the top of ``lua/_common.lua``."""
+    """``redis://[[user]:password@]host[:port][/db][?prefix=NAME]`` (``rediss://`` for TLS),
+    ``redis+cluster://host:port,host:port/?prefix=NAME`` for Redis Cluster (the node that serves
+    the app's slot is followed: cluster.py). All keys of one app start with ``{NAME}:`` (default
+    ``conveyor``); the braces are the Cluster hash tag. The key layout and the scripts are
+    described in docs/redis.md, keys.py and at the top of ``lua/_common.lua``."""
 
     # -- claims -----------------------------------------------------------------------------
     def claim(
@@ -64,6 +66,19 @@ class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin, Redi
             self._give_back_lost_claim(queue, claim_id, now)
             raise
         return self._claimed(res, queue, worker_id, tokens)
+
+    def take(self, job_id: int, token: str, *, worker_id: str, lease_s: float,
+             now: float | None = None) -> Job | None:
+        """A broker's delivery (take.lua). Sent again when its reply is lost: the script answers
+        a repeat of the same token with the job as the first call left it."""
+        args = [self._now_arg(now), int(job_id), token, worker_id, repr(float(lease_s))]
+        res = self._run("take", self._guess([job_id]), args, safe=True)
+        if not res:  # not taken: finished (or spent, dead now), waiting, or unknown
+            self._forget(job_id)
+            return None
+        job = self._job(res[1:])
+        self._remember(job)
+        return job
 
     def release_claim(self, queue: str, claim_id: str, *, now: float | None = None) -> list[int]:
         check_claim_id(claim_id)
@@ -350,6 +365,12 @@ class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin, Redi
         for (q, _), toks, res in zip(claims, tokens, replies, strict=True):
             if isinstance(res, list) and (not res or res[0] not in ("need", "stale")):
                 jobs = [*(jobs or []), *self._claimed(res, q, worker_id, toks)]
+        if isinstance(popped, Exception):
+            # The pop was refused (a cluster's MOVED or TRYAGAIN: see Transport.call, which
+            # tries again); the claims behind it on the same node were refused too.
+            if jobs is None:
+                raise popped
+            return True, jobs
         return popped is not None, jobs
 
     def _peek(self, queues: Sequence[str]) -> tuple[bool, float | None]:

@@ -18,6 +18,7 @@ from ...errors import StoreError
 from ...job import Job
 from .. import forking
 from ..base import Backend, StoreLock, check_lock_name
+from .cluster import slot_of
 from .codec import _to_job
 from .keys import Keys
 from .transport import Transport, parse_redis_url
@@ -30,7 +31,7 @@ class RedisCore(Backend):
         self.url = url
         self.prefix, redis_url, timeouts = parse_redis_url(url)
         self._redis_url = redis_url
-        self._transport = Transport(url, redis_url, timeouts)
+        self._transport = Transport(url, redis_url, timeouts, slot=slot_of(self.prefix))
         self._where = self._transport.where
         self.socket_timeout = self._transport.socket_timeout
         self.keys = Keys(self.prefix)

@@ -5,6 +5,12 @@ one app, and every key a script makes by appending an id or a name to a prefix k
 one slot. The scripts get their keys in KEYS (so Cluster can route them) in the order of the
 tables below, and never count positions themselves: ``lua_layout`` writes, into each script
 at load, a table from each name to its KEYS[i]. Adding a key or a job state is one line here.
+
+A prefix key (a suffix ending in ':') is never created itself. On Redis Cluster that keeps
+scripts from running while the app's slot migrates: Redis runs a script there only if every
+key it declares is present, and a script that reaches past its KEYS (to P:job:<id>, ...)
+could otherwise fail halfway at a key already moved. So a script that does so declares a
+prefix key (docs/redis.md, "Slot migrations"; tests/redis/test_redis_cluster.py checks it).
 docs/redis.md and the top of ``lua/_common.lua`` say what each key holds.
 """
 

@@ -135,6 +135,9 @@ class RedisLoopClaims:
             raise
         except (OSError, TimeoutError, redis.RedisError) as exc:
             self._drop()
+            route = b._transport.route
+            if route is not None:
+                route.stale = True  # a failover perhaps: ask the cluster before reconnecting
             return functools.partial(b._claims_lost, a.acks, _as_redis_error(exc), None, a.queue,
                                      a.tokens)
         if on_reply is not None:
@@ -168,6 +171,9 @@ class RedisLoopClaims:
         whether the scripts ran."""
         sock = self._sock
         if sock is None:
+            return False
+        if self._b._transport.points_elsewhere(self._own):  # the cluster moved the app's slot
+            self._drop()
             return False
         if self._reader.has_data():  # a reply no call asked for
             self._drop()

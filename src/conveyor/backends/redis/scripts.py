@@ -39,7 +39,7 @@ LEAN_SCRIPTS = {"enqueue_one", "get"}
 # Scripts that finish, write or delete jobs, and so settle or keep their dependencies and
 # batches: _deps.lua comes after _common.lua in these only (every other script skips its cost).
 DEPS_SCRIPTS = {"enqueue", "ack", "ack_many", "retry", "kill", "reap", "cancel", "cancel_many",
-                "prune", "purge", "get_batch"}
+                "prune", "purge", "get_batch", "take"}
 # Store-wide locks (try_lock), job.wait's waiter counts and the history: their own keys, no
 # helpers.
 BARE_SCRIPTS = ("lock", "unlock", "count_waiter", "history_record", "history_rollup")
@@ -48,7 +48,7 @@ SCRIPT_NAMES = (
     "enqueue", "enqueue_one", "claim", "heartbeat", "ack", "ack_many", "retry", "kill",
     "release", "reap", "promote", "prune", "cancel", "redrive", "purge", "record_worker",
     "remove_worker", "stats", "list_jobs", "record_step", "peek", "get", "sweep", "sweep_done",
-    "get_batch", "make_due", "cron_control", "queue_pause", "cancel_many",
+    "get_batch", "make_due", "cron_control", "queue_pause", "cancel_many", "take",
     *(f"{name}:strict" for name in STRICT_SCRIPTS),
 )
 

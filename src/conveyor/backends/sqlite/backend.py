@@ -44,7 +44,15 @@ from . import groups
 from .connection import EnqueueGroup, Q, translate
 from .flow import Settled, forget, read_batch, settle
 from .history import SqliteHistory
-from .writes import FairTags, ack_in, claim_in, enqueue_in, row_to_job, step_path
+from .writes import (
+    FairTags,
+    ack_in,
+    claim_in,
+    enqueue_in,
+    raise_vtime,
+    row_to_job,
+    step_path,
+)
 
 KEEP_ERRORS = 20  # failed attempts a job keeps in its errors list (the newest)
 
@@ -167,6 +175,28 @@ class SqliteBackend(SqliteHistory, Backend):
             return []
         with self._write(now) as (conn, t):
             return claim_in(conn, t, queue, limit, worker_id, lease_s, start, claim_id)
+
+    def take(self, job_id: int, token: str, *, worker_id: str, lease_s: float,
+             now: float | None = None) -> Job | None:
+        settled = None
+        with self._write(now) as (conn, t):
+            was = conn.execute("SELECT state FROM conveyor_jobs WHERE id = ?", (job_id,)).fetchone()
+            row = conn.execute(Q["take"], {
+                "id": job_id, "token": token, "worker_id": worker_id, "lease_s": lease_s,
+                "now": t, "keep_errors": KEEP_ERRORS}).fetchone()
+            if row is None:
+                return None
+            if was["state"] == "running":  # its lease was lost: counted as reap counts one
+                conn.execute(Q["count_up"], {"queue": row["queue"], "name": "lease_expired",
+                                             "n": 1})
+            if row["state"] == "running":
+                raise_vtime(conn, row["queue"], [row])  # its round is done, as a claim's
+                return row_to_job(row)
+            # Spent: its last attempt's lease was lost; dead now, as reap makes it.
+            if row["has_children"]:
+                settled = settle(conn, t, [(job_id, "dead")])
+        self._finished((job_id,), settled)
+        return None
 
     def ack_and_claim(
         self, acks: Sequence[tuple[Lease, str | None]], queue: str, limit: int, *,

@@ -90,7 +90,7 @@ def claim_in(conn: sqlite3.Connection, t: float, queue: str, limit: int, worker_
         conn.execute("ROLLBACK TO claim")
         rows = _claim_limited(conn, params)
     conn.execute("RELEASE claim")
-    _raise_vtime(conn, queue, rows)
+    raise_vtime(conn, queue, rows)
     rows.sort(key=lambda r: (r["priority"], r["fair_tag"], r["run_at"], r["id"]))
     if start is not None and start < len(rows):
         conn.execute(Q["hold"], {"ids": json.dumps([r["id"] for r in rows[max(start, 0):]])})
@@ -164,7 +164,7 @@ def _claim_limited(conn: sqlite3.Connection, params: dict[str, Any]) -> list[sql
     return rows
 
 
-def _raise_vtime(conn: sqlite3.Connection, queue: str, rows: Sequence[sqlite3.Row]) -> None:
+def raise_vtime(conn: sqlite3.Connection, queue: str, rows: Sequence[sqlite3.Row]) -> None:
     top: dict[int, int] = {}
     for r in rows:
         top[r["priority"]] = max(top.get(r["priority"], 0), r["fair_tag"])

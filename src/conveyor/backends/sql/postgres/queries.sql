@@ -261,6 +261,61 @@ SELECT claimed.*,
         FROM conveyor_steps AS s WHERE s.job_id = claimed.id) AS steps
 FROM claimed;
 
+-- name: take_lock
+-- The job's state before a take (locked, so the take that follows sees the same).
+SELECT state FROM conveyor_jobs WHERE id = %(id)s FOR NO KEY UPDATE;
+
+-- name: raise_clock
+-- A taken job's round is done, as a claimed one's (claim_ids' "raised").
+INSERT INTO conveyor_queue_clock AS c (queue, priority, vtime)
+VALUES (%(queue)s, %(priority)s, %(tag)s)
+ON CONFLICT (queue, priority) DO UPDATE SET vtime = excluded.vtime WHERE c.vtime < excluded.vtime;
+
+-- name: take
+-- A broker's delivery (Backend.take): the job by id, whatever its run_at and whatever lease it
+-- held. A lease it held was lost (the broker handed the message out again): recorded as reap
+-- records an expiry, and if that was its last attempt the job goes dead instead (spent; the
+-- row trigger settles its children, as for reap). SET reads the row as it was.
+WITH taken AS (
+    UPDATE conveyor_jobs AS j
+    SET errors = CASE WHEN j.state = 'running' THEN
+                     (CASE WHEN jsonb_array_length(j.errors) >= %(keep_errors)s
+                           THEN j.errors - 0 ELSE j.errors END)
+                     || jsonb_build_array(jsonb_build_object(
+                            'attempt', j.attempt, 'at', extract(epoch FROM :NOW)::float8,
+                            'kind', 'lease_expired', 'type', 'LeaseExpired',
+                            'message', 'the broker handed the job out again: worker '
+                                       || coalesce(j.worker_id, '?') || ' stopped answering'
+                                       || CASE WHEN j.attempt >= j.max_attempts
+                                               THEN '; no attempts left' ELSE '' END,
+                            'traceback', '', 'worker_id', j.worker_id))
+                 ELSE j.errors END,
+        state = CASE WHEN j.state = 'running' AND j.attempt >= j.max_attempts THEN 'dead'
+                     ELSE 'running' END,
+        finished_at = CASE WHEN j.state = 'running' AND j.attempt >= j.max_attempts
+                           THEN :NOW END,
+        attempt = CASE WHEN j.state = 'running' AND j.attempt >= j.max_attempts
+                       THEN j.attempt ELSE j.attempt + 1 END,
+        attempted_at = CASE WHEN j.state = 'running' AND j.attempt >= j.max_attempts
+                            THEN j.attempted_at ELSE :NOW END,
+        worker_id = CASE WHEN j.state = 'running' AND j.attempt >= j.max_attempts
+                         THEN j.worker_id ELSE %(worker_id)s END,
+        lease_token = CASE WHEN j.state = 'running' AND j.attempt >= j.max_attempts
+                           THEN NULL ELSE %(token)s END,
+        lease_expires_at = CASE WHEN j.state = 'running' AND j.attempt >= j.max_attempts
+                                THEN NULL
+                                ELSE :NOW + make_interval(secs => %(lease_s)s::float8) END,
+        held = false
+    WHERE j.id = %(id)s AND j.state IN ('available', 'scheduled', 'running')
+    RETURNING :JOB(j),
+              CASE WHEN j.waited AND j.state = 'dead'
+                   THEN pg_notify('conveyor_done', j.id::text) END AS told
+)
+SELECT taken.*,
+       (SELECT coalesce(json_object_agg(s.step, s.result), '{}'::json)
+        FROM conveyor_steps AS s WHERE s.job_id = taken.id) AS steps
+FROM taken;
+
 -- name: heartbeat
 -- The leases still held: the ones renewed, and the ones another transaction is writing right
 -- now whose last committed version still shows our valid lease. Those are passed over (SKIP

@@ -254,6 +254,41 @@ SET state = 'running',
 WHERE id IN (SELECT value FROM json_each(:ids)) AND state = 'available'
 RETURNING *;
 
+-- name: take
+-- A broker's delivery (Backend.take): the job by id, whatever its run_at and whatever lease it
+-- held. A lease it held was lost (the broker handed the message out again): recorded as reap
+-- records an expiry, and if that was its last attempt the job goes dead instead (spent).
+-- SET reads the row as it was, so every CASE sees the old state, attempt and worker.
+UPDATE conveyor_jobs
+SET errors = CASE WHEN state = 'running' THEN json_insert(
+                 CASE WHEN json_array_length(errors) >= :keep_errors
+                      THEN json_remove(errors, '$[0]') ELSE errors END,
+                 '$[#]', json_object(
+                     'attempt', attempt, 'at', :now, 'kind', 'lease_expired',
+                     'type', 'LeaseExpired',
+                     'message', 'the broker handed the job out again: worker '
+                                || coalesce(worker_id, '?') || ' stopped answering'
+                                || CASE WHEN attempt >= max_attempts
+                                        THEN '; no attempts left' ELSE '' END,
+                     'traceback', '', 'worker_id', worker_id))
+             ELSE errors END,
+    state = CASE WHEN state = 'running' AND attempt >= max_attempts THEN 'dead'
+                 ELSE 'running' END,
+    finished_at = CASE WHEN state = 'running' AND attempt >= max_attempts THEN :now END,
+    attempt = CASE WHEN state = 'running' AND attempt >= max_attempts THEN attempt
+                   ELSE attempt + 1 END,
+    attempted_at = CASE WHEN state = 'running' AND attempt >= max_attempts THEN attempted_at
+                        ELSE :now END,
+    worker_id = CASE WHEN state = 'running' AND attempt >= max_attempts THEN worker_id
+                     ELSE :worker_id END,
+    lease_token = CASE WHEN state = 'running' AND attempt >= max_attempts THEN NULL
+                       ELSE :token END,
+    lease_expires_at = CASE WHEN state = 'running' AND attempt >= max_attempts THEN NULL
+                            ELSE :now + :lease_s END,
+    held = 0
+WHERE id = :id AND state IN ('available', 'scheduled', 'running')
+RETURNING *;
+
 -- name: hold
 -- The jobs of a claim beyond its ``start``: they wait in the worker's prefetch, not started.
 UPDATE conveyor_jobs SET held = 1 WHERE id IN (SELECT value FROM json_each(:ids));

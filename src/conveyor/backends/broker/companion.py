@@ -1,0 +1,367 @@
+"""A broker with a companion store: ``Conveyor("amqp://...", state="postgresql://...")``.
+
+The broker dispatches (which worker runs which job, and when: its queues, its lease, its
+delays); the companion store, any of SQLite, PostgreSQL or Redis, keeps the job records, so
+everything a broker alone cannot answer is answered there: a job by id, listings, results,
+the dead-letter browser, step records, unique keys, cron ticks, workers, history, stats with
+the oldest job's age.
+
+The order of writes, and what each crash leaves:
+
+* Enqueue writes the records (ids, unique keys and ``max_depth`` are the store's), then
+  publishes one message per created job. If the publish fails, the records are cancelled and
+  the error raised; a crash between the two leaves a record no message will run (``available``
+  in the store, visible in stats as an ever-older job: redrive it by cancelling and enqueueing
+  again).
+* A delivery is ``take``n in the store (the job's lease, fencing any older holder), then run.
+  A record that is finished (succeeded, dead, cancelled) is not run: the message is settled
+  and dropped. So a message delivered again after its job succeeded (the broker lost the ack)
+  does not run the job twice, and ``cancel`` works: the record is cancelled, its message is
+  dropped when it comes.
+* Ack, retry, kill and release write the record first (fenced by the lease token), then
+  (retry, release) publish the next message, then settle the delivery. A crash after the
+  record leaves the delivery unsettled, so the broker hands it out again: a final record drops
+  it, a retried one runs it (its delay lost). The next message is published only once the
+  record says the attempt ended: it may be delivered at once, and its take must not find the
+  attempt still running (that would fence it and record a lost lease it never had).
+
+Not available with a companion either (``missing``): concurrency and rate limits, fair
+sharing, pausing a queue and dependencies (chains, batches): each needs the claim to choose
+among waiting jobs, and the broker chooses. Fair sharing is there when the broker does it
+itself (SQS FIFO: a message group per fair_key). Unique keys are always the store's: each
+message's deduplication id is its own job's, so the broker never drops one the store created.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Collection, Sequence
+from dataclasses import replace
+from typing import Any
+
+from ...errors import LeaseLost
+from ...job import Job, JobState
+from ..base import Backend, BatchInfo, HistoryPoint, StoreLock
+from ..types import (
+    CronState,
+    EnqueueResult,
+    ErrorInfo,
+    Lease,
+    NewBatch,
+    NewJob,
+    Page,
+    Stats,
+    WorkerInfo,
+)
+from .core import BrokerBackend, _Held
+from .message import BadMessage, Body, decode
+from .transport import Delivery, Lane, Outgoing, Transport
+
+log = logging.getLogger("conveyor.broker")
+
+MISSING_WITH_STATE = frozenset({"limits", "fair", "pause", "dependencies"})
+
+
+class CompanionBackend(BrokerBackend):
+    missing = MISSING_WITH_STATE
+
+    def __init__(self, url: str, transport: Transport, levels: Sequence[int],
+                 state: Backend) -> None:
+        super().__init__(url, transport, levels)
+        self.missing = MISSING_WITH_STATE - (transport.supports & {"fair"})
+        self.state = state
+
+    # -- producer -----------------------------------------------------------------------
+    def enqueue_many(self, jobs: Sequence[NewJob], *, now: float | None = None,
+                     batches: Sequence[NewBatch] = ()) -> list[EnqueueResult]:
+        if batches or any(j.after or j.after_refs for j in jobs):
+            raise self._unsupported("dependencies")
+        for j in jobs:
+            if j.concurrency_key is not None or j.rate_key is not None:
+                raise self._unsupported("limits")
+            if j.fair_key is not None and "fair" in self.missing:
+                raise self._unsupported("fair")
+        results = self.state.enqueue_many(jobs, now=now)
+        out = []
+        for job, res in zip(jobs, results, strict=True):
+            if res.created:
+                self._seen.add(job.queue)
+                out.append(self._message(job, res))
+        try:
+            self.transport.publish(out)
+        except BaseException:
+            ids = [r.id for r, j in zip(results, jobs, strict=True) if r.created]
+            with contextlib.suppress(Exception):
+                self.state.cancel_many(ids)
+            raise
+        return results
+
+    def _message(self, job: NewJob, res: EnqueueResult) -> Outgoing:
+        run_at = job.run_at if job.run_at is not None else res.at + max(job.delay, 0.0)
+        body = Body(id=res.id, uid=res.uid or "", task=job.task, queue=job.queue, args=job.args,
+                    meta=job.meta, priority=job.priority, max_attempts=job.max_attempts,
+                    timeout=job.timeout, created_at=res.at, run_at=run_at,
+                    fair_key=job.fair_key, unique_key=job.unique_key)
+        return self._outgoing(self.lane(job.queue, job.priority), body,
+                              delay=max(run_at - res.at, 0.0), dedup_id=f"job:{res.id}")
+
+    def _republish(self, job: Job, *, delay: float = 0.0) -> Outgoing:
+        """The message of a job the store holds (redrive, a cron tick's job)."""
+        body = Body(id=job.id, uid=job.uid or "", task=job.task, queue=job.queue,
+                    args=_json(job.args), meta=_json(job.meta), priority=job.priority,
+                    max_attempts=job.max_attempts, timeout=job.timeout,
+                    created_at=job.created_at, run_at=job.run_at, attempts=job.attempts,
+                    fair_key=job.fair_key, unique_key=job.unique_key)
+        return self._outgoing(self.lane(job.queue, job.priority), body, delay=delay)
+
+    # -- worker -------------------------------------------------------------------------
+    def _hand_out(self, d: Delivery, *, worker_id: str, lease_s: float,
+                  claim_id: str) -> Job | None:
+        at = self.now()
+        try:
+            body = decode(d.body)
+        except BadMessage as exc:
+            log.error("%s: a message in %s is not a Conveyor job (%s): moved to the dead lane",
+                      self.kind, d.lane, exc)
+            self.transport.publish([Outgoing(Lane(d.lane.queue, None), d.body)])
+            self.transport.settle([d])
+            return None
+        if body.run_at > at + 0.05:
+            self.transport.publish([self._outgoing(d.lane, body, delay=body.run_at - at)])
+            self.transport.settle([d])
+            return None
+        token = self._token(claim_id)
+        job = self.state.take(body.id, token, worker_id=worker_id, lease_s=lease_s)
+        if job is None:
+            # Finished (a duplicate, or cancelled), unknown to the store, or spent (its last
+            # attempt's holder stopped answering: take made it dead): not run.
+            self.transport.settle([d])
+            return None
+        with self._lock:
+            self._held[token] = _Held(d, body, job.attempts, worker_id)
+        return job
+
+    def heartbeat(self, leases: Sequence[Lease], *, lease_s: float, now: float | None = None,
+                  held: Collection[int] = ()) -> set[int]:
+        lost = super().heartbeat(leases, lease_s=lease_s, now=now, held=held)
+        kept = [lease for lease in leases if lease.job_id not in lost]
+        if kept:
+            lost |= self.state.heartbeat(kept, lease_s=lease_s, now=now, held=held)
+        return lost
+
+    def _drop(self, lease: Lease) -> _Held | None:
+        with self._lock:
+            held = self._held.pop(lease.token, None)
+        return held if held is not None and held.body.id == lease.job_id else None
+
+    def ack(self, lease: Lease, result: str | None, *, now: float | None = None) -> None:
+        held = self._drop(lease)
+        if held is None:
+            raise LeaseLost(lease.job_id)
+        try:
+            self.state.ack(lease, result, now=now)
+        finally:
+            # Settled either way: acked, or another holder took the record (this message is
+            # then a duplicate, or the broker took it back already and says so).
+            self.transport.settle([held.delivery])
+
+    def ack_many(self, acks: Sequence[tuple[Lease, str | None]], *,
+                 now: float | None = None) -> list[bool]:
+        found = [(lease, result, self._drop(lease)) for lease, result in acks]
+        mine = [(lease, result) for lease, result, h in found if h is not None]
+        done_mine = iter(self.state.ack_many(mine, now=now) if mine else [])
+        self.transport.settle([h.delivery for _, _, h in found if h is not None])
+        return [next(done_mine) if h is not None else False for _, _, h in found]
+
+    def retry(self, lease: Lease, error: ErrorInfo, *, delay: float,
+              now: float | None = None) -> JobState:
+        held = self._take(lease, pop=False)
+        if held.attempt >= held.body.max_attempts:
+            self.kill(lease, error, now=now)
+            return JobState.DEAD
+        delay = max(float(delay), 0.0)
+        at = self.now() if now is None else now
+        again = self._outgoing(held.delivery.lane,
+                               _with(held.body, attempts=held.attempt, run_at=at + delay),
+                               delay=delay)
+        self._drop(lease)
+        try:
+            # The record first (fenced): the next message may be delivered the moment it is
+            # published, and its take must find the attempt ended. A crash before the publish
+            # leaves the delivery unsettled: the broker hands it out again.
+            state = self.state.retry(lease, error, delay=delay, now=now)
+            if state is not JobState.DEAD:
+                self.transport.publish([again])
+        except LeaseLost:
+            self.transport.settle([held.delivery])
+            raise
+        except Exception:
+            # The store did not answer: whether the retry was recorded is unknown. The
+            # delivery goes back to the broker, whose next hand-out the record decides on.
+            self.transport.give_back([held.delivery])
+            raise
+        self.transport.settle([held.delivery])
+        return state
+
+    def kill(self, lease: Lease, error: ErrorInfo, *, now: float | None = None) -> None:
+        held = self._drop(lease)
+        if held is None:
+            raise LeaseLost(lease.job_id)
+        try:
+            self.state.kill(lease, error, now=now)
+        finally:
+            self.transport.settle([held.delivery])
+
+    def release(self, leases: Sequence[Lease], *, now: float | None = None) -> list[int]:
+        released = []
+        for lease in leases:
+            held = self._drop(lease)
+            if held is None:
+                continue
+            # The record first, then the next message (see retry), then the delivery.
+            done = self.state.release([lease], now=now)
+            if done:
+                self.transport.publish([self._outgoing(held.delivery.lane, held.body)])
+            self.transport.settle([held.delivery])
+            released.extend(done)
+        return released
+
+    # -- maintenance: the store's records -----------------------------------------------------
+    def prune(self, *, older_than: float, states: Sequence[JobState] = (JobState.SUCCEEDED,),
+              limit: int = 1000, now: float | None = None) -> int:
+        return self.state.prune(older_than=older_than, states=states, limit=limit, now=now)
+
+    def maintenance_turn(self, interval: float) -> bool:
+        return False  # reap and promote are the broker's
+
+    def try_lock(self, name: str, *, ttl: float) -> StoreLock | None:
+        return self.state.try_lock(name, ttl=ttl)
+
+    # -- inspection and administration: the store ---------------------------------------------
+    def get(self, job_id: int) -> Job | None:
+        return self.state.get(job_id)
+
+    def get_batch(self, batch_id: str) -> BatchInfo | None:
+        return self.state.get_batch(batch_id)
+
+    def list_jobs(
+        self, *, state: JobState | None = None, queue: str | None = None, task: str | None = None,
+        cursor: int | None = None, limit: int = 50,
+    ) -> Page:
+        return self.state.list_jobs(state=state, queue=queue, task=task, cursor=cursor,
+                                    limit=limit)
+
+    def stats(self, *, now: float | None = None, worker_ttl: float = 60.0,
+              finished: bool = True) -> Stats:
+        return self.state.stats(now=now, worker_ttl=worker_ttl, finished=finished)
+
+    def redrive(self, job_ids: Sequence[int] | None = None, *, queue: str | None = None,
+                now: float | None = None) -> int:
+        if job_ids is None:
+            ids: list[int] = []
+            cursor = None
+            while True:
+                page = self.state.list_jobs(state=JobState.DEAD, queue=queue, cursor=cursor,
+                                            limit=500)
+                ids.extend(j.id for j in page.jobs)
+                if page.next_cursor is None:
+                    break
+                cursor = page.next_cursor
+        else:
+            ids = [int(i) for i in job_ids]
+        moved = 0
+        for start in range(0, len(ids), 100):
+            chunk = ids[start:start + 100]
+            before = {i for i in chunk
+                      if (j := self.state.get(i)) is not None and j.state is JobState.DEAD}
+            if not before:
+                continue
+            moved += self.state.redrive(sorted(before), now=now)
+            again = [j for i in sorted(before) if (j := self.state.get(i)) is not None
+                     and j.state is JobState.AVAILABLE]
+            self.transport.publish([self._republish(j) for j in again])
+        return moved
+
+    def purge(self, *, state: JobState = JobState.DEAD, queue: str | None = None,
+              job_ids: Sequence[int] | None = None) -> int:
+        return self.state.purge(state=state, queue=queue, job_ids=job_ids)
+
+    def cancel(self, job_id: int, *, now: float | None = None) -> bool:
+        # The message stays in the broker until delivered; take refuses the cancelled record.
+        return self.state.cancel(job_id, now=now)
+
+    def cancel_many(self, job_ids: Sequence[int], *, now: float | None = None) -> list[int]:
+        return self.state.cancel_many(job_ids, now=now)
+
+    def make_due(self, job_ids: Sequence[int], *, now: float | None = None) -> int:
+        raise self._unsupported("pause")  # the broker holds the delay; it cannot be shortened
+
+    # -- what the store keeps ----------------------------------------------------------------
+    def paused_queues(self) -> dict[str, float]:
+        return {}
+
+    def record_worker(self, info: WorkerInfo, *, now: float | None = None) -> None:
+        self.state.record_worker(info, now=now)
+
+    def remove_worker(self, worker_id: str) -> None:
+        self.state.remove_worker(worker_id)
+
+    def cron_enqueue(self, schedule: str, tick: float, job: NewJob | None, *,
+                     now: float | None = None) -> EnqueueResult | None:
+        if job is not None and (job.after or job.concurrency_key or job.rate_key
+                                or (job.fair_key and "fair" in self.missing)):
+            raise self._unsupported("dependencies")
+        res = self.state.cron_enqueue(schedule, tick, job, now=now)
+        if res is not None and res.created and job is not None:
+            # A crash before this publish leaves the tick's record without a message (the
+            # tick is taken): the same window as an enqueue's.
+            self.transport.publish([self._message(job, res)])
+        return res
+
+    def cron_ticks(self) -> dict[str, float]:
+        return self.state.cron_ticks()
+
+    def set_cron_enabled(self, schedule: str, enabled: bool, *,
+                         now: float | None = None) -> bool:
+        return self.state.set_cron_enabled(schedule, enabled, now=now)
+
+    def cron_states(self) -> dict[str, CronState]:
+        return self.state.cron_states()
+
+    def record_step(self, job_id: int, step: str, result: str | None, *,
+                    uid: str | None) -> tuple[bool, str | None]:
+        return self.state.record_step(job_id, step, result, uid=uid)
+
+    def record_history(self, points: Sequence[HistoryPoint]) -> None:
+        self.state.record_history(points)
+
+    def history(self, *, queue: str | None = None, since: float,
+                until: float) -> list[HistoryPoint]:
+        return self.state.history(queue=queue, since=since, until=until)
+
+    def rollup_history(self, *, keep_days: float, limit: int = 1000,
+                       now: float | None = None) -> int:
+        return self.state.rollup_history(keep_days=keep_days, limit=limit, now=now)
+
+    def schema_version(self) -> int | None:
+        return self.state.schema_version()
+
+    def startup_warnings(self) -> list[str]:
+        return self.state.startup_warnings()
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self.state.close()
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _with(body: Body, **changes: Any) -> Body:
+    return replace(body, **changes)
+
