@@ -1,15 +1,15 @@
-"""One command for every benchmark: Conveyor against its peers on SQLite, PostgreSQL, Redis and
-RabbitMQ.
+"""One command for every benchmark: Conveyor against its peers on SQLite, PostgreSQL, Redis,
+RabbitMQ and SQS (a local moto server).
 
-    python benchmarks/run.py [--stores sqlite,postgres,redis,rabbitmq] [--rounds 3] [--jobs 20000]
-                             [--quick]
+    python benchmarks/run.py [--stores sqlite,postgres,redis,rabbitmq,sqs] [--rounds 3]
+                             [--jobs 20000] [--quick]
 
 The first run creates ``benchmarks/.venv-peers`` (git-ignored) with the peers at pinned versions
-(Celery, RQ, Dramatiq, Huey, arq, procrastinate, SAQ, Taskiq), matplotlib, and Conveyor from
-this checkout (``pip install -e .[postgres,redis,rabbitmq]``); then it runs itself again with that
-environment's Python. Per store, every scenario runs for Conveyor and every peer that supports
-the store, the systems taking turns within each round, and the results go to
-``benchmarks/results/<date>-<store>.md`` with PNG charts beside it. ``docs/benchmarks.md``
+(Celery, RQ, Dramatiq, Huey, arq, procrastinate, SAQ, Taskiq), moto's server, matplotlib, and
+Conveyor from this checkout (``pip install -e .[postgres,redis,rabbitmq,sqs]``); then it runs
+itself again with that environment's Python. Per store, every scenario runs for Conveyor and
+every peer that supports the store, the systems taking turns within each round, and the results
+go to ``benchmarks/results/<date>-<store>.md`` with PNG charts beside it. ``docs/benchmarks.md``
 explains the method. Only the standard library is imported before the re-run, so ``--help``
 works anywhere.
 """
@@ -26,12 +26,17 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 PEER_VENV = HERE / ".venv-peers"
 STAMP = PEER_VENV / ".harness-pins"
-STORES = ("sqlite", "postgres", "redis", "rabbitmq")
+STORES = ("sqlite", "postgres", "redis", "rabbitmq", "sqs")
+# SQS runs on moto, a Python server whose requests cost milliseconds each: it is asked for by
+# name (--stores sqs, with a --jobs in the thousands), not part of every run.
+DEFAULT_STORES = STORES[:-1]
 # The peers at the versions of the documented run. arq 0.28 declares redis<6, so redis-py is
 # installed in a second step at the version Conveyor's own tests use (arq works with it). hiredis
 # (in Conveyor's redis extra) is pinned too: redis-py uses it for every system here, so all of
 # them parse RESP with the same C parser. RabbitMQ: Celery talks to it through py-amqp (kombu),
-# Dramatiq and Conveyor through pika, Taskiq through aio-pika; those clients are pinned too.
+# Dramatiq and Conveyor through pika, Taskiq through aio-pika; those clients are pinned too. SQS:
+# Conveyor and Celery (kombu's SQS transport, which sends its requests through pycurl) use boto3,
+# and the server is moto's, from this environment.
 PEERS = [
     "celery==5.7.0",
     "kombu==5.7.0",
@@ -46,6 +51,9 @@ PEERS = [
     "aio-pika==10.2.1",
     "amqp==5.4.2",
     "pika==1.4.4",
+    "boto3==1.44.18",
+    "pycurl==7.49.0",
+    "moto[server]==5.2.6",
     "matplotlib==3.11.2",
 ]
 AFTER = ["redis==8.1.0", "hiredis==3.5.0"]
@@ -62,8 +70,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--stores",
-        default=",".join(STORES),
-        help="comma-separated subset of sqlite,postgres,redis,rabbitmq",
+        default=",".join(DEFAULT_STORES),
+        help="comma-separated subset of sqlite,postgres,redis,rabbitmq,sqs (default: all but "
+        "sqs, which runs on a moto server started for the run: ask for it by name)",
     )
     p.add_argument(
         "--rounds",
@@ -173,7 +182,7 @@ def ensure_peer_venv() -> Path:
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(PEER_VENV)], check=True)
     pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    subprocess.run([*pip, *PEERS, "-e", f"{ROOT}[postgres,redis,rabbitmq]"], check=True)
+    subprocess.run([*pip, *PEERS, "-e", f"{ROOT}[postgres,redis,rabbitmq,sqs]"], check=True)
     subprocess.run([*pip, *AFTER], check=True)  # prints arq's redis<6 conflict: expected
     STAMP.write_text(wanted)
     return python

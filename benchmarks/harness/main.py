@@ -37,6 +37,10 @@ PACKAGES = (
     "aio-pika",
     "amqp",
     "pika",
+    "boto3",
+    "botocore",
+    "pycurl",
+    "moto",
     "matplotlib",
 )
 
@@ -137,13 +141,14 @@ class HostSteal:
 
 
 def main(a: argparse.Namespace) -> int:
-    from harness import postgres_store, rabbitmq_store, redis_store, sqlite_store
+    from harness import postgres_store, rabbitmq_store, redis_store, sqlite_store, sqs_store
 
     drivers = {
         "sqlite": sqlite_store,
         "postgres": postgres_store,
         "redis": redis_store,
         "rabbitmq": rabbitmq_store,
+        "sqs": sqs_store,
     }
     rng = random.Random(a.seed)
     a.out_dir.mkdir(parents=True, exist_ok=True)
