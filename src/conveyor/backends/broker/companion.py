@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 from collections.abc import Collection, Sequence
 from dataclasses import replace
 from typing import Any
@@ -56,10 +55,8 @@ from ..types import (
     WorkerInfo,
 )
 from .core import BrokerBackend, _Held
-from .message import BadMessage, Body, decode
-from .transport import Delivery, Lane, Outgoing, Transport
-
-log = logging.getLogger("conveyor.broker")
+from .message import Body
+from .transport import Delivery, Outgoing, Transport
 
 MISSING_WITH_STATE = frozenset({"limits", "fair", "pause", "dependencies"})
 
@@ -119,18 +116,8 @@ class CompanionBackend(BrokerBackend):
     # -- worker -------------------------------------------------------------------------
     def _hand_out(self, d: Delivery, *, worker_id: str, lease_s: float,
                   claim_id: str) -> Job | None:
-        at = self.now()
-        try:
-            body = decode(d.body)
-        except BadMessage as exc:
-            log.error("%s: a message in %s is not a Conveyor job (%s): moved to the dead lane",
-                      self.kind, d.lane, exc)
-            self.transport.publish([Outgoing(Lane(d.lane.queue, None), d.body)])
-            self.transport.settle([d])
-            return None
-        if body.run_at > at + 0.05:
-            self.transport.publish([self._outgoing(d.lane, body, delay=body.run_at - at)])
-            self.transport.settle([d])
+        body = self._due(d, self.now())
+        if body is None:
             return None
         token = self._token(claim_id)
         job = self.state.take(body.id, token, worker_id=worker_id, lease_s=lease_s)

@@ -257,11 +257,9 @@ class BrokerBackend(Backend):
                     self._held.pop(j.lease_token or "", None)
             jobs[:] = [j for j in jobs if j.id != job.id]
 
-    def _hand_out(self, d: Delivery, *, worker_id: str, lease_s: float,
-                  claim_id: str) -> Job | None:
-        """The job of delivery ``d``, leased, or None if it is not to run now (not a job, not
-        due yet, or out of attempts: each dealt with here)."""
-        at = self.now()
+    def _due(self, d: Delivery, at: float) -> Body | None:
+        """The job of delivery ``d`` if it is one and is due at ``at``; otherwise the delivery
+        is dealt with here (not a job: to the dead lane; early: delayed again) and None."""
         try:
             body = decode(d.body)
         except BadMessage as exc:
@@ -275,6 +273,16 @@ class BrokerBackend(Backend):
             # clocks of the producer and this worker differ). Wait the rest in the broker.
             self.transport.publish([self._outgoing(d.lane, body, delay=body.run_at - at)])
             self.transport.settle([d])
+            return None
+        return body
+
+    def _hand_out(self, d: Delivery, *, worker_id: str, lease_s: float,
+                  claim_id: str) -> Job | None:
+        """The job of delivery ``d``, leased, or None if it is not to run now (not a job, not
+        due yet, or out of attempts: each dealt with here)."""
+        at = self.now()
+        body = self._due(d, at)
+        if body is None:
             return None
         attempt = body.attempts + 1 + max(d.deliveries - 1 - MAX_STALLS, 0)
         if attempt > body.max_attempts:
