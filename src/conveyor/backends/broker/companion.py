@@ -24,6 +24,12 @@ The order of writes, and what each crash leaves:
   it, a retried one runs it (its delay lost). The next message is published only once the
   record says the attempt ended: it may be delivered at once, and its take must not find the
   attempt still running (that would fence it and record a lost lease it never had).
+* An outcome (or a heartbeat) the store refuses settles the delivery only when the record
+  has moved on without it (final, or held by another delivery). Refused only because the
+  store's lease ran out while the broker still held the message, the record still names this
+  lease: the delivery goes back to the broker, whose next hand-out ``take``s the record again
+  (the lost lease counted) and runs it. Settled, nothing would ever deliver or reap it.
+* ``job.wait`` waits on the store's wake-ups (its finishing writes signal the waiters).
 
 Not available with a companion either (``missing``): concurrency and rate limits, fair
 sharing, pausing a queue and dependencies (chains, batches): each needs the claim to choose
@@ -36,7 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -135,7 +141,11 @@ class CompanionBackend(BrokerBackend):
         lost = super().heartbeat(leases, lease_s=lease_s, now=now, held=held)
         kept = [lease for lease in leases if lease.job_id not in lost]
         if kept:
-            lost |= self.state.heartbeat(kept, lease_s=lease_s, now=now, held=held)
+            refused = self.state.heartbeat(kept, lease_s=lease_s, now=now, held=held)
+            # The worker stops these jobs and writes no outcome: their deliveries are dealt
+            # with here, or they would stay held (on RabbitMQ, for the connection's life).
+            self._refused([lease for lease in kept if lease.job_id in refused])
+            lost |= refused
         return lost
 
     def _drop(self, lease: Lease) -> _Held | None:
@@ -143,23 +153,65 @@ class CompanionBackend(BrokerBackend):
             held = self._held.pop(lease.token, None)
         return held if held is not None and held.body.id == lease.job_id else None
 
+    def _refused(self, leases: Sequence[Lease]) -> None:
+        """The store refused these leases: let go of their deliveries (see _lapsed)."""
+        found = [(h, lease) for lease in leases if (h := self._drop(lease)) is not None]
+        self._let_go([(h, self._lapsed(lease.job_id, lease.token)) for h, lease in found])
+
+    def _lapsed(self, job_id: int, token: str) -> bool:
+        """Whether the store refused a lease only because it ran out: the record still names
+        ``token``, or waits unleased (a reap, a released claim). Then its delivery is the only
+        way it runs again: it goes back to the broker, whose next hand-out ``take``s the record
+        (counting the lost lease as the stores count one) and runs it. Otherwise the record is
+        final (a cancel, a duplicate) or another delivery holds it: this one is settled.
+        The broker, not the store's reap, hands the job out again: it holds the delivery and
+        its hand-out count, and a record moved on by a reap would need a message anyway."""
+        with contextlib.suppress(Exception):
+            job = self.state.get(job_id)
+            if job is None or job.is_final:
+                return False
+            if job.state is JobState.RUNNING:
+                return job.lease_token == token
+            return job.state in (JobState.AVAILABLE, JobState.SCHEDULED)
+        return True  # the store did not answer: the broker keeps the message (at-least-once)
+
+    def _let_go(self, found: Sequence[tuple[_Held, bool]]) -> None:
+        back = [h.delivery for h, again in found if again]
+        if back:
+            self.transport.give_back(back)
+        done = [h.delivery for h, again in found if not again]
+        if done:
+            self.transport.settle(done)
+
     def ack(self, lease: Lease, result: str | None, *, now: float | None = None) -> None:
         held = self._drop(lease)
         if held is None:
             raise LeaseLost(lease.job_id)
         try:
             self.state.ack(lease, result, now=now)
-        finally:
-            # Settled either way: acked, or another holder took the record (this message is
-            # then a duplicate, or the broker took it back already and says so).
-            self.transport.settle([held.delivery])
+        except LeaseLost:
+            self._let_go([(held, self._lapsed(lease.job_id, lease.token))])
+            raise
+        except BaseException:
+            # Unknown whether the success was recorded: the broker keeps the message, whose
+            # next hand-out the record decides on.
+            self.transport.give_back([held.delivery])
+            raise
+        self.transport.settle([held.delivery])
 
     def ack_many(self, acks: Sequence[tuple[Lease, str | None]], *,
                  now: float | None = None) -> list[bool]:
         found = [(lease, result, self._drop(lease)) for lease, result in acks]
-        mine = [(lease, result) for lease, result, h in found if h is not None]
-        done_mine = iter(self.state.ack_many(mine, now=now) if mine else [])
-        self.transport.settle([h.delivery for _, _, h in found if h is not None])
+        mine = [(lease, result, h) for lease, result, h in found if h is not None]
+        try:
+            held = (self.state.ack_many([(lease, r) for lease, r, _ in mine], now=now)
+                    if mine else [])
+        except BaseException:
+            self.transport.give_back([h.delivery for _, _, h in mine])
+            raise
+        self._let_go([(h, not ok and self._lapsed(lease.job_id, lease.token))
+                      for (lease, _, h), ok in zip(mine, held, strict=True)])
+        done_mine = iter(held)
         return [next(done_mine) if h is not None else False for _, _, h in found]
 
     def retry(self, lease: Lease, error: ErrorInfo, *, delay: float,
@@ -182,7 +234,7 @@ class CompanionBackend(BrokerBackend):
             if state is not JobState.DEAD:
                 self.transport.publish([again])
         except LeaseLost:
-            self.transport.settle([held.delivery])
+            self._let_go([(held, self._lapsed(lease.job_id, lease.token))])
             raise
         except Exception:
             # The store did not answer: whether the retry was recorded is unknown. The
@@ -198,8 +250,13 @@ class CompanionBackend(BrokerBackend):
             raise LeaseLost(lease.job_id)
         try:
             self.state.kill(lease, error, now=now)
-        finally:
-            self.transport.settle([held.delivery])
+        except LeaseLost:
+            self._let_go([(held, self._lapsed(lease.job_id, lease.token))])
+            raise
+        except BaseException:
+            self.transport.give_back([held.delivery])
+            raise
+        self.transport.settle([held.delivery])
 
     def release(self, leases: Sequence[Lease], *, now: float | None = None) -> list[int]:
         released = []
@@ -209,8 +266,10 @@ class CompanionBackend(BrokerBackend):
                 continue
             # The record first, then the next message (see retry), then the delivery.
             done = self.state.release([lease], now=now)
-            if done:
-                self.transport.publish([self._outgoing(held.delivery.lane, held.body)])
+            if not done:
+                self._let_go([(held, self._lapsed(lease.job_id, lease.token))])
+                continue
+            self.transport.publish([self._outgoing(held.delivery.lane, held.body)])
             self.transport.settle([held.delivery])
             released.extend(done)
         return released
@@ -229,6 +288,15 @@ class CompanionBackend(BrokerBackend):
     # -- inspection and administration: the store ---------------------------------------------
     def get(self, job_id: int) -> Job | None:
         return self.state.get(job_id)
+
+    def wait_finished(self, job_id: int, timeout: float) -> Job | None:
+        # The records are the store's, and so are the wake-ups of their finishing writes.
+        return self.state.wait_finished(job_id, timeout)
+
+    @contextlib.contextmanager
+    def finish_watch(self, job_id: int) -> Iterator[Callable[[float], None]]:
+        with self.state.finish_watch(job_id) as sleep:
+            yield sleep
 
     def get_batch(self, batch_id: str) -> BatchInfo | None:
         return self.state.get_batch(batch_id)
