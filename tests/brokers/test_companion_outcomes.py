@@ -70,7 +70,7 @@ def test_an_ack_refused_for_a_lapsed_store_lease_runs_the_job_again(
     assert [e["kind"] for e in done.errors] == ["lease_expired"]
 
 
-@pytest.mark.parametrize("how", ["ack", "kill"])
+@pytest.mark.parametrize("how", ["ack", "kill", "retry", "heartbeat"])
 def test_an_outcome_refused_for_a_lapsed_store_lease_gives_the_message_back(
         open_broker: Callable[[], Backend], how: str) -> None:
     from conveyor.backends.base import ErrorInfo, Lease
@@ -80,11 +80,16 @@ def test_an_outcome_refused_for_a_lapsed_store_lease_gives_the_message_back(
     (job,) = wait_for(lambda: backend.claim("q", 1, worker_id="w1", lease_s=30))  # type: ignore[misc]
     lease = Lease(job.id, job.lease_token or "")
     late = backend.now() + 3600  # the store's clock says the lease ran out
-    with pytest.raises(LeaseLost):
-        if how == "ack":
-            backend.ack(lease, None, now=late)
-        else:
-            backend.kill(lease, ErrorInfo("exception", "boom"), now=late)
+    if how == "heartbeat":  # the worker stops the job and writes no outcome
+        assert backend.heartbeat([lease], lease_s=30, now=late) == {job.id}
+    else:
+        with pytest.raises(LeaseLost):
+            if how == "ack":
+                backend.ack(lease, None, now=late)
+            elif how == "kill":
+                backend.kill(lease, ErrorInfo("exception", "boom"), now=late)
+            else:
+                backend.retry(lease, ErrorInfo("exception", "boom"), delay=0, now=late)
     (again,) = wait_for(lambda: backend.claim("q", 1, worker_id="w2", lease_s=30))  # type: ignore[misc]
     assert again.id == job.id and again.attempts == 2
     assert [e["kind"] for e in again.errors] == ["lease_expired"]
