@@ -8,11 +8,15 @@ the oldest job's age.
 
 The order of writes, and what each crash leaves:
 
-* Enqueue writes the records (ids, unique keys and ``max_depth`` are the store's), then
-  publishes one message per created job. If the publish fails, the records are cancelled and
-  the error raised; a crash between the two leaves a record no message will run (``available``
-  in the store, visible in stats as an ever-older job: redrive it by cancelling and enqueueing
-  again).
+* Enqueue writes the records (ids, unique keys and ``max_depth`` are the store's), each with
+  an outbox mark in the same write (``Backend.outbox``), then publishes one message per
+  created job, then clears the marks. If the publish fails, the records are cancelled and the
+  error raised. A crash between the record and the confirm leaves the mark: the sweep (each
+  worker's maintenance tries every ``outbox_every``, one process at a time under the store's
+  lock) publishes the message of a job still waiting whose mark is older than
+  ``outbox_after``. Cron ticks and redrives are marked the same way. A crash after the publish
+  but before the confirm makes a duplicate: ``take`` drops it once the job finished; while the
+  job runs it is taken as a redelivery (the running attempt counted as a lost lease).
 * A delivery is ``take``n in the store (the job's lease, fencing any older holder), then run.
   A record that is finished (succeeded, dead, cancelled) is not run: the message is settled
   and dropped. So a message delivered again after its job succeeded (the broker lost the ack)
@@ -21,7 +25,8 @@ The order of writes, and what each crash leaves:
 * Ack, retry, kill and release write the record first (fenced by the lease token), then
   (retry, release) publish the next message, then settle the delivery. A crash after the
   record leaves the delivery unsettled, so the broker hands it out again: a final record drops
-  it, a retried one runs it (its delay lost). The next message is published only once the
+  it, a retried one runs it (its delay lost). The held delivery is their outbox: they need no
+  mark. The next message is published only once the
   record says the attempt ended: it may be delivered at once, and its take must not find the
   attempt still running (that would fence it and record a lost lease it never had).
 * An outcome (or a heartbeat) the store refuses settles the delivery only when the record
@@ -42,6 +47,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
@@ -64,17 +71,30 @@ from .core import BrokerBackend, _Held
 from .message import Body
 from .transport import Delivery, Outgoing, Transport
 
+log = logging.getLogger("conveyor.broker")
+
 MISSING_WITH_STATE = frozenset({"limits", "fair", "pause", "dependencies"})
 
 
 class CompanionBackend(BrokerBackend):
     missing = MISSING_WITH_STATE
 
+    # The outbox (see the module's docstring): marks older than this are swept (longer than a
+    # publish and its confirm take, so a sweep does not race a live enqueue) ...
+    outbox_after = 120.0
+    # ... by one process of the fleet at a time, each process trying at most this often.
+    outbox_every = 30.0
+
     def __init__(self, url: str, transport: Transport, levels: Sequence[int],
                  state: Backend) -> None:
         super().__init__(url, transport, levels)
         self.missing = MISSING_WITH_STATE - (transport.supports & {"fair"})
         self.state = state
+        # A store without an outbox keeps the old window: a crash between the record and
+        # its message leaves the record waiting.
+        self._outbox = type(state).outbox_sweep is not Backend.outbox_sweep
+        state.outbox = self._outbox
+        self._next_sweep = 0.0
 
     # -- producer -----------------------------------------------------------------------
     def enqueue_many(self, jobs: Sequence[NewJob], *, now: float | None = None,
@@ -99,7 +119,19 @@ class CompanionBackend(BrokerBackend):
             with contextlib.suppress(Exception):
                 self.state.cancel_many(ids)
             raise
+        self._confirm([r.id for r in results if r.created])
         return results
+
+    def _confirm(self, job_ids: Sequence[int]) -> None:
+        """The broker has the messages of these jobs: clear their outbox marks. A failure here
+        leaves the marks, and a sweep publishes those jobs again: a duplicate message, which
+        ``take`` makes safe for a finished job and counts as a lost lease for a running one."""
+        if self._outbox and job_ids:
+            try:
+                self.state.outbox_confirm(job_ids)
+            except Exception as exc:
+                log.warning("could not clear the outbox marks of %d job(s) (%s): a sweep "
+                            "publishes them again", len(job_ids), exc)
 
     def _message(self, job: NewJob, res: EnqueueResult) -> Outgoing:
         run_at = job.run_at if job.run_at is not None else res.at + max(job.delay, 0.0)
@@ -269,7 +301,11 @@ class CompanionBackend(BrokerBackend):
             if not done:
                 self._let_go([(held, self._lapsed(lease.job_id, lease.token))])
                 continue
-            self.transport.publish([self._outgoing(held.delivery.lane, held.body)])
+            try:
+                self.transport.publish([self._outgoing(held.delivery.lane, held.body)])
+            except BaseException:
+                self.transport.give_back([held.delivery])  # it is the job's message still
+                raise
             self.transport.settle([held.delivery])
             released.extend(done)
         return released
@@ -280,7 +316,41 @@ class CompanionBackend(BrokerBackend):
         return self.state.prune(older_than=older_than, states=states, limit=limit, now=now)
 
     def maintenance_turn(self, interval: float) -> bool:
-        return False  # reap and promote are the broker's
+        # Reap and promote are the broker's; the companion's own chore is the outbox's sweep.
+        at = time.monotonic()
+        if self._outbox and at >= self._next_sweep:
+            self._next_sweep = at + self.outbox_every
+            self.sweep_outbox()
+        return False
+
+    SWEEP_BATCH = 100
+
+    def sweep_outbox(self) -> int:
+        """Publish again the messages of jobs whose outbox mark is older than ``outbox_after``
+        (their enqueue, cron tick or redrive died between the record and the message), under
+        the store's lock so that one process does it at a time. The jobs published."""
+        lock = self.state.try_lock("conveyor.outbox", ttl=max(self.outbox_after, 60.0))
+        if lock is None:
+            return 0
+        done = 0
+        try:
+            while True:
+                jobs = self.state.outbox_sweep(older_than=self.outbox_after,
+                                               limit=self.SWEEP_BATCH)
+                if not jobs:
+                    break
+                at = self.now()
+                self.transport.publish([self._republish(j, delay=max(j.run_at - at, 0.0))
+                                        for j in jobs])
+                self._confirm([j.id for j in jobs])
+                done += len(jobs)
+                log.warning("published the messages of %d job(s) again: their records were "
+                            "written, their messages not confirmed", len(jobs))
+                if len(jobs) < self.SWEEP_BATCH or not lock.renew():
+                    break
+        finally:
+            lock.release()
+        return done
 
     def try_lock(self, name: str, *, ttl: float) -> StoreLock | None:
         return self.state.try_lock(name, ttl=ttl)
@@ -333,10 +403,13 @@ class CompanionBackend(BrokerBackend):
                       if (j := self.state.get(i)) is not None and j.state is JobState.DEAD}
             if not before:
                 continue
+            if self._outbox:  # the records are due again before their messages exist
+                self.state.outbox_mark(sorted(before), now=now)
             moved += self.state.redrive(sorted(before), now=now)
             again = [j for i in sorted(before) if (j := self.state.get(i)) is not None
                      and j.state is JobState.AVAILABLE]
             self.transport.publish([self._republish(j) for j in again])
+            self._confirm(sorted(before))
         return moved
 
     def purge(self, *, state: JobState = JobState.DEAD, queue: str | None = None,
@@ -370,9 +443,10 @@ class CompanionBackend(BrokerBackend):
             raise self._unsupported("dependencies")
         res = self.state.cron_enqueue(schedule, tick, job, now=now)
         if res is not None and res.created and job is not None:
-            # A crash before this publish leaves the tick's record without a message (the
-            # tick is taken): the same window as an enqueue's.
+            # A crash before this publish leaves the tick's record marked in the outbox (the
+            # tick is taken): the sweep publishes it, as an enqueue's.
             self.transport.publish([self._message(job, res)])
+            self._confirm([res.id])
         return res
 
     def cron_ticks(self) -> dict[str, float]:
