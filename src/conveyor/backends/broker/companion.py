@@ -26,9 +26,9 @@ The order of writes, and what each crash leaves:
   (retry, release) publish the next message, then settle the delivery. A crash after the
   record leaves the delivery unsettled, so the broker hands it out again: a final record drops
   it, a retried one runs it (its delay lost). The held delivery is their outbox: they need no
-  mark. The next message is published only once the
-  record says the attempt ended: it may be delivered at once, and its take must not find the
-  attempt still running (that would fence it and record a lost lease it never had).
+  mark. The next message is published only once the record says the attempt ended: it may be
+  delivered at once, and its take must not find the attempt still running (that would fence
+  it and record a lost lease it never had).
 * An outcome (or a heartbeat) the store refuses settles the delivery only when the record
   has moved on without it (final, or held by another delivery). Refused only because the
   store's lease ran out while the broker still held the message, the record still names this
