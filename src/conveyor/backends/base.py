@@ -255,6 +255,33 @@ class Backend(abc.ABC):
         the companion refuses jobs that have them."""
         raise NotImplementedError(f"{type(self).__name__} cannot serve as a broker's companion")
 
+    # -- a broker companion's outbox (broker/companion.py) --------------------------------
+    outbox: bool = False
+    """Set by a broker's companion. While True, ``enqueue_many`` and ``cron_enqueue`` mark
+    every job they create, in the same atomic write, as one whose message the broker has not
+    confirmed yet (the mark's time is the write's ``now``). The companion clears the marks once
+    the broker confirmed; a process that died in between leaves them, and ``outbox_sweep``
+    finds them. Costs nothing while False."""
+
+    def outbox_mark(self, job_ids: Sequence[int], *, now: float | None = None) -> None:
+        """Mark these jobs (known or not, any state) as above, at ``now``: before a write that
+        makes them due again without a message (the companion's redrive)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no outbox")
+
+    def outbox_confirm(self, job_ids: Sequence[int]) -> None:
+        """Clear the marks of these jobs (their messages are confirmed); others are left."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no outbox")
+
+    def outbox_sweep(self, *, older_than: float, limit: int = 100,
+                     now: float | None = None) -> list[Job]:
+        """Up to ``limit`` marks made before ``now - older_than``, oldest first, in one atomic
+        write: a mark whose job is ``available`` or ``scheduled`` is renewed at ``now`` (so it
+        is not swept again before another ``older_than`` passes) and the job returned, for its
+        message to be published again and then confirmed; any other mark (its job running,
+        finished, waiting, or gone: a message of it exists or none is needed) is cleared. The
+        jobs in ascending id order."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no outbox")
+
     @abc.abstractmethod
     def heartbeat(self, leases: Sequence[Lease], *, lease_s: float, now: float | None = None,
                   held: Collection[int] = ()) -> set[int]:

@@ -8,11 +8,15 @@ the oldest job's age.
 
 The order of writes, and what each crash leaves:
 
-* Enqueue writes the records (ids, unique keys and ``max_depth`` are the store's), then
-  publishes one message per created job. If the publish fails, the records are cancelled and
-  the error raised; a crash between the two leaves a record no message will run (``available``
-  in the store, visible in stats as an ever-older job: redrive it by cancelling and enqueueing
-  again).
+* Enqueue writes the records (ids, unique keys and ``max_depth`` are the store's), each with
+  an outbox mark in the same write (``Backend.outbox``), then publishes one message per
+  created job, then clears the marks. If the publish fails, the records are cancelled and the
+  error raised. A crash between the record and the confirm leaves the mark: the sweep (each
+  worker's maintenance tries every ``outbox_every``, one process at a time under the store's
+  lock) publishes the message of a job still waiting whose mark is older than
+  ``outbox_after``. Cron ticks and redrives are marked the same way. A crash after the publish
+  but before the confirm makes a duplicate: ``take`` drops it once the job finished; while the
+  job runs it is taken as a redelivery (the running attempt counted as a lost lease).
 * A delivery is ``take``n in the store (the job's lease, fencing any older holder), then run.
   A record that is finished (succeeded, dead, cancelled) is not run: the message is settled
   and dropped. So a message delivered again after its job succeeded (the broker lost the ack)
@@ -21,9 +25,16 @@ The order of writes, and what each crash leaves:
 * Ack, retry, kill and release write the record first (fenced by the lease token), then
   (retry, release) publish the next message, then settle the delivery. A crash after the
   record leaves the delivery unsettled, so the broker hands it out again: a final record drops
-  it, a retried one runs it (its delay lost). The next message is published only once the
-  record says the attempt ended: it may be delivered at once, and its take must not find the
-  attempt still running (that would fence it and record a lost lease it never had).
+  it, a retried one runs it (its delay lost). The held delivery is their outbox: they need no
+  mark. The next message is published only once the record says the attempt ended: it may be
+  delivered at once, and its take must not find the attempt still running (that would fence
+  it and record a lost lease it never had).
+* An outcome (or a heartbeat) the store refuses settles the delivery only when the record
+  has moved on without it (final, or held by another delivery). Refused only because the
+  store's lease ran out while the broker still held the message, the record still names this
+  lease: the delivery goes back to the broker, whose next hand-out ``take``s the record again
+  (the lost lease counted) and runs it. Settled, nothing would ever deliver or reap it.
+* ``job.wait`` waits on the store's wake-ups (its finishing writes signal the waiters).
 
 Not available with a companion either (``missing``): concurrency and rate limits, fair
 sharing, pausing a queue and dependencies (chains, batches): each needs the claim to choose
@@ -36,7 +47,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Collection, Sequence
+import logging
+import time
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -58,17 +71,30 @@ from .core import BrokerBackend, _Held
 from .message import Body
 from .transport import Delivery, Outgoing, Transport
 
+log = logging.getLogger("conveyor.broker")
+
 MISSING_WITH_STATE = frozenset({"limits", "fair", "pause", "dependencies"})
 
 
 class CompanionBackend(BrokerBackend):
     missing = MISSING_WITH_STATE
 
+    # The outbox (see the module's docstring): marks older than this are swept (longer than a
+    # publish and its confirm take, so a sweep does not race a live enqueue) ...
+    outbox_after = 120.0
+    # ... by one process of the fleet at a time, each process trying at most this often.
+    outbox_every = 30.0
+
     def __init__(self, url: str, transport: Transport, levels: Sequence[int],
                  state: Backend) -> None:
         super().__init__(url, transport, levels)
         self.missing = MISSING_WITH_STATE - (transport.supports & {"fair"})
         self.state = state
+        # A store without an outbox keeps the old window: a crash between the record and
+        # its message leaves the record waiting.
+        self._outbox = type(state).outbox_sweep is not Backend.outbox_sweep
+        state.outbox = self._outbox
+        self._next_sweep = 0.0
 
     # -- producer -----------------------------------------------------------------------
     def enqueue_many(self, jobs: Sequence[NewJob], *, now: float | None = None,
@@ -93,7 +119,19 @@ class CompanionBackend(BrokerBackend):
             with contextlib.suppress(Exception):
                 self.state.cancel_many(ids)
             raise
+        self._confirm([r.id for r in results if r.created])
         return results
+
+    def _confirm(self, job_ids: Sequence[int]) -> None:
+        """The broker has the messages of these jobs: clear their outbox marks. A failure here
+        leaves the marks, and a sweep publishes those jobs again: a duplicate message, which
+        ``take`` makes safe for a finished job and counts as a lost lease for a running one."""
+        if self._outbox and job_ids:
+            try:
+                self.state.outbox_confirm(job_ids)
+            except Exception as exc:
+                log.warning("could not clear the outbox marks of %d job(s) (%s): a sweep "
+                            "publishes them again", len(job_ids), exc)
 
     def _message(self, job: NewJob, res: EnqueueResult) -> Outgoing:
         run_at = job.run_at if job.run_at is not None else res.at + max(job.delay, 0.0)
@@ -135,7 +173,11 @@ class CompanionBackend(BrokerBackend):
         lost = super().heartbeat(leases, lease_s=lease_s, now=now, held=held)
         kept = [lease for lease in leases if lease.job_id not in lost]
         if kept:
-            lost |= self.state.heartbeat(kept, lease_s=lease_s, now=now, held=held)
+            refused = self.state.heartbeat(kept, lease_s=lease_s, now=now, held=held)
+            # The worker stops these jobs and writes no outcome: their deliveries are dealt
+            # with here, or they would stay held (on RabbitMQ, for the connection's life).
+            self._refused([lease for lease in kept if lease.job_id in refused])
+            lost |= refused
         return lost
 
     def _drop(self, lease: Lease) -> _Held | None:
@@ -143,23 +185,65 @@ class CompanionBackend(BrokerBackend):
             held = self._held.pop(lease.token, None)
         return held if held is not None and held.body.id == lease.job_id else None
 
+    def _refused(self, leases: Sequence[Lease]) -> None:
+        """The store refused these leases: let go of their deliveries (see _lapsed)."""
+        found = [(h, lease) for lease in leases if (h := self._drop(lease)) is not None]
+        self._let_go([(h, self._lapsed(lease.job_id, lease.token)) for h, lease in found])
+
+    def _lapsed(self, job_id: int, token: str) -> bool:
+        """Whether the store refused a lease only because it ran out: the record still names
+        ``token``, or waits unleased (a reap, a released claim). Then its delivery is the only
+        way it runs again: it goes back to the broker, whose next hand-out ``take``s the record
+        (counting the lost lease as the stores count one) and runs it. Otherwise the record is
+        final (a cancel, a duplicate) or another delivery holds it: this one is settled.
+        The broker, not the store's reap, hands the job out again: it holds the delivery and
+        its hand-out count, and a record moved on by a reap would need a message anyway."""
+        with contextlib.suppress(Exception):
+            job = self.state.get(job_id)
+            if job is None or job.is_final:
+                return False
+            if job.state is JobState.RUNNING:
+                return job.lease_token == token
+            return job.state in (JobState.AVAILABLE, JobState.SCHEDULED)
+        return True  # the store did not answer: the broker keeps the message (at-least-once)
+
+    def _let_go(self, found: Sequence[tuple[_Held, bool]]) -> None:
+        back = [h.delivery for h, again in found if again]
+        if back:
+            self.transport.give_back(back)
+        done = [h.delivery for h, again in found if not again]
+        if done:
+            self.transport.settle(done)
+
     def ack(self, lease: Lease, result: str | None, *, now: float | None = None) -> None:
         held = self._drop(lease)
         if held is None:
             raise LeaseLost(lease.job_id)
         try:
             self.state.ack(lease, result, now=now)
-        finally:
-            # Settled either way: acked, or another holder took the record (this message is
-            # then a duplicate, or the broker took it back already and says so).
-            self.transport.settle([held.delivery])
+        except LeaseLost:
+            self._let_go([(held, self._lapsed(lease.job_id, lease.token))])
+            raise
+        except BaseException:
+            # Unknown whether the success was recorded: the broker keeps the message, whose
+            # next hand-out the record decides on.
+            self.transport.give_back([held.delivery])
+            raise
+        self.transport.settle([held.delivery])
 
     def ack_many(self, acks: Sequence[tuple[Lease, str | None]], *,
                  now: float | None = None) -> list[bool]:
         found = [(lease, result, self._drop(lease)) for lease, result in acks]
-        mine = [(lease, result) for lease, result, h in found if h is not None]
-        done_mine = iter(self.state.ack_many(mine, now=now) if mine else [])
-        self.transport.settle([h.delivery for _, _, h in found if h is not None])
+        mine = [(lease, result, h) for lease, result, h in found if h is not None]
+        try:
+            held = (self.state.ack_many([(lease, r) for lease, r, _ in mine], now=now)
+                    if mine else [])
+        except BaseException:
+            self.transport.give_back([h.delivery for _, _, h in mine])
+            raise
+        self._let_go([(h, not ok and self._lapsed(lease.job_id, lease.token))
+                      for (lease, _, h), ok in zip(mine, held, strict=True)])
+        done_mine = iter(held)
         return [next(done_mine) if h is not None else False for _, _, h in found]
 
     def retry(self, lease: Lease, error: ErrorInfo, *, delay: float,
@@ -182,7 +266,7 @@ class CompanionBackend(BrokerBackend):
             if state is not JobState.DEAD:
                 self.transport.publish([again])
         except LeaseLost:
-            self.transport.settle([held.delivery])
+            self._let_go([(held, self._lapsed(lease.job_id, lease.token))])
             raise
         except Exception:
             # The store did not answer: whether the retry was recorded is unknown. The
@@ -198,8 +282,13 @@ class CompanionBackend(BrokerBackend):
             raise LeaseLost(lease.job_id)
         try:
             self.state.kill(lease, error, now=now)
-        finally:
-            self.transport.settle([held.delivery])
+        except LeaseLost:
+            self._let_go([(held, self._lapsed(lease.job_id, lease.token))])
+            raise
+        except BaseException:
+            self.transport.give_back([held.delivery])
+            raise
+        self.transport.settle([held.delivery])
 
     def release(self, leases: Sequence[Lease], *, now: float | None = None) -> list[int]:
         released = []
@@ -209,8 +298,14 @@ class CompanionBackend(BrokerBackend):
                 continue
             # The record first, then the next message (see retry), then the delivery.
             done = self.state.release([lease], now=now)
-            if done:
+            if not done:
+                self._let_go([(held, self._lapsed(lease.job_id, lease.token))])
+                continue
+            try:
                 self.transport.publish([self._outgoing(held.delivery.lane, held.body)])
+            except BaseException:
+                self.transport.give_back([held.delivery])  # it is the job's message still
+                raise
             self.transport.settle([held.delivery])
             released.extend(done)
         return released
@@ -221,7 +316,41 @@ class CompanionBackend(BrokerBackend):
         return self.state.prune(older_than=older_than, states=states, limit=limit, now=now)
 
     def maintenance_turn(self, interval: float) -> bool:
-        return False  # reap and promote are the broker's
+        # Reap and promote are the broker's; the companion's own chore is the outbox's sweep.
+        at = time.monotonic()
+        if self._outbox and at >= self._next_sweep:
+            self._next_sweep = at + self.outbox_every
+            self.sweep_outbox()
+        return False
+
+    SWEEP_BATCH = 100
+
+    def sweep_outbox(self) -> int:
+        """Publish again the messages of jobs whose outbox mark is older than ``outbox_after``
+        (their enqueue, cron tick or redrive died between the record and the message), under
+        the store's lock so that one process does it at a time. The jobs published."""
+        lock = self.state.try_lock("conveyor.outbox", ttl=max(self.outbox_after, 60.0))
+        if lock is None:
+            return 0
+        done = 0
+        try:
+            while True:
+                jobs = self.state.outbox_sweep(older_than=self.outbox_after,
+                                               limit=self.SWEEP_BATCH)
+                if not jobs:
+                    break
+                at = self.now()
+                self.transport.publish([self._republish(j, delay=max(j.run_at - at, 0.0))
+                                        for j in jobs])
+                self._confirm([j.id for j in jobs])
+                done += len(jobs)
+                log.warning("published the messages of %d job(s) again: their records were "
+                            "written, their messages not confirmed", len(jobs))
+                if len(jobs) < self.SWEEP_BATCH or not lock.renew():
+                    break
+        finally:
+            lock.release()
+        return done
 
     def try_lock(self, name: str, *, ttl: float) -> StoreLock | None:
         return self.state.try_lock(name, ttl=ttl)
@@ -229,6 +358,15 @@ class CompanionBackend(BrokerBackend):
     # -- inspection and administration: the store ---------------------------------------------
     def get(self, job_id: int) -> Job | None:
         return self.state.get(job_id)
+
+    def wait_finished(self, job_id: int, timeout: float) -> Job | None:
+        # The records are the store's, and so are the wake-ups of their finishing writes.
+        return self.state.wait_finished(job_id, timeout)
+
+    @contextlib.contextmanager
+    def finish_watch(self, job_id: int) -> Iterator[Callable[[float], None]]:
+        with self.state.finish_watch(job_id) as sleep:
+            yield sleep
 
     def get_batch(self, batch_id: str) -> BatchInfo | None:
         return self.state.get_batch(batch_id)
@@ -265,10 +403,13 @@ class CompanionBackend(BrokerBackend):
                       if (j := self.state.get(i)) is not None and j.state is JobState.DEAD}
             if not before:
                 continue
+            if self._outbox:  # the records are due again before their messages exist
+                self.state.outbox_mark(sorted(before), now=now)
             moved += self.state.redrive(sorted(before), now=now)
             again = [j for i in sorted(before) if (j := self.state.get(i)) is not None
                      and j.state is JobState.AVAILABLE]
             self.transport.publish([self._republish(j) for j in again])
+            self._confirm(sorted(before))
         return moved
 
     def purge(self, *, state: JobState = JobState.DEAD, queue: str | None = None,
@@ -302,9 +443,10 @@ class CompanionBackend(BrokerBackend):
             raise self._unsupported("dependencies")
         res = self.state.cron_enqueue(schedule, tick, job, now=now)
         if res is not None and res.created and job is not None:
-            # A crash before this publish leaves the tick's record without a message (the
-            # tick is taken): the same window as an enqueue's.
+            # A crash before this publish leaves the tick's record marked in the outbox (the
+            # tick is taken): the sweep publishes it, as an enqueue's.
             self.transport.publish([self._message(job, res)])
+            self._confirm([res.id])
         return res
 
     def cron_ticks(self) -> dict[str, float]:

@@ -26,6 +26,7 @@ from .listen import Listening
 from .locks import Locking
 from .migrate import LATEST as SCHEMA_VERSION
 from .migrate import migrate as migrate_schema
+from .outbox import PostgresOutbox
 from .queries import (
     CHANNEL,
     KEEP_ERRORS,
@@ -39,7 +40,7 @@ from .queries import (
 
 
 class PostgresBackend(Enqueuing, Claiming, Administering, Grouping, Listening, Locking,
-                      PostgresHistory):
+                      PostgresHistory, PostgresOutbox):
     supports_transactions = True  # enqueue/ack can join a caller's transaction
 
     def __init__(self, url: str, *, min_size: int | None = None,

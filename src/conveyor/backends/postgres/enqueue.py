@@ -25,6 +25,7 @@ from ...payload import NAME_RE
 from ..base import CronState, EnqueueResult, NewBatch, NewJob, depth_limits, refuse_overflow
 from ..common import new_uids
 from .connection import PooledBackend, bounded, translate
+from .outbox import mark_created
 from .queries import CHANNEL, DEPTH_LOCK, ENQUEUE_ONE, Q
 
 UNIQUE_RACE_TRIES = 3  # a unique key that changes hands between insert and lookup is tried again
@@ -54,7 +55,7 @@ class Enqueuing(PooledBackend):
                         return run_plan(cur, _enqueue_plan(jobs, now, batches))
             except psycopg.Error as exc:
                 raise translate(exc) from exc
-        if len(jobs) == 1 and not batches and _plain(jobs[0]):
+        if len(jobs) == 1 and not batches and _plain(jobs[0]) and not self.outbox:
             # The common case in one autocommit statement: the insert and its wake-up commit
             # together (the notification is delivered at that commit), one round trip instead
             # of BEGIN, insert, notify and COMMIT.
@@ -67,7 +68,10 @@ class Enqueuing(PooledBackend):
             assert row is not None  # no unique key: the insert always writes its row
             return [EnqueueResult(row["id"], True, row["at"], row["uid"])]
         with self._tx() as conn, conn.cursor() as cur:
-            return run_plan(cur, _enqueue_plan(jobs, now, batches))
+            results = run_plan(cur, _enqueue_plan(jobs, now, batches))
+            if self.outbox:
+                mark_created(conn, results)
+            return results
 
     async def aenqueue_many(
         self, jobs: Sequence[NewJob], *, connection: psycopg.AsyncConnection[Any],
@@ -99,6 +103,8 @@ class Enqueuing(PooledBackend):
             with conn.cursor() as cur:
                 # QueueFull raised here rolls the whole transaction back: the tick is not taken.
                 [result] = run_plan(cur, _enqueue_plan([job], now))
+            if self.outbox:
+                mark_created(conn, [result])
             conn.execute(Q["cron_last_job"], {"name": schedule, "id": result.id})
         return result
 

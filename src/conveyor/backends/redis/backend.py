@@ -31,6 +31,7 @@ from .core import MAX_CACHED_QUEUES
 from .enqueue import EnqueueMixin
 from .history import RedisHistory
 from .maintenance import MaintenanceMixin
+from .outbox import OutboxMixin
 from .settle import SettleMixin
 from .transport import WAIT_SLICE, ScriptCall
 
@@ -42,7 +43,8 @@ log = logging.getLogger("conveyor.redis")
 _Acks = Sequence[tuple[Lease, str | None]]
 
 
-class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin, RedisHistory):
+class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin, RedisHistory,
+                   OutboxMixin):
     """``redis://[[user]:password@]host[:port][/db][?prefix=NAME]`` (``rediss://`` for TLS),
     ``redis+cluster://host:port,host:port/?prefix=NAME`` for Redis Cluster (the node that serves
     the app's slot is followed: cluster.py). All keys of one app start with ``{NAME}:`` (default

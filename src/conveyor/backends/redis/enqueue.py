@@ -66,9 +66,10 @@ class EnqueueMixin(RedisCore):
                  batches: Sequence[NewBatch] = ()) -> list[EnqueueResult] | None:
         """Run the enqueue script; with a cron schedule name, only if it takes that tick (None
         if not)."""
-        if not cron and not batches and len(jobs) == 1 and _plain(jobs[0]):
+        if not cron and not batches and len(jobs) == 1 and _plain(jobs[0]) and not self.outbox:
             return [self._enqueue_one(jobs[0], now)]
-        args: list[Any] = [self._now_arg(now), cron, repr(float(tick)), len(batches)]
+        args: list[Any] = [self._now_arg(now), cron, repr(float(tick)), len(batches),
+                           "1" if self.outbox else "0"]
         for batch in batches:
             _check_batch_id(batch.id, "NewBatch.id")
             if batch.parent_id is not None:

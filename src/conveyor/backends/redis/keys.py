@@ -64,6 +64,9 @@ STORE_KEYS: dict[str, str] = {
     # Paused queues (backends/base.py, "Pausing a queue"): a HASH queue -> paused since (unix
     # seconds). claim.lua claims nothing of a queue named here; peek.lua passes over it.
     "paused": "paused",
+    # A broker companion's outbox (Backend.outbox_sweep): a ZSET of the jobs whose message the
+    # broker has not confirmed, score = since when. Written only while Backend.outbox is on.
+    "outbox": "outbox",
 }
 
 # Each queue's keys, "{prefix}:q:<queue>:<name>", in the order of a script's block for the

@@ -49,6 +49,7 @@ SCRIPT_NAMES = (
     "release", "reap", "promote", "prune", "cancel", "redrive", "purge", "record_worker",
     "remove_worker", "stats", "list_jobs", "record_step", "peek", "get", "sweep", "sweep_done",
     "get_batch", "make_due", "cron_control", "queue_pause", "cancel_many", "take",
+    "outbox_sweep",
     *(f"{name}:strict" for name in STRICT_SCRIPTS),
 )
 

@@ -44,6 +44,7 @@ from . import groups
 from .connection import EnqueueGroup, Q, translate
 from .flow import Settled, forget, read_batch, settle
 from .history import SqliteHistory
+from .outbox import SqliteOutbox, mark_created
 from .writes import (
     FairTags,
     ack_in,
@@ -57,7 +58,7 @@ from .writes import (
 KEEP_ERRORS = 20  # failed attempts a job keeps in its errors list (the newest)
 
 
-class SqliteBackend(SqliteHistory, Backend):
+class SqliteBackend(SqliteHistory, SqliteOutbox, Backend):
     poll_step = 0.002  # seconds between cross-process change checks while idle
     due_check_interval = 0.05  # how often an idle waiter looks for scheduled jobs coming due
 
@@ -99,11 +100,13 @@ class SqliteBackend(SqliteHistory, Backend):
                 alone = len(group.calls) == 1
                 for jobs, now, batches in group.calls:
                     if alone:  # no savepoint needed: a failure rolls the transaction back
-                        results.append(enqueue_in(conn, jobs, t if now is None else now, batches))
+                        results.append(self._enqueue_in(conn, jobs, t if now is None else now,
+                                                        batches))
                         continue
                     conn.execute("SAVEPOINT enqueue")
                     try:
-                        results.append(enqueue_in(conn, jobs, t if now is None else now, batches))
+                        results.append(self._enqueue_in(conn, jobs, t if now is None else now,
+                                                        batches))
                     except Exception as exc:
                         conn.execute("ROLLBACK TO enqueue")
                         results.append(translate(exc, "write failed, nothing was changed")
@@ -120,6 +123,13 @@ class SqliteBackend(SqliteHistory, Backend):
         if any(isinstance(r, list) and any(e.created for e in r) for r in results):
             self._signal.fire()
 
+    def _enqueue_in(self, conn: sqlite3.Connection, jobs: Sequence[NewJob], t: float,
+                    batches: Sequence[NewBatch] = ()) -> list[EnqueueResult]:
+        results = enqueue_in(conn, jobs, t, batches)
+        if self.outbox:
+            mark_created(conn, results)
+        return results
+
     def cron_enqueue(self, schedule: str, tick: float, job: NewJob | None, *,
                      now: float | None = None) -> EnqueueResult | None:
         with self._write(now) as (conn, t):
@@ -128,7 +138,7 @@ class SqliteBackend(SqliteHistory, Backend):
                 return None  # this tick or a later one was taken already
             if job is None or not conn.execute(Q["cron_runs"], params).fetchone()["runs"]:
                 return None  # a first sight, or a disabled schedule: the tick is only recorded
-            [result] = enqueue_in(conn, [job], t)  # QueueFull here rolls the tick back too
+            [result] = self._enqueue_in(conn, [job], t)  # QueueFull rolls the tick back too
             conn.execute(Q["cron_last_job"], {"name": schedule, "id": result.id})
         if result.created:
             self._signal.fire()

@@ -3,7 +3,8 @@
 -- written only if it takes that schedule's tick (a compare-and-set of P:cron in the same script).
 -- KEYS: the common header, then one queue block per queue the batch uses.
 -- ARGV: n, queue names; now ('' = the store's clock), cron schedule ('' = none), cron tick
---   (unix seconds, when a schedule is given), number of batches nb, then nb pairs: batch id,
+--   (unix seconds, when a schedule is given), number of batches nb, outbox ('1': mark each job
+--   created in P:outbox at now, Backend.outbox), then nb pairs: batch id,
 --   enclosing batch id ('' = none); then 26 values per job:
 --   uid (made by the client: random, see Job.uid), queue, task, args (JSON), priority, delay,
 --   run_at ('' = now + delay), max_attempts,
@@ -33,7 +34,8 @@ local out = {t}
 local made = {}
 local W = 26
 local nb = tonumber(arg(4))
-local FIRST = A + 4 + 2 * nb
+local outbox = arg(5) == '1'
+local FIRST = A + 5 + 2 * nb
 
 if cron ~= '' then
   local last = redis.call('HGET', K_CRON, cron)
@@ -60,7 +62,7 @@ end
 -- written before, or earlier in this list, so the chain of enclosing batches has no cycle.
 local new_batches = {}
 for b = 0, nb - 1 do
-  local bid, outer = arg(5 + 2 * b), arg(6 + 2 * b)
+  local bid, outer = arg(6 + 2 * b), arg(7 + 2 * b)
   if new_batches[bid] or redis.call('EXISTS', P_BATCH .. bid) == 1 then
     return {'batch', bid, 'exists already'}
   end
@@ -386,4 +388,9 @@ for _, c in ipairs(cancelled_now) do
   add_error(c[1], 0, now, false, parent_failed(c[2], c[3]))
 end
 if cron ~= '' and ids_at[0] then redis.call('HSET', K.cron_jobs, cron, ids_at[0]) end
+if outbox then
+  for k = 2, #out, 2 do
+    if out[k + 1] == 1 then redis.call('ZADD', K.outbox, t, out[k]) end
+  end
+end
 return out
