@@ -542,8 +542,10 @@ class Execution:
     def _success(self, result: Any) -> Outcome:
         """The outcome of an attempt whose task returned ``result``."""
         self._returned = result
+        if result is None:
+            return _SUCCEEDED_NONE
         try:
-            encoded = "null" if result is None else payload.encode_result(
+            encoded = payload.encode_result(
                 result, what=f"result of {self.job.task}", limit=self.max_result_bytes)
         except ResultTooLarge as exc:
             # Dead, not retried: it would return as much again. No traceback: it is ours.
@@ -585,6 +587,8 @@ class Execution:
         return hooks.event("job_dead" if last else "job_failed", job, error=outcome.error)
 
 
+# The outcome of every task that returned None (most do): one instance, not one per job.
+_SUCCEEDED_NONE = Outcome(OutcomeKind.SUCCEEDED, result="null")
 _decide_lock = threading.Lock()
 # Decided when the worker cancelled the attempt (lost lease, job cancelled, hurried shutdown).
 _CANCELLED = Outcome(OutcomeKind.DEAD)
