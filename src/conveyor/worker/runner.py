@@ -96,7 +96,10 @@ class Runner:
             # Task per job (a Task, its coroutines and its two steps were a tenth of a short
             # job's cost in the worker).
             self._begin(running)
-            run = _SyncRun(self, running, w._loop)
+            # (made as a plain Future, its two fields set here: an __init__ of its own, calling
+            # the C one through super(), doubled its cost)
+            run = _SyncRun(loop=w._loop)
+            run.runner, run.running = self, running
             running.task = run
             thread = execution.thread
             assert thread is not None
@@ -222,18 +225,15 @@ class _SyncRun(asyncio.Future[None]):
     a lost lease, the stop) drops it as cancelling that Task would: the worker stops waiting
     for the thread, and the job is settled, its slot held until the thread returns."""
 
-    def __init__(self, runner: Runner, running: Running,
-                 loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(loop=loop)
-        self._runner = runner
-        self._running = running
-        self._rest: asyncio.Task[None] | None = None  # writing an outcome other than success
+    runner: Runner
+    running: Running
+    _rest: asyncio.Task[None] | None = None  # writing an outcome other than success
 
     def returned(self, _: asyncio.Future[Any]) -> None:
         """The thread's future is done (the task returned, or its timeout ran out)."""
         if self.done() or self._rest is not None:  # dropped meanwhile: nothing to take
             return
-        runner, running = self._runner, self._running
+        runner, running = self.runner, self.running
         execution = running.execution
         assert execution is not None
         slot_freed = False
@@ -268,12 +268,12 @@ class _SyncRun(asyncio.Future[None]):
         if self._rest is not None:  # writing its outcome: that write is cancelled
             return self._rest.cancel(msg)
         super().cancel(msg)
-        running = self._running
+        running = self.running
         execution = running.execution
         assert execution is not None and execution.thread is not None
         execution.thread.future.cancel()
         execution.dropped()
         # What follows a cancel, after it as with a Task (a cancel takes effect on its next
         # step): the job settled, its slot held until its thread returns.
-        self.get_loop().call_soon(self._runner._end, running, execution, False)
+        self.get_loop().call_soon(self.runner._end, running, execution, False)
         return True
