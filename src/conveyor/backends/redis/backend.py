@@ -147,11 +147,16 @@ class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin, Redi
                         "priority": int(priority), "max_attempts": int(max_attempts),
                         "timeout": float(timeout_s), "worker_id": worker_id,
                     })
-                job = make(id=int(job_id), args=loads(raw_args), attempts=int(attempt),
-                           run_at=float(run_at), created_at=float(created_at),
-                           uid=uid, lease_token=token, attempted_at=attempted_at,
-                           lease_expires_at=lease_expires_at,
-                           **({} if raw_meta == "{}" else {"meta": loads(raw_meta)}))
+                if raw_meta == "{}":  # (most jobs: no dict to merge into the call)
+                    job = make(id=int(job_id), args=loads(raw_args), attempts=int(attempt),
+                               run_at=float(run_at), created_at=float(created_at), uid=uid,
+                               lease_token=token, attempted_at=attempted_at,
+                               lease_expires_at=lease_expires_at)
+                else:
+                    job = make(id=int(job_id), args=loads(raw_args), attempts=int(attempt),
+                               run_at=float(run_at), created_at=float(created_at), uid=uid,
+                               lease_token=token, attempted_at=attempted_at,
+                               lease_expires_at=lease_expires_at, meta=loads(raw_meta))
                 self._queue_of[job.id] = queue  # (_remember: a claimed job is not final)
             jobs.append(job)
         if len(self._queue_of) > MAX_CACHED_QUEUES:
