@@ -381,6 +381,29 @@ class Execution:
             self.thread = self.pool.submit(functools.partial(ctx.run, self._sync_attempt),
                                            timeout=self.job.timeout, here=here)
 
+    @property
+    def on_thread(self) -> bool:
+        """Prepared, and its sync task handed to its thread: ``thread_outcome`` answers what
+        ``run`` would, once the thread's future is done, without a coroutine to await it."""
+        return self._prepared and self._early is None and self.thread is not None
+
+    def thread_outcome(self) -> Outcome:
+        """``run``'s outcome for an attempt ``on_thread`` whose thread's future is done (raises
+        what awaiting ``run`` would raise)."""
+        thread, context = self.thread, self.context
+        assert thread is not None and context is not None
+        try:
+            outcome: Outcome = thread.future.result()
+        except CallTimedOut as exc:  # as in _run: its thread runs on, the worker stops waiting
+            context.cancel()
+            outcome = self._decide(self._failure(exc))
+        return self._finish(outcome)
+
+    def dropped(self) -> None:
+        """The worker stopped waiting for this attempt (``run`` cancelled): its thread, if it
+        returns, reports nothing."""
+        self._decide(_CANCELLED)
+
     async def run(self) -> Outcome:
         if not self._prepared:
             self.prepare()
@@ -396,7 +419,7 @@ class Execution:
             else:
                 outcome = await self._run()
         except asyncio.CancelledError:
-            self._decide(_CANCELLED)  # its thread, if it returns, reports nothing
+            self.dropped()
             raise
         return self._finish(outcome)
 
@@ -542,8 +565,10 @@ class Execution:
     def _success(self, result: Any) -> Outcome:
         """The outcome of an attempt whose task returned ``result``."""
         self._returned = result
+        if result is None:
+            return _SUCCEEDED_NONE
         try:
-            encoded = "null" if result is None else payload.encode_result(
+            encoded = payload.encode_result(
                 result, what=f"result of {self.job.task}", limit=self.max_result_bytes)
         except ResultTooLarge as exc:
             # Dead, not retried: it would return as much again. No traceback: it is ours.
@@ -585,6 +610,8 @@ class Execution:
         return hooks.event("job_dead" if last else "job_failed", job, error=outcome.error)
 
 
+# The outcome of every task that returned None (most do): one instance, not one per job.
+_SUCCEEDED_NONE = Outcome(OutcomeKind.SUCCEEDED, result="null")
 _decide_lock = threading.Lock()
 # Decided when the worker cancelled the attempt (lost lease, job cancelled, hurried shutdown).
 _CANCELLED = Outcome(OutcomeKind.DEAD)

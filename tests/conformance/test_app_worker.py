@@ -469,6 +469,45 @@ def test_cancelling_a_running_job_stops_it(app: Conveyor) -> None:
     assert done.result is None
 
 
+def test_cancelling_a_running_sync_job_settles_it_and_its_slot_waits_for_the_thread(
+        app: Conveyor) -> None:
+    # A sync task started on its thread at the claim is waited for without a Task of its
+    # own (runner._SyncRun): stopping that wait must do what cancelling the Task did.
+    started, saw_cancel, release = threading.Event(), threading.Event(), threading.Event()
+
+    @app.task(name="sync_cancellable", timeout=30)
+    def sync_cancellable() -> str:
+        started.set()
+        ctx = current_job()
+        assert ctx is not None
+        deadline = time.monotonic() + 10
+        while not ctx.cancelled and time.monotonic() < deadline:
+            time.sleep(0.01)
+        saw_cancel.set()
+        release.wait(10)
+        return "not stored"
+
+    job = sync_cancellable.enqueue()
+    with running_worker(app, visibility_timeout=0.6, concurrency=1) as wt:
+        w = wt.worker
+        assert started.wait(10)
+        assert app.backend.cancel(job.id)
+        assert saw_cancel.wait(10), "the task never saw current_job().cancelled"
+        wait_until(lambda: w.counters.by_task["sync_cancellable:cancelled"] == 1,
+                   message="the attempt counted as cancelled")
+        wait_until(lambda: job.id not in w.leases.jobs, message="the job settled")
+        assert w.capacity.stuck == [job.id]  # its thread runs on: its slot is not free
+        assert w.capacity.busy == 1
+        release.set()
+        wait_until(lambda: w.capacity.busy == 0 and not w.capacity.stuck,
+                   message="the slot freed once the thread returned")
+        assert w.counters.succeeded == 0 and w.counters.lease_lost == 0
+
+    done = app.get_job(job.id)
+    assert done.state is JobState.CANCELLED
+    assert done.result is None
+
+
 def test_worker_is_listed_while_running_and_removed_after(app: Conveyor) -> None:
     with running_worker(app, queues="a:2,b:1", concurrency=3) as wt:
         wid = wt.worker.id

@@ -113,6 +113,28 @@ def test_a_blocking_claim_no_longer_wanted_writes_its_acks_and_claims_nothing(ba
         lc.close()
 
 
+def test_packed_claims_are_the_commands_hiredis_packs_whole(backend: RedisBackend) -> None:
+    # _pack keeps each call's head (EVALSHA, sha, keys) packed; the bytes sent must stay those
+    # of packing every command whole, for acks and claims, on any queue, cached or not.
+    import hiredis
+
+    from conveyor.backends.redis.codec import _tokens
+
+    lc = claims_of(backend)
+    scripts = backend._transport.scripts
+    for name in ("ack_many", "claim"):
+        scripts[name].sha = scripts[name].sha or "0" * 40
+    acks: list[tuple[Lease, str | None]] = [(Lease(7, "a" * 32), "null"),
+                                            (Lease(9, "b" * 32), None)]
+    for queue, limit in [("default", 8), ("other", 3), ("default", 8), ("default", 1)]:
+        calls = backend._claim_calls(acks, queue, limit, "host:1:abc", 30.0, None,
+                                     _tokens(limit), None)
+        whole = b"".join(hiredis.pack_command(("EVALSHA", scripts[n].sha, len(k), *k, *a))
+                         for n, k, a in calls)
+        assert lc._pack(calls) == whole
+    assert lc._pack([]) == b""
+
+
 def test_an_ack_whose_lease_is_gone_is_refused_on_the_loop_too(backend: RedisBackend) -> None:
     backend.enqueue_many([new_job(i) for i in range(4)])
     lc = claims_of(backend)

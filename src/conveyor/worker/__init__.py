@@ -371,7 +371,7 @@ class Worker:
             await asyncio.wait(list(capacity.giving_back))
         tasks = [r.task for r in jobs.values() if r.task is not None]
         if tasks and not self._forced:
-            stopper = asyncio.ensure_future(self._stopped.wait())
+            stopper: asyncio.Future[Any] = asyncio.ensure_future(self._stopped.wait())
             deadline = time.monotonic() + self.grace_period
             while not self._forced and any(not t.done() for t in tasks):
                 left = deadline - time.monotonic()

@@ -56,7 +56,8 @@ class Running:
 
     job: Job
     lease: Lease
-    task: asyncio.Task[None] | None = None
+    # Done once its run is over: its asyncio Task, or a stand-in for one (runner._SyncRun).
+    task: asyncio.Future[None] | None = None
     execution: Execution | None = None
     phase: RunPhase = RunPhase.CLAIMED
     # Not a phase but a flag beside it: the lease was found lost (or the stop took the job
@@ -65,6 +66,7 @@ class Running:
     # says the loss was counted already.
     lost: bool = False
     held_at: float = 0.0  # when it was held for a slot (prefetch), time.monotonic()
+    started: float = 0.0  # when its run began here, time.perf_counter()
     run_s: float = 0.0  # how long its task ran, once it has (for the history)
 
     def move(self, to: RunPhase) -> None:

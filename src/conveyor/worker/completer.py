@@ -69,8 +69,12 @@ class Completer:
         """Queue a succeeded job's ack."""
         running.move(RunPhase.ACKING)
         self.queued.append((running, result))
-        assert self.ready is not None
-        self.ready.set()
+        if self.w.claimer.parked:
+            # Otherwise the claim loop's next claim carries it, and a wake-up of the ack loop
+            # (a task step per job, to find the claim loop busy) would be spent for nothing;
+            # the claim loop wakes the ack loop itself when it parks with acks queued.
+            assert self.ready is not None
+            self.ready.set()
 
     def take(self) -> list[tuple[Running, str | None]]:
         """The next batch of queued acks, for one store call."""

@@ -8,11 +8,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, assert_never
+from typing import TYPE_CHECKING, Any, assert_never
 
 from .. import faultpoints
 from ..backends.base import Lease
-from ..executor import Execution, OutcomeKind
+from ..executor import Execution, Outcome, OutcomeKind
 from ..hooks import JobHooks
 from ..job import Job
 from .capacity import Running, RunPhase
@@ -89,72 +89,191 @@ class Runner:
         assert w._loop is not None
         w.capacity.busy += 1
         running.move(RunPhase.RUNNING)
-        running.task = w._loop.create_task(self._run(running),
-                                           name=f"conveyor-job-{running.job.id}")
+        execution = running.execution
+        if execution is not None and execution.on_thread:
+            # Its sync task is on its thread already (start_early): what is left is to take
+            # the outcome when the thread's future is done, which a callback does without a
+            # Task per job (a Task, its coroutines and its two steps were a tenth of a short
+            # job's cost in the worker).
+            self._begin(running)
+            # (made as a plain Future, its two fields set here: an __init__ of its own, calling
+            # the C one through super(), doubled its cost)
+            run = _SyncRun(loop=w._loop)
+            run.runner, run.running = self, running
+            running.task = run
+            thread = execution.thread
+            assert thread is not None
+            thread.future.add_done_callback(run.returned)
+        else:
+            running.task = w._loop.create_task(self._run(running),
+                                               name=f"conveyor-job-{running.job.id}")
 
-    async def _run(self, running: Running) -> None:
+    def _begin(self, running: Running) -> None:
+        """As its attempt's wait begins: the log line, the pickup lag, the run's start time."""
         w = self.w
         job = running.job
-        execution = running.execution
-        if execution is None:
-            execution = self._execution(job)
-            running.execution = execution
         log_job(w, logging.DEBUG, job, "started", "job %d %s attempt %d/%d started",
                 job.id, job.task, job.attempts, job.max_attempts)
         if w.metrics is not None and job.attempted_at is not None:
             w.metrics.lag_seconds.labels(job.queue).observe(max(0.0, job.attempted_at - job.run_at))
-        started = time.perf_counter()
+        running.started = time.perf_counter()
+
+    async def _run(self, running: Running) -> None:
+        execution = running.execution
+        if execution is None:
+            execution = self._execution(running.job)
+            running.execution = execution
+        self._begin(running)
         # Its slot went back when the task finished, before the outcome landed.
         slot_freed = False
         try:
             outcome = await execution.run()
-            running.move(RunPhase.FINISHING)  # only its outcome is left to write
-            if execution.thread is None or execution.thread.done():
-                # The slot is free for the next job while this one's outcome is written (the
-                # job counts as done only once that write is durable).
-                slot_freed = True
-                w.capacity.free_slot()
-            running.run_s = time.perf_counter() - started
-            if w.metrics is not None:
-                w.metrics.run_seconds.labels(job.queue, job.task).observe(running.run_s)
-            kind = outcome.kind
-            if kind is OutcomeKind.SUCCEEDED:
-                # Its ack is queued; the ack's answer settles the job (it stays heartbeated
-                # until then).
-                faultpoints.hit("before_ack")
-                w.completer.ack(running, outcome.result)
+            slot_freed = self._finishing(running, execution)
+            self._timed(running)
+            if outcome.kind is OutcomeKind.SUCCEEDED:
+                self._succeeded(running, outcome)
                 return
-            if (kind is OutcomeKind.COMPLETED or kind is OutcomeKind.RETRY
-                    or kind is OutcomeKind.DEAD):
-                await w.completer.write_outcome(running, outcome)
-            else:
-                assert_never(kind)
-            # Before anything else runs: no heartbeat may count it lost now.
-            running.move(RunPhase.SETTLED)
+            await self._write(running, outcome)
         except asyncio.CancelledError:
-            if not running.lost and not w.stopping:
+            if not running.lost and not self.w.stopping:
                 raise
         except Exception:
-            log.exception("job %d: unexpected error in the worker", job.id)
+            log.exception("job %d: unexpected error in the worker", running.job.id)
         finally:
-            if not running.acking:
-                w.completer.settle(running)
-            thread = execution.thread
-            if slot_freed:
-                pass
-            elif thread is not None and not thread.done():
-                # A sync task can't be stopped (timeout, lost lease, shutdown): its slot stays
-                # busy until the thread returns, so capacity shown is capacity real.
-                log.warning("job %d: its thread is still running (%s); the slot stays busy "
-                            "until it returns", job.id,
-                            "lease lost" if running.lost else "timed out")
-                w.capacity.stuck_changed(job.id, stuck=True)
+            self._end(running, execution, slot_freed)
 
-                def returned(_: object, job_id: int = job.id) -> None:
-                    loop = w._loop
-                    if loop and not loop.is_closed():
-                        loop.call_soon_threadsafe(w.capacity.unstuck, job_id)
+    def _finishing(self, running: Running, execution: Execution) -> bool:
+        """The task ended: only its outcome is left to write. True if its slot was freed here
+        (its thread is done, or it had none)."""
+        running.move(RunPhase.FINISHING)
+        if execution.thread is None or execution.thread.done():
+            # The slot is free for the next job while this one's outcome is written (the job
+            # counts as done only once that write is durable).
+            self.w.capacity.free_slot()
+            return True
+        return False
 
-                thread.add_done_callback(returned)
-            else:
-                w.capacity.free_slot()
+    def _timed(self, running: Running) -> None:
+        w = self.w
+        running.run_s = time.perf_counter() - running.started
+        if w.metrics is not None:
+            job = running.job
+            w.metrics.run_seconds.labels(job.queue, job.task).observe(running.run_s)
+
+    def _succeeded(self, running: Running, outcome: Outcome) -> None:
+        # Its ack is queued; the ack's answer settles the job (it stays heartbeated until
+        # then).
+        faultpoints.hit("before_ack")
+        self.w.completer.ack(running, outcome.result)
+
+    async def _write(self, running: Running, outcome: Outcome) -> None:
+        kind = outcome.kind
+        if (kind is OutcomeKind.COMPLETED or kind is OutcomeKind.RETRY
+                or kind is OutcomeKind.DEAD):
+            await self.w.completer.write_outcome(running, outcome)
+        elif kind is OutcomeKind.SUCCEEDED:
+            raise AssertionError("a success is acked (Runner._succeeded), not written")
+        else:
+            assert_never(kind)
+        # Before anything else runs: no heartbeat may count it lost now.
+        running.move(RunPhase.SETTLED)
+
+    async def _write_rest(self, running: Running, execution: Execution, outcome: Outcome,
+                          slot_freed: bool) -> None:
+        """A _SyncRun's outcome other than success: written as _run writes it."""
+        try:
+            await self._write(running, outcome)
+        except asyncio.CancelledError:
+            if not running.lost and not self.w.stopping:
+                raise
+        except Exception:
+            log.exception("job %d: unexpected error in the worker", running.job.id)
+        finally:
+            self._end(running, execution, slot_freed)
+
+    def _end(self, running: Running, execution: Execution, slot_freed: bool) -> None:
+        """The run is over (its outcome queued or written, or the run dropped)."""
+        w = self.w
+        job = running.job
+        if not running.acking:
+            w.completer.settle(running)
+        thread = execution.thread
+        if slot_freed:
+            pass
+        elif thread is not None and not thread.done():
+            # A sync task can't be stopped (timeout, lost lease, shutdown): its slot stays
+            # busy until the thread returns, so capacity shown is capacity real.
+            log.warning("job %d: its thread is still running (%s); the slot stays busy "
+                        "until it returns", job.id,
+                        "lease lost" if running.lost else "timed out")
+            w.capacity.stuck_changed(job.id, stuck=True)
+
+            def returned(_: object, job_id: int = job.id) -> None:
+                loop = w._loop
+                if loop and not loop.is_closed():
+                    loop.call_soon_threadsafe(w.capacity.unstuck, job_id)
+
+            thread.add_done_callback(returned)
+        else:
+            w.capacity.free_slot()
+
+
+class _SyncRun(asyncio.Future[None]):
+    """``Running.task`` of a job whose sync task was started on its thread (Runner.start):
+    what the job's asyncio Task is for the others. Done once the run is over: its success
+    queued for its ack, its failure written, or the run dropped. ``cancel`` (Running.stop:
+    a lost lease, the stop) drops it as cancelling that Task would: the worker stops waiting
+    for the thread, and the job is settled, its slot held until the thread returns."""
+
+    runner: Runner
+    running: Running
+    _rest: asyncio.Task[None] | None = None  # writing an outcome other than success
+
+    def returned(self, _: asyncio.Future[Any]) -> None:
+        """The thread's future is done (the task returned, or its timeout ran out)."""
+        if self.done() or self._rest is not None:  # dropped meanwhile: nothing to take
+            return
+        runner, running = self.runner, self.running
+        execution = running.execution
+        assert execution is not None
+        slot_freed = False
+        try:
+            outcome = execution.thread_outcome()
+            slot_freed = runner._finishing(running, execution)
+            runner._timed(running)
+            if outcome.kind is not OutcomeKind.SUCCEEDED:
+                loop = self.get_loop()
+                self._rest = loop.create_task(
+                    runner._write_rest(running, execution, outcome, slot_freed),
+                    name=f"conveyor-job-{running.job.id}")
+                self._rest.add_done_callback(self._rest_done)
+                return
+            runner._succeeded(running, outcome)
+        except Exception:
+            log.exception("job %d: unexpected error in the worker", running.job.id)
+        runner._end(running, execution, slot_freed)
+        self.set_result(None)
+
+    def _rest_done(self, rest: asyncio.Task[None]) -> None:
+        if self.done():
+            return
+        if rest.cancelled():
+            super().cancel()
+        else:
+            self.set_result(None)
+
+    def cancel(self, msg: Any = None) -> bool:
+        if self.done():
+            return False
+        if self._rest is not None:  # writing its outcome: that write is cancelled
+            return self._rest.cancel(msg)
+        super().cancel(msg)
+        running = self.running
+        execution = running.execution
+        assert execution is not None and execution.thread is not None
+        execution.thread.future.cancel()
+        execution.dropped()
+        # What follows a cancel, after it as with a Task (a cancel takes effect on its next
+        # step): the job settled, its slot held until its thread returns.
+        self.get_loop().call_soon(self.runner._end, running, execution, False)
+        return True

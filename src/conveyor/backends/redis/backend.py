@@ -38,6 +38,9 @@ from .transport import WAIT_SLICE, ScriptCall
 # job.wait's counts of waiters (P:wait:<id> and P:wait:any, kept by count_waiter.lua): seconds
 # a count outlives a waiter that stopped renewing it.
 _WAITER_TTL = 60
+# Job constructors kept for claimed jobs, one per kind of job (queue, worker, task and the
+# fields its jobs share): more kinds than this and they are made again as they come.
+_MAX_MAKERS = 256
 log = logging.getLogger("conveyor.redis")
 
 _Acks = Sequence[tuple[Lease, str | None]]
@@ -121,7 +124,8 @@ class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin, Redi
         known = {"queue": queue, "state": "running", "attempted_at": at, "worker_id": worker_id,
                  "lease_expires_at": expires}
         jobs = []
-        makers: dict[tuple[str, ...], Callable[..., Job]] = {}
+        makers = self._makers
+        attempted_at, lease_expires_at = float(at), float(expires)
         for (job_id, base, extra, errors), token in zip(res[2:], tokens, strict=False):
             if extra or errors or not base:
                 h = dict(zip(CLAIM_BASE, base, strict=True)) if base else {}
@@ -135,19 +139,26 @@ class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin, Redi
                 # claim. Its values come in CLAIM_BASE's order (no dict of them per job).
                 (task, raw_args, priority, run_at, attempt, max_attempts, timeout_s, raw_meta,
                  created_at, uid) = base
-                kind = (task, priority, max_attempts, timeout_s)
+                kind = (queue, worker_id, task, priority, max_attempts, timeout_s)
                 make = makers.get(kind)
                 if make is None:
+                    if len(makers) >= _MAX_MAKERS:
+                        makers.clear()
                     make = makers[kind] = fast_constructor(Job, {
-                        "task": kind[0], "queue": queue, "state": JobState.RUNNING,
-                        "priority": int(kind[1]), "max_attempts": int(kind[2]),
-                        "timeout": float(kind[3]), "attempted_at": float(at),
-                        "worker_id": worker_id, "lease_expires_at": float(expires),
+                        "task": task, "queue": queue, "state": JobState.RUNNING,
+                        "priority": int(priority), "max_attempts": int(max_attempts),
+                        "timeout": float(timeout_s), "worker_id": worker_id,
                     })
-                job = make(id=int(job_id), args=loads(raw_args), attempts=int(attempt),
-                           run_at=float(run_at), created_at=float(created_at),
-                           uid=uid, lease_token=token,
-                           **({} if raw_meta == "{}" else {"meta": loads(raw_meta)}))
+                if raw_meta == "{}":  # (most jobs: no dict to merge into the call)
+                    job = make(id=int(job_id), args=loads(raw_args), attempts=int(attempt),
+                               run_at=float(run_at), created_at=float(created_at), uid=uid,
+                               lease_token=token, attempted_at=attempted_at,
+                               lease_expires_at=lease_expires_at)
+                else:
+                    job = make(id=int(job_id), args=loads(raw_args), attempts=int(attempt),
+                               run_at=float(run_at), created_at=float(created_at), uid=uid,
+                               lease_token=token, attempted_at=attempted_at,
+                               lease_expires_at=lease_expires_at, meta=loads(raw_meta))
                 self._queue_of[job.id] = queue  # (_remember: a claimed job is not final)
             jobs.append(job)
         if len(self._queue_of) > MAX_CACHED_QUEUES:
@@ -201,9 +212,12 @@ class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin, Redi
         answered jobs or nothing."""
         if acks:
             held = replies[0]
-            if not (isinstance(held, list) and len(held) == len(acks) and all(
+            if not (isinstance(held, list) and len(held) == len(acks)):
+                return False
+            # (every ack 'ok', the usual answer, is told at once; a 'lost' needs a look)
+            if held.count("ok") != len(held) and not all(
                     r == "ok" or (r == "lost" and not self._was_unsure(lease))
-                    for r, (lease, _) in zip(held, acks, strict=True))):
+                    for r, (lease, _) in zip(held, acks, strict=True)):
                 return False
         res = replies[-1]
         return isinstance(res, list) and (not res or res[0] not in ("need", "stale"))

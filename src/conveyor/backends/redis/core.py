@@ -11,7 +11,7 @@ import contextlib
 import functools
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from ...errors import StoreError
@@ -41,6 +41,8 @@ class RedisCore(Backend):
         self._id = uuid.uuid4().hex
         self._queue_of: dict[int, str] = {}
         self._one_keys: dict[str, list[str]] = {}  # enqueue_one's keys per queue
+        # Claimed jobs' constructors per kind of job (RedisBackend._claimed).
+        self._makers: dict[tuple[str, ...], Callable[..., Job]] = {}
         self._swept = False  # this backend saw the store marked as indexed (or swept it)
         self._sweep_at = 0  # where in the queue list the next reap's sweep slice starts
         self._done_swept = False  # as _swept, for the finished jobs' index (P:done:<state>)

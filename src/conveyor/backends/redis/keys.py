@@ -104,6 +104,9 @@ HISTORY_KEYS: dict[str, str] = {
 }
 
 
+_MAX_BLOCKS = 1024  # queues whose blocks Keys keeps made (more are made again as needed)
+
+
 class Keys:
     """The keys of one app (``prefix``), built from the tables above."""
 
@@ -119,6 +122,7 @@ class Keys:
         self.indexed = f"{p}:{CLIENT_KEYS['indexed']}"
         self.indexed_done = f"{p}:{CLIENT_KEYS['indexed_done']}"
         self.maintenance = f"{p}:{CLIENT_KEYS['maintenance']}"
+        self._blocks: dict[str, tuple[str, ...]] = {}  # queue -> block(queue)
 
     def job(self, job_id: int) -> str:
         return f"{self.store['job']}{job_id}"
@@ -139,8 +143,14 @@ class Keys:
         return f"{self.p}:q:{queue}:{what}"
 
     def block(self, queue: str) -> list[str]:
-        """The queue's keys as a script's block for it (QUEUE_KEYS)."""
-        return [self.queue(queue, what) for what in QUEUE_KEYS]
+        """The queue's keys as a script's block for it (QUEUE_KEYS), a list of the caller's
+        own. Made once per queue: a busy worker asks for its queue's twice a claim."""
+        block = self._blocks.get(queue)
+        if block is None:
+            if len(self._blocks) >= _MAX_BLOCKS:
+                self._blocks.clear()
+            block = self._blocks[queue] = tuple(self.queue(queue, what) for what in QUEUE_KEYS)
+        return list(block)
 
     def state(self, state: str) -> str:
         return self.store[f"state:{state}"]

@@ -39,6 +39,7 @@ except ImportError:  # the redis extra brings it; without it, claims stay on a s
 log = logging.getLogger("conveyor.backends.redis")
 
 _Acks = Sequence[tuple[Lease, str | None]]
+_MAX_HEADS = 64  # packed command heads kept (one per script and queue in use)
 
 
 def _reply_error(text: str) -> redis.ResponseError:
@@ -60,6 +61,8 @@ class RedisLoopClaims:
         self._sock: socket.socket | None = None
         self._reader: Any = None
         self._closed = False
+        # (sha, *keys) -> the packed command's head after its '*<count>' line, and that count
+        self._heads: dict[tuple[str, ...], tuple[bytes, int]] = {}
 
     @classmethod
     def make(cls, backend: RedisBackend) -> RedisLoopClaims | None:
@@ -242,10 +245,28 @@ class RedisLoopClaims:
             self._own.disconnect()
 
     def _pack(self, calls: Sequence[ScriptCall]) -> bytes:
+        """The calls as the bytes of their EVALSHA commands. A call's head (EVALSHA, the sha,
+        its keys: the store's header and its queue's block, the same from one claim to the
+        next) is packed once and kept; only its arguments are packed per call (hiredis packs
+        a command at about the same cost per argument, and the keys are most of them)."""
         scripts = self._b._transport.scripts
-        return b"".join(
-            hiredis.pack_command(("EVALSHA", scripts[name].sha, len(keys), *keys, *args))
-            for name, keys, args in calls)
+        heads = self._heads
+        out = []
+        for name, keys, args in calls:
+            sha = scripts[name].sha
+            head_key = (sha, *keys)
+            head = heads.get(head_key)
+            if head is None:
+                if len(heads) >= _MAX_HEADS:
+                    heads.clear()
+                command: tuple[Any, ...] = ("EVALSHA", sha, len(keys), *keys)
+                packed = hiredis.pack_command(command)
+                head = heads[head_key] = (packed[packed.index(b"\r\n") + 2:], 3 + len(keys))
+            body, count = head
+            tail = hiredis.pack_command(tuple(args))
+            out.append(b"*%d\r\n%b%b" % (count + len(args), body,
+                                           tail[tail.index(b"\r\n") + 2:]))
+        return b"".join(out)
 
     async def _read(self, n: int) -> list[Any]:
         """The next ``n`` replies on the socket (an error reply comes as its exception, not

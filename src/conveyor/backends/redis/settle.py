@@ -125,6 +125,12 @@ class SettleMixin(RedisCore):
             reply = [None] * len(acks)  # an error reply, or none: it may have landed
             for lease, _ in acks:  # until each is answered (see _settle)
                 self._unsure[lease.job_id] = lease.token
+        if not self._unsure and reply.count("ok") == len(reply):
+            # The usual answer: every ack held, and no earlier settle of ours went unanswered.
+            forget = self._queue_of.pop
+            for lease, _ in acks:
+                forget(lease.job_id, None)
+            return [True] * len(acks)
         held: list[bool] = []
         for (lease, result), r in zip(acks, reply, strict=True):
             if r == "ok" or (r == "lost" and not self._was_unsure(lease)):
