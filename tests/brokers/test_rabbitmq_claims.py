@@ -144,3 +144,21 @@ def test_messages_a_consumer_took_go_back_when_claims_stop(
     got = claim_until(open_broker(), broker, ids)
     assert {j.id for j in got} == ids
     assert [j.attempts for j in got] == [1, 1, 1]  # handed back uncharged
+
+
+@rabbitmq
+def test_a_job_claimed_before_the_consumers_stop_keeps_its_lease(
+        open_broker: Open, broker: Broker) -> None:
+    """Cancelling the consumers of an idle app gives back only what no claim took: a job that
+    runs meanwhile (a long task on a worker with no free slot) is still this app's."""
+    b = open_broker()
+    ids = {r.id for r in b.enqueue_many([job(n) for n in range(2)])}
+    running: list = []
+    wait_for(lambda: running.extend(claim(b, broker, 1)) or running)
+    transport = b.transport  # type: ignore[attr-defined]
+    wait_for(lambda: not transport._consumers)  # nobody claimed for a while: cancelled
+    assert b.heartbeat([Lease(j.id, j.lease_token) for j in running],
+                       lease_s=broker.lease_s) == set()
+    assert all(acks(b, running))
+    rest = claim_until(b, broker, ids - {j.id for j in running})
+    assert sorted(j.id for j in [*running, *rest]) == sorted(ids)
