@@ -10,13 +10,14 @@ import threading
 from collections.abc import Callable, Iterator
 
 import pytest
-from brokerkit import PARAMS, Broker, wait_for
+from brokerkit import PARAMS, RABBITMQ_URL, Broker, wait_for
 from support import collect, forked
 
-from conveyor import StoreUnavailable
+from conveyor import StoreError, StoreUnavailable
 from conveyor.backends import open_backend
 from conveyor.backends.base import Backend, Lease, NewJob
 from conveyor.backends.broker import rabbitmq
+from conveyor.backends.broker.transport import Lane
 
 Open = Callable[[], Backend]
 REPORT_WITHIN_S = 30.0  # only a hung child takes this long; it is killed then
@@ -101,3 +102,25 @@ def test_a_handshake_timeout_is_store_unavailable(
             b.claim("q", 1, worker_id="w", lease_s=30)
     finally:
         b.close()
+
+
+@pytest.mark.parametrize("broker", [p for p in PARAMS if p.startswith("rabbitmq")],
+                         indirect=True)
+def test_a_batch_with_a_message_no_queue_takes_fails(open_broker: Open, broker: Broker) -> None:
+    """A batch is published, then its confirms awaited together: a message the broker
+    returned (its lane was deleted behind the transport's back) still fails the enqueue."""
+    import pika
+
+    b = open_broker()
+    b.enqueue_many([job(0), job(0, "gone")])  # both lanes declared by this transport
+    gone = b.transport.name(Lane("gone", 0))  # type: ignore[attr-defined]
+    conn = pika.BlockingConnection(pika.URLParameters(RABBITMQ_URL))
+    try:
+        conn.channel().queue_delete(gone)
+    finally:
+        conn.close()
+    batch = [*(job(n) for n in range(3)), job(3, "gone"), *(job(n) for n in range(4, 7))]
+    with pytest.raises(StoreError, match="did not take"):
+        b.enqueue_many(batch)
+    # The transport goes on: the next batch is taken whole.
+    assert len(b.enqueue_many([job(n) for n in range(7, 10)])) == 3

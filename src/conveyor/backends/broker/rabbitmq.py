@@ -19,8 +19,9 @@ can be counted; the core counts attempts itself and usually gets there first).
   heartbeats) RabbitMQ hands it out again with ``x-delivery-count`` one higher. Delivery tags
   belong to a channel: a holder whose channel is gone cannot ack (``settle`` says False), so a
   zombie never finishes a redelivered attempt.
-* Publishes wait for publisher confirms, one by one (pika's blocking channel), ``mandatory``,
-  so a message that reaches no queue is an error, not a silent loss.
+* Publishes wait for publisher confirms, a batch's together (amqp_confirms.py, on a channel
+  of their own), ``mandatory``, so a message that reaches no queue is an error, not a silent
+  loss.
 * Delays without timers in the worker: a ladder of delay queues ``<prefix>.delay.<ms>`` whose
   message TTL is a power of two times 100 ms, each dead-lettering back through the default
   exchange to the lane named by the message's routing key. A message waits in the largest step
@@ -51,6 +52,7 @@ from pika.adapters.utils.connection_workflow import AMQPConnectorException
 from ...errors import ConfigurationError, StoreError, StoreUnavailable
 from .. import forking, redact_url
 from ..base import Backend
+from .amqp_confirms import ConfirmingPublisher, usable
 from .companion import CompanionBackend
 from .core import BrokerBackend
 from .transport import Delivery, Lane, LaneDepth, Outgoing
@@ -105,6 +107,7 @@ class RabbitTransport:
         self._lock = threading.RLock()
         self._conn: Any = None
         self._ch: Any = None
+        self._pub: ConfirmingPublisher | None = None  # a second channel, for publishes
         self.epoch = 0  # bumped with every new channel: a delivery of an older one is lost
         self._declared: set[str] = set()
         # Consumers of this channel, by lane name, and what each delivered that no claim took
@@ -130,8 +133,8 @@ class RabbitTransport:
         parent's session and leases. It is kept untouched for the child's life and this
         process connects anew on first use; the pump thread and whoever held the lock are
         not in this process."""
-        forking.keep_inherited(self._conn, self._ch)
-        self._conn = self._ch = None
+        forking.keep_inherited(self._conn, self._ch, self._pub)
+        self._conn = self._ch = self._pub = None
         self._lock = threading.RLock()
         self.epoch += 1  # a delivery the parent held is not this process's to settle
         self._declared = set()
@@ -188,7 +191,7 @@ class RabbitTransport:
         return ch
 
     def _drop(self) -> None:
-        conn, self._conn, self._ch = self._conn, None, None
+        conn, self._conn, self._ch, self._pub = self._conn, None, None, None
         self._consumers.clear()
         self._lanes_by_tag.clear()
         self._buffers.clear()
@@ -294,17 +297,31 @@ class RabbitTransport:
         props = pika.BasicProperties(delivery_mode=2, content_type="application/json")
 
         def send(ch: Any) -> None:
+            out = []
             for item in items:
                 self._ensure(ch, item.lane)
                 target = self.name(item.lane)
-                if item.delay * 1000 < STEP_MS / 2:
-                    ch.basic_publish("", target, item.body, props, mandatory=True)
-                    continue
-                step = max(0, min(STEPS - 1, int(math.log2(item.delay * 1000 / STEP_MS))))
-                ch.basic_publish(self._delay_queue(ch, step), target, item.body, props,
-                                 mandatory=True)
+                exchange = ""
+                if item.delay * 1000 >= STEP_MS / 2:
+                    step = max(0, min(STEPS - 1, int(math.log2(item.delay * 1000 / STEP_MS))))
+                    exchange = self._delay_queue(ch, step)
+                out.append((exchange, target, item.body, props))
+            publisher = self._publisher()
+            if publisher is not None:
+                publisher.publish(out)  # the confirms awaited together
+                return
+            for exchange, target, body, p in out:
+                ch.basic_publish(exchange, target, body, p, mandatory=True)
 
         self._call(f"publishing {len(items)} message(s)", send, safe=False)
+
+    def _publisher(self) -> ConfirmingPublisher | None:
+        """The connection's publishing channel (holding the lock), None if this pika lacks
+        what it needs (then the main channel publishes one by one)."""
+        if self._pub is None or not self._pub.is_open:
+            channel = self._conn.channel()
+            self._pub = ConfirmingPublisher(channel) if usable(channel) else None
+        return self._pub
 
     def receive(self, lane: Lane, limit: int, *, lease_s: float) -> list[Delivery]:
         if lane.dead:
