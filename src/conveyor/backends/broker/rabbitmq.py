@@ -318,9 +318,8 @@ class RabbitTransport:
     def _publisher(self) -> ConfirmingPublisher | None:
         """The connection's publishing channel (holding the lock), None if this pika lacks
         what it needs (then the main channel publishes one by one)."""
-        if self._pub is None or not self._pub.is_open:
-            channel = self._conn.channel()
-            self._pub = ConfirmingPublisher(channel) if usable(channel) else None
+        if (self._pub is None or not self._pub.is_open) and usable(self._ch):
+            self._pub = ConfirmingPublisher(self._conn.channel())
         return self._pub
 
     def receive(self, lane: Lane, limit: int, *, lease_s: float) -> list[Delivery]:
@@ -337,7 +336,15 @@ class RabbitTransport:
             # The consumer pushes at most its prefetch (the first claim's limit), and only
             # some time after it starts: the rest of what the lane has is taken directly, so a
             # claim returns what is there up to its own limit.
-            return out + self._get_some(ch, lane, limit - len(out))
+            out += self._get_some(ch, lane, limit - len(out))
+            if len(out) < limit:
+                # A message the queue gave the consumer before the get is not in the queue
+                # for the get: its delivery came in ahead of the get's reply, and pika
+                # dispatches it only now. Without it a lower lane's job could be left for
+                # after a higher lane's.
+                self._conn.process_data_events(0)
+                out += [buf.popleft() for _ in range(min(limit - len(out), len(buf)))]
+            return out
 
         # Safe to try again: what a lost channel held goes back to the broker.
         return self._call(f"receiving from {self.name(lane)}", take, safe=True)
