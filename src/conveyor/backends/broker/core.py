@@ -9,7 +9,8 @@ other stores keep in their tables.
   the real one. A delivery the broker handed out before (its holder died, froze or lost its
   connection) costs an attempt once it has been handed out ``MAX_STALLS`` times more than its
   attempts (the broker counts hand-outs, not starts); past ``max_attempts`` it goes to the dead
-  lane at once, as a reaped job goes dead.
+  lane at once, as a reaped job goes dead. A claim returns only deliveries the transport still
+  holds when it ends, and one that raises gives back what it received.
 * Ack, retry, kill and release check the token, then settle the delivery with the broker. A
   holder whose delivery the broker took back (a zombie) is told ``LeaseLost`` and records
   nothing: the settle is refused by the broker itself (a dead channel's tags, an outdated
@@ -228,20 +229,66 @@ class BrokerBackend(Backend):
         claim_id = new_claim_id() if claim_id is None else check_claim_id(claim_id)
         self._seen.add(queue)
         jobs: list[Job] = []
-        for lane in self.lanes(queue):
-            while len(jobs) < limit:
-                got = self.transport.receive(lane, limit - len(jobs), lease_s=lease_s)
-                if not got:
+        pending: list[Delivery] = []  # received, not yet handed out or dealt with
+        try:
+            for lane in self.lanes(queue):
+                while len(jobs) < limit:
+                    pending = self.transport.receive(lane, limit - len(jobs), lease_s=lease_s)
+                    if not pending:
+                        break
+                    while pending:
+                        job = self._hand_out(pending[0], worker_id=worker_id,
+                                             lease_s=lease_s, claim_id=claim_id)
+                        pending.pop(0)
+                        if job is not None:
+                            self._drop_earlier(jobs, job)
+                            jobs.append(job)
+                if len(jobs) >= limit:
                     break
-                for d in got:
-                    job = self._hand_out(d, worker_id=worker_id, lease_s=lease_s,
-                                         claim_id=claim_id)
-                    if job is not None:
-                        self._drop_earlier(jobs, job)
-                        jobs.append(job)
-            if len(jobs) >= limit:
-                break
-        return jobs
+            return self._still_held(jobs)
+        except BaseException:
+            self._abandon(jobs, pending)
+            raise
+
+    def _still_held(self, jobs: list[Job]) -> list[Job]:
+        """``jobs`` less those whose delivery the broker took back during the claim (the
+        channel that held it died between two receives, or while another thread of this
+        backend reconnected): the broker hands those out again, so returning them would run
+        them twice. A transport that can tell without asking the broker says so
+        (``still_held``); for the others a claim is too short to lose a delivery."""
+        check = getattr(self.transport, "still_held", None)
+        if check is None or not jobs:
+            return jobs
+        with self._lock:
+            held = [self._held.get(j.lease_token or "") for j in jobs]
+        kept = check([h.delivery for h in held if h is not None])
+        if all(kept) and None not in held:
+            return jobs
+        kept_it = iter(kept)
+        kept = [h is not None and next(kept_it) for h in held]
+        with self._lock:
+            for j, ok in zip(jobs, kept, strict=True):
+                if not ok:
+                    self._held.pop(j.lease_token or "", None)
+        return [j for j, ok in zip(jobs, kept, strict=True) if ok]
+
+    def _abandon(self, jobs: list[Job], pending: Sequence[Delivery]) -> None:
+        """A claim that raises returns nothing: what it received goes back to the broker now,
+        not when this backend's connection closes (a live one would hold it until then). With
+        a companion the store's record stays taken by this claim's token until the next
+        hand-out's take fences it."""
+        back = list(pending)
+        with self._lock:
+            for j in jobs:
+                h = self._held.pop(j.lease_token or "", None)
+                if h is not None:
+                    back.append(h.delivery)
+        if back:
+            try:
+                self.transport.give_back(back)
+            except Exception:  # the error being raised says more; the broker's lease ends
+                log.warning("%s: could not give back %d message(s) of a failed claim",
+                            self.kind, len(back), exc_info=True)
 
     def _drop_earlier(self, jobs: list[Job], job: Job) -> None:
         """Remove from ``jobs`` an earlier hand-out of ``job`` in the same claim. The broker

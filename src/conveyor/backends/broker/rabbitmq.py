@@ -8,16 +8,20 @@ can be counted; the core counts attempts itself and usually gets there first).
 
 * Job lanes are consumed (``basic.consume``, manual acks) with a prefetch of the worker's free
   slots (the first claim's limit, or ``?prefetch=``): a claim takes what the consumers
-  delivered, lowest level first; the dead lane, which nobody consumes, is read with
-  ``basic.get``. Messages delivered and never claimed are published again as fresh copies at
-  close, so they are not charged a delivery.
+  delivered, lowest level first, and the rest up to its limit with ``basic.get`` (a consumer
+  pushes only some time after it starts, and never past its prefetch); the dead lane, which
+  nobody consumes, is read with ``basic.get`` alone. Messages delivered and never claimed
+  are published again as fresh copies, so they are not charged a delivery: at close, and
+  once nobody claimed or waited for ``UNCLAIMED_S`` (the worker stopped: the consumers are
+  cancelled until the next claim), so other apps' workers get them.
 * The lease is the connection: a message delivered to a consumer stays this connection's
   until it is acked; if the connection dies (the worker was killed, or froze past two
   heartbeats) RabbitMQ hands it out again with ``x-delivery-count`` one higher. Delivery tags
   belong to a channel: a holder whose channel is gone cannot ack (``settle`` says False), so a
   zombie never finishes a redelivered attempt.
-* Publishes wait for publisher confirms, one by one (pika's blocking channel), ``mandatory``,
-  so a message that reaches no queue is an error, not a silent loss.
+* Publishes wait for publisher confirms, a batch's together (amqp_confirms.py, on a channel
+  of their own), ``mandatory``, so a message that reaches no queue is an error, not a silent
+  loss.
 * Delays without timers in the worker: a ladder of delay queues ``<prefix>.delay.<ms>`` whose
   message TTL is a power of two times 100 ms, each dead-lettering back through the default
   exchange to the lane named by the message's routing key. A message waits in the largest step
@@ -26,6 +30,7 @@ can be counted; the core counts attempts itself and usually gets there first).
 * pika's blocking connection is not thread-safe: every use holds one lock, and a pump thread
   serves heartbeats between calls, so a worker busy in long tasks keeps its connection (and
   its leases) alive, and a frozen process loses them.
+* A forked child connects anew (forking.py): the parent's socket stays the parent's.
 """
 
 from __future__ import annotations
@@ -42,10 +47,12 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import pika
 import pika.exceptions as pex
+from pika.adapters.utils.connection_workflow import AMQPConnectorException
 
 from ...errors import ConfigurationError, StoreError, StoreUnavailable
-from .. import redact_url
+from .. import forking, redact_url
 from ..base import Backend
+from .amqp_confirms import ConfirmingPublisher, usable
 from .companion import CompanionBackend
 from .core import BrokerBackend
 from .transport import Delivery, Lane, LaneDepth, Outgoing
@@ -61,9 +68,16 @@ STEP_MS = 100  # the shortest delay step
 STEPS = 21  # 100 ms .. 100 ms * 2**20 (29 hours)
 RETRY_BUDGET = 10.0  # seconds a call keeps trying to reach the broker
 WAIT_SLICE = 0.02  # seconds an idle wait serves the connection while holding the lock
+# Seconds without a claim or wait after which the consumers' unclaimed messages go back to the
+# queue. A worker waits or claims continuously while it has free slots, so only a stopped
+# worker (or an app that runs none) goes this long; short, so another worker is not kept
+# waiting for them.
+UNCLAIMED_S = 2.0
 _OURS = {"prefix", "levels", "delivery_limit", "expires", "prefetch"}
-_GONE = (pex.AMQPConnectionError, pex.AMQPChannelError, pex.StreamLostError,
-         pex.ConnectionClosed, pex.ChannelClosed, ConnectionError, OSError)
+# What a lost or unreachable broker raises. pika's connection workflow lets some of its own
+# errors out as they are (a handshake that timed out: not an AMQPError), and a garbled stream
+# raises a protocol error: each means the connection is gone.
+_GONE = (pex.AMQPError, AMQPConnectorException, ConnectionError, OSError)
 
 
 def parse_levels(text: str, url: str) -> tuple[int, ...]:
@@ -93,6 +107,7 @@ class RabbitTransport:
         self._lock = threading.RLock()
         self._conn: Any = None
         self._ch: Any = None
+        self._pub: ConfirmingPublisher | None = None  # a second channel, for publishes
         self.epoch = 0  # bumped with every new channel: a delivery of an older one is lost
         self._declared: set[str] = set()
         # Consumers of this channel, by lane name, and what each delivered that no claim took
@@ -102,8 +117,31 @@ class RabbitTransport:
         self._buffers: dict[str, collections.deque[Delivery]] = {}
         self.prefetch = prefetch  # per lane; None: the first claim's limit (the free slots)
         self._closed = False
-        self._pump = threading.Thread(target=self._pump_loop, args=(heartbeat_s,),
-                                      name="conveyor-amqp-pump", daemon=True)
+        self._heartbeat_s = heartbeat_s
+        self._pump = self._new_pump()
+        self._pump_started = False
+        self._active = time.monotonic()  # the last claim or wait on a job lane
+        forking.register(self)
+
+    def _new_pump(self) -> threading.Thread:
+        return threading.Thread(target=self._pump_loop, args=(self._heartbeat_s,),
+                                name="conveyor-amqp-pump", daemon=True)
+
+    def _after_fork_in_child(self) -> None:
+        """The connection is the parent's: its socket carries the parent's conversation (two
+        processes on it mix their frames and hang), and closing it here would end the
+        parent's session and leases. It is kept untouched for the child's life and this
+        process connects anew on first use; the pump thread and whoever held the lock are
+        not in this process."""
+        forking.keep_inherited(self._conn, self._ch, self._pub)
+        self._conn = self._ch = self._pub = None
+        self._lock = threading.RLock()
+        self.epoch += 1  # a delivery the parent held is not this process's to settle
+        self._declared = set()
+        self._consumers = {}
+        self._lanes_by_tag = {}
+        self._buffers = {}
+        self._pump = self._new_pump()
         self._pump_started = False
 
     # -- names -----------------------------------------------------------------------------
@@ -153,7 +191,7 @@ class RabbitTransport:
         return ch
 
     def _drop(self) -> None:
-        conn, self._conn, self._ch = self._conn, None, None
+        conn, self._conn, self._ch, self._pub = self._conn, None, None, None
         self._consumers.clear()
         self._lanes_by_tag.clear()
         self._buffers.clear()
@@ -162,7 +200,8 @@ class RabbitTransport:
                 conn.close()
 
     def _pump_loop(self, every: float) -> None:
-        """Serve heartbeats and notice a dead connection while nobody calls."""
+        """Serve heartbeats and notice a dead connection while nobody calls; once claims
+        stop, give back what the consumers took."""
         while not self._closed:
             time.sleep(every)
             with self._lock:
@@ -170,10 +209,25 @@ class RabbitTransport:
                     continue
                 try:
                     self._conn.process_data_events(0)
+                    if self._consumers and time.monotonic() - self._active > UNCLAIMED_S:
+                        self._stop_consuming()
                 except _GONE as exc:
                     log.warning("RabbitMQ at %s: connection lost (%s); its messages go back "
                                 "to the broker", self.where, exc)
                     self._drop()
+
+    def _stop_consuming(self) -> None:
+        """Cancel the consumers and give back what they delivered that no claim took (holding
+        the lock). Nobody claimed or waited for ``UNCLAIMED_S``: the worker stopped, or this
+        app never runs one. Until the app closes, its consumers would keep taking messages no
+        claim reads, and other apps' workers would get none. The next claim or wait consumes
+        again."""
+        for tag in list(self._consumers.values()):
+            # pika rejects (requeues) what arrived for the consumer and was not dispatched yet.
+            self._ch.basic_cancel(tag)
+        self._consumers.clear()
+        self._lanes_by_tag.clear()
+        self._hand_back_unclaimed()
 
     def _call(self, what: str, fn: Callable[[Any], T], *, safe: bool) -> T:
         """``fn(channel)`` under the lock, reconnecting and trying again while the broker is
@@ -243,28 +297,54 @@ class RabbitTransport:
         props = pika.BasicProperties(delivery_mode=2, content_type="application/json")
 
         def send(ch: Any) -> None:
+            out = []
             for item in items:
                 self._ensure(ch, item.lane)
                 target = self.name(item.lane)
-                if item.delay * 1000 < STEP_MS / 2:
-                    ch.basic_publish("", target, item.body, props, mandatory=True)
-                    continue
-                step = max(0, min(STEPS - 1, int(math.log2(item.delay * 1000 / STEP_MS))))
-                ch.basic_publish(self._delay_queue(ch, step), target, item.body, props,
-                                 mandatory=True)
+                exchange = ""
+                if item.delay * 1000 >= STEP_MS / 2:
+                    step = max(0, min(STEPS - 1, int(math.log2(item.delay * 1000 / STEP_MS))))
+                    exchange = self._delay_queue(ch, step)
+                out.append((exchange, target, item.body, props))
+            publisher = self._publisher()
+            if publisher is not None:
+                publisher.publish(out)  # the confirms awaited together
+                return
+            for exchange, target, body, p in out:
+                ch.basic_publish(exchange, target, body, p, mandatory=True)
 
         self._call(f"publishing {len(items)} message(s)", send, safe=False)
+
+    def _publisher(self) -> ConfirmingPublisher | None:
+        """The connection's publishing channel (holding the lock), None if this pika lacks
+        what it needs (then the main channel publishes one by one)."""
+        if (self._pub is None or not self._pub.is_open) and usable(self._ch):
+            self._pub = ConfirmingPublisher(self._conn.channel())
+        return self._pub
 
     def receive(self, lane: Lane, limit: int, *, lease_s: float) -> list[Delivery]:
         if lane.dead:
             return self._get(lane, limit)
 
         def take(ch: Any) -> list[Delivery]:
+            self._active = time.monotonic()
             self._consume(ch, lane, limit)
             buf = self._buffers[self.name(lane)]
             if len(buf) < limit:
                 self._conn.process_data_events(0)  # what arrived since
-            return [buf.popleft() for _ in range(min(limit, len(buf)))]
+            out = [buf.popleft() for _ in range(min(limit, len(buf)))]
+            # The consumer pushes at most its prefetch (the first claim's limit), and only
+            # some time after it starts: the rest of what the lane has is taken directly, so a
+            # claim returns what is there up to its own limit.
+            out += self._get_some(ch, lane, limit - len(out))
+            if len(out) < limit:
+                # A message the queue gave the consumer before the get is not in the queue
+                # for the get: its delivery came in ahead of the get's reply, and pika
+                # dispatches it only now. Without it a lower lane's job could be left for
+                # after a higher lane's.
+                self._conn.process_data_events(0)
+                out += [buf.popleft() for _ in range(min(limit - len(out), len(buf)))]
+            return out
 
         # Safe to try again: what a lost channel held goes back to the broker.
         return self._call(f"receiving from {self.name(lane)}", take, safe=True)
@@ -294,20 +374,24 @@ class RabbitTransport:
             Delivery(lane, body, (self.epoch, method.delivery_tag), count + 1))
 
     def _get(self, lane: Lane, limit: int) -> list[Delivery]:
-        """``basic.get`` one by one: for the dead lane, which nobody consumes."""
+        """``basic.get``: for the dead lane, which nobody consumes."""
         def get(ch: Any) -> list[Delivery]:
             self._ensure(ch, lane)
-            out = []
-            name = self.name(lane)
-            for _ in range(limit):
-                method, props, body = ch.basic_get(name, auto_ack=False)
-                if method is None:
-                    break
-                count = int((props.headers or {}).get("x-delivery-count", 0))
-                out.append(Delivery(lane, body, (self.epoch, method.delivery_tag), count + 1))
-            return out
+            return self._get_some(ch, lane, limit)
 
         return self._call(f"receiving from {self.name(lane)}", get, safe=True)
+
+    def _get_some(self, ch: Any, lane: Lane, limit: int) -> list[Delivery]:
+        """Up to ``limit`` messages of ``lane`` by ``basic.get``, one by one."""
+        out: list[Delivery] = []
+        name = self.name(lane)
+        while len(out) < limit:
+            method, props, body = ch.basic_get(name, auto_ack=False)
+            if method is None:
+                break
+            count = int((props.headers or {}).get("x-delivery-count", 0))
+            out.append(Delivery(lane, body, (self.epoch, method.delivery_tag), count + 1))
+        return out
 
     def _ours(self, d: Delivery) -> bool:
         return (d.handle[0] == self.epoch and self._ch is not None and self._ch.is_open
@@ -329,8 +413,13 @@ class RabbitTransport:
             return done
 
     def extend(self, deliveries: Sequence[Delivery], *, lease_s: float) -> list[bool]:
-        # Nothing to extend: the connection is the lease. Serve the connection first, so a
-        # channel RabbitMQ closed (a consumer timeout, a restart) is noticed now.
+        # Nothing to extend: the connection is the lease.
+        return self.still_held(deliveries)
+
+    def still_held(self, deliveries: Sequence[Delivery]) -> list[bool]:
+        """Whether this transport's live channel still holds each delivery (the core asks
+        before a claim returns). The connection is served first, so a channel RabbitMQ closed
+        (a consumer timeout, a restart) is noticed now."""
         with self._lock:
             if self._conn is not None:
                 try:
@@ -356,6 +445,7 @@ class RabbitTransport:
         jobs = [lane for lane in lanes if not lane.dead]
 
         def look(ch: Any) -> bool:
+            self._active = time.monotonic()
             for lane in jobs:
                 self._consume(ch, lane, None)
             if any(self._buffers[self.name(lane)] for lane in jobs):
@@ -390,6 +480,9 @@ class RabbitTransport:
         with self._lock:
             try:
                 self._hand_back_unclaimed()
+            except _GONE:
+                log.warning("RabbitMQ at %s: could not hand back unclaimed messages; the "
+                            "broker gives them back as it does a lost connection's", self.where)
             finally:
                 self._closed = True
                 self._drop()
@@ -397,20 +490,21 @@ class RabbitTransport:
     def _hand_back_unclaimed(self) -> None:
         """Messages a consumer delivered that no claim took: published again as fresh copies,
         then acked, so they do not come back with a higher delivery count (the core would
-        charge an attempt for it). If that fails, closing gives them back as they are."""
+        charge an attempt for it). A copy the lane refuses (full, or deleted) is given back
+        as it is. Raises what a lost connection raises (the broker then gives them back)."""
         if self._ch is None or not self._ch.is_open:
             return
         props = pika.BasicProperties(delivery_mode=2, content_type="application/json")
-        try:
-            for name, buf in self._buffers.items():
-                while buf:
-                    d = buf[0]
+        for name, buf in self._buffers.items():
+            while buf:
+                d = buf[0]
+                try:
                     self._ch.basic_publish("", name, d.body, props, mandatory=True)
+                except (pex.UnroutableError, pex.NackError):
+                    self._ch.basic_nack(d.handle[1], requeue=True)
+                else:
                     self._ch.basic_ack(d.handle[1])
-                    buf.popleft()
-        except (*_GONE, pex.UnroutableError, pex.NackError):
-            log.warning("RabbitMQ at %s: could not hand back unclaimed messages; the broker "
-                        "gives them back as it does a lost connection's", self.where)
+                buf.popleft()
 
 
 def open_rabbitmq(url: str, *, state: Backend | None = None) -> BrokerBackend:

@@ -1,0 +1,164 @@
+"""RabbitMQ's claims: what a claim returns is held by a live channel, a claim that fails hands
+its messages back, a claim takes what the queue has (not only what a consumer pushed), and
+messages a consumer took that no claim reads go back to the queue. RabbitMQ alone and with
+each companion store (the claim is the core's either way)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+from brokerkit import PARAMS, Broker, wait_for
+
+from conveyor import StoreUnavailable
+from conveyor.backends.base import Backend, Lease, NewJob
+from conveyor.backends.broker.transport import Lane
+
+Open = Callable[[], Backend]
+rabbitmq = pytest.mark.parametrize(
+    "broker", [p for p in PARAMS if p.startswith("rabbitmq")], indirect=True)
+
+
+def job(n: int, **kw: object) -> NewJob:
+    base: dict[str, object] = {"task": "t.work", "queue": "q", "args": json.dumps({"n": n}),
+                               "max_attempts": 5, "timeout": 30.0}
+    base.update(kw)
+    return NewJob(**base)  # type: ignore[arg-type]
+
+
+def claim(b: Backend, broker: Broker, limit: int = 10) -> list:
+    return b.claim("q", limit, worker_id="w1", lease_s=broker.lease_s)
+
+
+def acks(b: Backend, jobs: list) -> list[bool]:
+    return b.ack_many([(Lease(j.id, j.lease_token), None) for j in jobs])
+
+
+def claim_until(b: Backend, broker: Broker, ids: set[int], timeout: float = 15.0) -> list:
+    """Claim (and ack) until every job of ``ids`` was handed out; every hand-out, in order."""
+    got: list = []
+
+    def more() -> bool:
+        batch = claim(b, broker)
+        assert all(acks(b, batch)), "a claim returned a job whose lease was gone"
+        got.extend(batch)
+        return {j.id for j in got} >= ids
+
+    wait_for(more, timeout)
+    return got
+
+
+@rabbitmq
+def test_a_claim_returns_no_job_whose_channel_died_during_it(
+        open_broker: Open, broker: Broker) -> None:
+    """The channel dies after the claim received lane -1 and before it receives lane 1:
+    lane -1's messages go back to the broker and are handed out again, so the claim must not
+    return them (they would run twice: here, and wherever the broker sends them)."""
+    b = open_broker()
+    early = {r.id for r in b.enqueue_many([job(n, priority=-1) for n in range(3)])}
+    late = {r.id for r in b.enqueue_many([job(n, priority=1) for n in range(3, 6)])}
+    transport = b.transport  # type: ignore[attr-defined]
+    receive = transport.receive
+    lost: list[Lane] = []
+
+    def lose_then_receive(lane: Lane, limit: int, *, lease_s: float) -> list:
+        if lane.level == 1 and not lost:
+            lost.append(lane)
+            broker.lose(b, broker.lease_s)
+        return receive(lane, limit, lease_s=lease_s)
+
+    transport.receive = lose_then_receive
+    first = claim(b, broker)
+    transport.receive = receive
+    assert lost
+    assert {j.id for j in first} <= late
+    assert all(acks(b, first))
+    rest = claim_until(b, broker, (early | late) - {j.id for j in first})
+    every = [j.id for j in [*first, *rest]]
+    assert sorted(every) == sorted(early | late)  # each once
+
+
+@rabbitmq
+def test_a_claim_that_fails_hands_its_messages_back(open_broker: Open, broker: Broker) -> None:
+    """The claim's second receive fails: what the first one took must not stay held by this
+    backend's connection (still open, so the broker would never give it to anyone else)."""
+    b = open_broker()
+    ids = {r.id for r in b.enqueue_many([job(n, priority=-1) for n in range(3)])}
+    b.enqueue_many([job(9, priority=1)])
+    transport = b.transport  # type: ignore[attr-defined]
+    receive = transport.receive
+    calls: list[Lane] = []
+
+    def receive_then_fail(lane: Lane, limit: int, *, lease_s: float) -> list:
+        calls.append(lane)
+        if len(calls) > 1:
+            raise StoreUnavailable("RabbitMQ went away in the middle of the claim")
+        return receive(lane, limit, lease_s=lease_s)
+
+    transport.receive = receive_then_fail
+    with pytest.raises(StoreUnavailable):
+        claim(b, broker)
+    transport.receive = receive
+    assert b._held == {}  # type: ignore[attr-defined]
+    other = open_broker()
+    got = claim_until(other, broker, ids)
+    assert {j.id for j in got} >= ids
+    assert {j.attempts for j in got if j.id in ids} <= {1, 2}  # given back, not lost
+
+
+@rabbitmq
+def test_a_claim_right_after_an_enqueue_takes_what_is_there(
+        open_broker: Open, broker: Broker) -> None:
+    b = open_broker()
+    ids = [r.id for r in b.enqueue_many([job(n) for n in range(3)])]
+    got = claim(b, broker)
+    assert sorted(j.id for j in got) == sorted(ids)
+    assert all(acks(b, got))
+
+
+@rabbitmq
+def test_a_later_claim_may_take_more_than_the_first_claims_limit(
+        open_broker: Open, broker: Broker) -> None:
+    """The consumer's prefetch comes from the first claim (a worker's free slots); a later
+    claim with more free slots still gets what it asks for, while the first claim's jobs run."""
+    b = open_broker()
+    b.enqueue_many([job(n) for n in range(2)])
+    running: list = []
+    wait_for(lambda: running.extend(claim(b, broker, 2 - len(running))) or len(running) == 2)
+    more = {r.id for r in b.enqueue_many([job(n) for n in range(2, 10)])}
+    got = claim(b, broker, 8)
+    assert {j.id for j in got} == more
+    assert all(acks(b, [*running, *got]))
+
+
+@rabbitmq
+def test_messages_a_consumer_took_go_back_when_claims_stop(
+        open_broker: Open, broker: Broker) -> None:
+    """An app whose worker stopped keeps its consumer until it is closed: what the consumer
+    took and no claim read must go back to the queue for other apps' workers, soon."""
+    idle = open_broker()
+    assert idle.wait_for_jobs(["q"], 0.05) is False  # consuming, as a worker waiting does
+    ids = {r.id for r in idle.enqueue_many([job(n) for n in range(3)])}
+    wait_for(lambda: idle.wait_for_jobs(["q"], 0.05))  # pushed to the idle app's consumer
+    got = claim_until(open_broker(), broker, ids)
+    assert {j.id for j in got} == ids
+    assert [j.attempts for j in got] == [1, 1, 1]  # handed back uncharged
+
+
+@rabbitmq
+def test_a_job_claimed_before_the_consumers_stop_keeps_its_lease(
+        open_broker: Open, broker: Broker) -> None:
+    """Cancelling the consumers of an idle app gives back only what no claim took: a job that
+    runs meanwhile (a long task on a worker with no free slot) is still this app's."""
+    b = open_broker()
+    ids = {r.id for r in b.enqueue_many([job(n) for n in range(2)])}
+    running: list = []
+    wait_for(lambda: running.extend(claim(b, broker, 1)) or running)
+    transport = b.transport  # type: ignore[attr-defined]
+    wait_for(lambda: not transport._consumers)  # nobody claimed for a while: cancelled
+    assert b.heartbeat([Lease(j.id, j.lease_token) for j in running],
+                       lease_s=broker.lease_s) == set()
+    assert all(acks(b, running))
+    rest = claim_until(b, broker, ids - {j.id for j in running})
+    assert sorted(j.id for j in [*running, *rest]) == sorted(ids)
