@@ -168,6 +168,13 @@ class CompanionBackend(BrokerBackend):
             self._held[token] = _Held(d, body, job.attempts, worker_id)
         return job
 
+    def _unlease(self, jobs: Sequence[Job]) -> None:
+        # Before the messages go back: a store lease left behind would make the next take
+        # fence it and record a lost attempt for a job that never ran.
+        leases = [Lease(j.id, j.lease_token) for j in jobs if j.lease_token]
+        if leases:
+            self.state.release(leases)
+
     def heartbeat(self, leases: Sequence[Lease], *, lease_s: float, now: float | None = None,
                   held: Collection[int] = ()) -> set[int]:
         lost = super().heartbeat(leases, lease_s=lease_s, now=now, held=held)

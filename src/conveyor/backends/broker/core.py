@@ -270,19 +270,29 @@ class BrokerBackend(Backend):
             for j, ok in zip(jobs, kept, strict=True):
                 if not ok:
                     self._held.pop(j.lease_token or "", None)
+        self._unlease([j for j, ok in zip(jobs, kept, strict=True) if not ok])
         return [j for j, ok in zip(jobs, kept, strict=True) if ok]
+
+    def _unlease(self, jobs: Sequence[Job]) -> None:
+        """Hand-outs a claim drops without returning them, their messages gone or going back
+        to the broker: a broker alone keeps nothing else of them. A companion gives back its
+        store's leases (broker/companion.py), so the next hand-out does not count them lost."""
 
     def _abandon(self, jobs: list[Job], pending: Sequence[Delivery]) -> None:
         """A claim that raises returns nothing: what it received goes back to the broker now,
         not when this backend's connection closes (a live one would hold it until then). With
-        a companion the store's record stays taken by this claim's token until the next
-        hand-out's take fences it."""
+        a companion the store's leases are given back first (``_unlease``)."""
         back = list(pending)
         with self._lock:
             for j in jobs:
                 h = self._held.pop(j.lease_token or "", None)
                 if h is not None:
                     back.append(h.delivery)
+        try:
+            self._unlease(jobs)
+        except Exception:  # the next take fences these leases; the messages must go back
+            log.warning("%s: could not give back the store leases of a failed claim",
+                        self.kind, exc_info=True)
         if back:
             try:
                 self.transport.give_back(back)
