@@ -29,8 +29,9 @@ from .outbox import mark_created
 from .queries import CHANNEL, DEPTH_LOCK, ENQUEUE_ONE, Q
 
 UNIQUE_RACE_TRIES = 3  # a unique key that changes hands between insert and lookup is tried again
-# From this many jobs a plain batch goes in by COPY (_plain_copy_plan); below it, one statement
-# (insert_plain) is the fewer round trips and costs less.
+# From this many jobs a batch of _batchable jobs goes in by COPY (_plain_copy_plan); below it,
+# one statement (insert_plain) is the fewer round trips and costs less (the crossover measured by
+# calls of 10 to 1,000 jobs, docs/benchmarks.md).
 COPY_MIN_JOBS = 100
 
 
