@@ -12,6 +12,7 @@ a broken CI service can never turn the conformance suite green by skipping it.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -93,3 +94,15 @@ def make_app(store_url: str) -> Iterator[Callable[..., Conveyor]]:
 def app(make_app: Callable[..., Conveyor]) -> Conveyor:
     """A Conveyor app on the same store as ``backend``."""
     return make_app()
+
+
+@pytest.fixture(autouse=True)
+def _pg_copy_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CONVEYOR_TEST_PG_COPY_MIN_JOBS=2 sends every PostgreSQL batch of plain jobs through the
+    COPY path (tests/postgres/test_pg_copy_conformance.py runs the enqueue conformance tests so),
+    which the suite's small batches would otherwise never reach."""
+    value = os.environ.get("CONVEYOR_TEST_PG_COPY_MIN_JOBS")
+    if value:
+        from conveyor.backends.postgres import enqueue as pg_enqueue
+
+        monkeypatch.setattr(pg_enqueue, "COPY_MIN_JOBS", int(value))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -19,8 +21,8 @@ from pgrig import fresh_schema
 from psycopg.rows import dict_row
 from support import T0, new_job
 
-from conveyor import ConveyorError
-from conveyor.backends.base import NewJob
+from conveyor import ConveyorError, QueueFull
+from conveyor.backends.base import NewBatch, NewJob
 from conveyor.backends.postgres import PostgresBackend
 from conveyor.backends.postgres import enqueue as pg_enqueue
 from conveyor.backends.postgres.queries import Q
@@ -257,3 +259,136 @@ def test_a_caller_in_pipeline_mode_gets_the_one_statement(
         conn.commit()
     got = backend.get(results[-1].id)
     assert got is not None and got.args == {"i": BIG - 1} and got.uid == results[-1].uid
+
+
+def spy_paths(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """Per enqueue of the backend's own transaction, the kinds of statement its plan ran
+    ("copy" among them when it went by COPY)."""
+    calls: list[list[str]] = []
+    real = pg_enqueue.run_plan
+
+    def recording(cur: Any, plan: Any) -> Any:
+        kinds: list[str] = []
+        calls.append(kinds)
+
+        def watched() -> Any:
+            reply = None
+            try:
+                while True:
+                    stmt = plan.send(reply)
+                    kinds.append(stmt.fetch)
+                    reply = yield stmt
+            except StopIteration as done:
+                return done.value
+
+        return real(cur, watched())
+
+    monkeypatch.setattr(pg_enqueue, "run_plan", recording)
+    return calls
+
+
+def count_jobs(url: str, queue: str | None = None) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM conveyor_jobs WHERE queue = coalesce(%s, queue)",
+                           [queue]).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_depth_limited_big_batch_goes_by_copy_and_a_refusal_writes_nothing(
+        backend: PostgresBackend, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = spy_paths(monkeypatch)
+    limit = BIG + BIG // 2
+    jobs = [new_job(args={"i": i}, queue="lim", max_depth=limit) for i in range(BIG)]
+    first = enqueue_by("copy", backend, jobs, monkeypatch, now=T0)
+    assert "copy" in paths[-1] and [r.id for r in first] == sorted(r.id for r in first)
+    assert count_jobs(pg_url, "lim") == BIG
+    # A second batch would take the queue past its limit: refused, and none of it written,
+    # while another queue of the same batch without a limit is undone too.
+    again = jobs + [new_job(args={"other": i}) for i in range(10)]
+    with pytest.raises(QueueFull) as refused:
+        enqueue_by("copy", backend, again, monkeypatch, now=T0)
+    assert "copy" in paths[-1]
+    assert (refused.value.queue, refused.value.depth, refused.value.limit) == ("lim", BIG, limit)
+    assert count_jobs(pg_url) == BIG
+    # In the caller's transaction: the savepoint is undone, the caller's own writes are kept.
+    with psycopg.connect(pg_url) as conn:
+        conn.execute("CREATE TABLE side (x int)")
+        conn.execute("INSERT INTO side VALUES (1)")
+        with pytest.raises(QueueFull):
+            enqueue_by("copy", backend, again, monkeypatch, connection=conn)
+        conn.commit()
+        assert conn.execute("SELECT count(*) FROM side").fetchone() == (1,)
+    assert count_jobs(pg_url) == BIG
+    # Room for exactly what is left: all of it written.
+    rest = enqueue_by("copy", backend, jobs[:limit - BIG], monkeypatch, now=T0)
+    assert "copy" in paths[-1] and len(rest) == limit - BIG
+    assert count_jobs(pg_url, "lim") == limit
+
+
+def test_a_waiting_worker_wakes_on_a_copy_batch(
+        backend: PostgresBackend, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    queue = f"wake{uuid.uuid4().hex[:10]}"
+    paths = spy_paths(monkeypatch)
+    waiter = PostgresBackend(pg_url)
+    woke: list[tuple[bool, float]] = []
+
+    def wait() -> None:
+        t0 = time.monotonic()
+        woke.append((waiter.wait_for_jobs([queue], timeout=60), time.monotonic() - t0))
+
+    thread = threading.Thread(target=wait)
+    try:
+        thread.start()
+        time.sleep(0.5)  # listening by now, most likely; if not, its first look finds the jobs
+        results = enqueue_by("copy", backend, [new_job(args={"i": i}, queue=queue)
+                                               for i in range(BIG)], monkeypatch)
+        thread.join(60)
+    finally:
+        waiter.wake()
+        thread.join(5)
+        waiter.close()
+    assert "copy" in paths[-1]
+    [(ready, waited)] = woke
+    assert ready and waited < 60
+    claimed = backend.claim(queue, BIG, worker_id="w", lease_s=30)
+    assert [j.id for j in claimed] == [r.id for r in results]
+
+
+@pytest.mark.parametrize("odd", [
+    {"unique_key": "u1"}, {"fair_key": "tenant"}, {"after_refs": (0,)}, {"batch_id": "b1"},
+], ids=["unique", "fair", "after", "batch"])
+def test_a_batch_with_one_job_copy_cannot_write_goes_the_current_way(
+        backend: PostgresBackend, pg_url: str, monkeypatch: pytest.MonkeyPatch,
+        odd: dict[str, Any]) -> None:
+    paths = spy_paths(monkeypatch)
+    batches = [NewBatch("b1")] if "batch_id" in odd else []
+    jobs = [new_job(args={"i": i}) for i in range(BIG)]
+    jobs[BIG // 2] = new_job(args={"odd": True}, **odd)
+    results = enqueue_by("copy", backend, jobs, monkeypatch, now=T0, batches=batches)
+    assert "copy" not in paths[-1]
+    assert len(results) == BIG and all(r.created for r in results)
+    assert [r.id for r in results] == sorted(r.id for r in results)
+    got = backend.get(results[BIG // 2].id)
+    assert got is not None and got.args == {"odd": True}
+    if "unique_key" in odd:  # the key is still honoured: the job again returns the holder
+        [held] = enqueue_by("copy", backend, [jobs[BIG // 2]], monkeypatch, now=T0)
+        assert (held.id, held.created) == (results[BIG // 2].id, False)
+    # The same batch without the odd job goes by COPY.
+    plain = [j for i, j in enumerate(jobs) if i != BIG // 2]
+    enqueue_by("copy", backend, plain, monkeypatch, now=T0)
+    assert "copy" in paths[-1]
+
+
+def test_the_outbox_marks_every_job_of_a_copy_batch(
+        backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = spy_paths(monkeypatch)
+    backend.outbox = True
+    results = enqueue_by("copy", backend, [new_job(args={"i": i}) for i in range(BIG)],
+                         monkeypatch, now=T0)
+    assert "copy" in paths[-1]
+    assert [j.id for j in backend.outbox_sweep(older_than=60, now=T0 + 59)] == []
+    swept = backend.outbox_sweep(older_than=60, now=T0 + 61, limit=10 * BIG)
+    assert [j.id for j in swept] == [r.id for r in results]
+    backend.outbox_confirm([r.id for r in results])
+    assert backend.outbox_sweep(older_than=60, now=T0 + 3600) == []

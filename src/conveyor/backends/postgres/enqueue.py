@@ -29,8 +29,9 @@ from .outbox import mark_created
 from .queries import CHANNEL, DEPTH_LOCK, ENQUEUE_ONE, Q
 
 UNIQUE_RACE_TRIES = 3  # a unique key that changes hands between insert and lookup is tried again
-# From this many jobs a plain batch goes in by COPY (_plain_copy_plan); below it, one statement
-# (insert_plain) is the fewer round trips and costs less.
+# From this many jobs a batch of _batchable jobs goes in by COPY (_plain_copy_plan); below it,
+# one statement (insert_plain) is the fewer round trips and costs less (the crossover measured by
+# calls of 10 to 1,000 jobs, docs/benchmarks.md).
 COPY_MIN_JOBS = 100
 
 
@@ -153,6 +154,12 @@ def _plain(job: NewJob) -> bool:
     check under a lock, no fair tag to reserve."""
     return (job.unique_key is None and job.max_depth is None and job.fair_key is None
             and not _in_workflow(job))
+
+
+def _batchable(job: NewJob) -> bool:
+    """A job _plain_batch_plan writes with its neighbours: a plain one, or one whose only extra
+    is a depth limit (checked once after the whole batch is written, see _finish_plan)."""
+    return (job.unique_key is None and job.fair_key is None and not _in_workflow(job))
 
 
 def _in_workflow(job: NewJob) -> bool:
@@ -304,8 +311,8 @@ def _enqueue_plan(jobs: Sequence[NewJob], now: float | None,
         yield _Stmt("none", DEPTH_LOCK, [queue])
     if batches or any(_in_workflow(job) for job in jobs):
         return (yield from _workflow_plan(jobs, now, batches, limits))
-    if len(jobs) > 1 and all(_plain(job) for job in jobs):
-        return (yield from _plain_batch_plan(jobs, now))
+    if len(jobs) > 1 and all(_batchable(job) for job in jobs):
+        return (yield from _plain_batch_plan(jobs, now, limits))
     tags = yield from _fair_tags_plan(jobs, now)
     params = [_insert_params(job, now, tag) for job, tag in zip(jobs, tags, strict=True)]
     rows: list[dict[str, Any] | None] = yield _Stmt("many", Q["insert"], params)
@@ -439,9 +446,12 @@ def _link_plan(ids: list[int], states: dict[int, str]) -> Plan[None]:
     states.update(found)
 
 
-def _plain_batch_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[EnqueueResult]]:
-    """A batch of plain jobs (see _plain) in one statement, instead of one insert per job; a big
-    one by COPY (_plain_copy_plan)."""
+def _plain_batch_plan(jobs: Sequence[NewJob], now: float | None,
+                     limits: dict[str, int] | None = None) -> Plan[list[EnqueueResult]]:
+    """A batch of _batchable jobs in one statement, instead of one insert per job; a big one by
+    COPY (_plain_copy_plan). Then the depth check of ``limits`` (their queues locked by the
+    caller) and the wake-up of each queue: a refusal raises, and the caller's rollback undoes
+    the whole batch."""
     runs = _plain_runs(jobs)
     if len(jobs) >= COPY_MIN_JOBS and (yield _Stmt("can_copy", "", None)):
         results = yield from _plain_copy_plan(runs, len(jobs), now)
@@ -451,8 +461,7 @@ def _plain_batch_plan(jobs: Sequence[NewJob], now: float | None) -> Plan[list[En
         at = row["at"]
         results = [EnqueueResult(i, True, at, uid)
                    for i, uid in zip(row["ids"], row["uids"], strict=True)]
-    yield _Stmt("none", Q["notify"],
-                {"channel": CHANNEL, "queues": sorted({j.queue for j in jobs})})
+    yield from _finish_plan(jobs, results, limits or {}, {j.queue for j in jobs})
     return results
 
 
