@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 from support import T0, enqueue_one, new_job
 
 from conveyor import JobState, LeaseLost
-from conveyor.backends import open_backend
 from conveyor.backends.base import Backend, ErrorInfo, Lease, QueueStats, WorkerInfo
 from conveyor.job import Job
 
@@ -512,15 +512,12 @@ def test_wait_for_jobs_wakes_on_an_enqueue_from_another_thread(backend: Backend)
 
 
 def test_wait_for_jobs_wakes_on_an_enqueue_through_another_connection(
-    backend: Backend, store_url: str
+    backend: Backend, open_store: Callable[[], Backend]
 ) -> None:
-    other = open_backend(store_url)
-    try:
-        thread, out = _wait_in_thread(backend, ["default"], timeout=10)
-        other.enqueue_many([new_job()])
-        thread.join(10)
-    finally:
-        other.close()
+    other = open_store()
+    thread, out = _wait_in_thread(backend, ["default"], timeout=10)
+    other.enqueue_many([new_job()])
+    thread.join(10)
     assert out["result"] is True
     assert out["elapsed"] < 5
 

@@ -36,6 +36,7 @@ def test_enqueue_many_returns_ids_in_order(backend: Backend) -> None:
         assert job.args == {"n": i}
 
 
+@pytest.mark.needs("limits")
 def test_enqueue_many_keeps_every_field_of_a_mixed_batch(backend: Backend) -> None:
     """A batch of jobs without unique or fair keys (PostgreSQL writes it in one statement):
     each job keeps its own queue, priority, timing, limits and meta, in batch order."""
@@ -290,6 +291,7 @@ def test_claim_sets_running_attempt_lease_and_expiry(backend: Backend) -> None:
     assert stored == job  # the returned snapshot is what the store holds
 
 
+@pytest.mark.needs("fair")
 def test_a_claim_of_varied_jobs_returns_each_as_the_store_holds_it(backend: Backend) -> None:
     """Jobs of several kinds claimed in one call (a store may build the common kinds from a
     shared template): each returned job equals what get() reads back afterwards."""

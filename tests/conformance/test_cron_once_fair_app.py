@@ -212,6 +212,7 @@ def test_async_tasks_use_aonce(app: Conveyor) -> None:
 
 # -- fair sharing through a worker ----------------------------------------------------------------
 
+@pytest.mark.needs("fair")
 def test_a_small_tenant_finishes_within_about_a_hundred_completions(app: Conveyor) -> None:
     finished: list[str] = []
     lock = threading.Lock()

@@ -188,6 +188,7 @@ def _claim_order(backend: Backend, n: int, batch: int = 1, now: float = T0) -> l
     return order
 
 
+@pytest.mark.needs("fair")
 def test_a_small_tenant_is_not_starved_by_a_big_backlog(backend: Backend) -> None:
     big = replace(new_job(args={"t": "A"}), fair_key="tenant-A")
     backend.enqueue_many([big] * 2000, now=T0)
@@ -202,6 +203,7 @@ def test_a_small_tenant_is_not_starved_by_a_big_backlog(backend: Backend) -> Non
     assert tenants[:40].count("tenant-A") >= 18
 
 
+@pytest.mark.needs("fair")
 def test_three_tenants_rotate(backend: Backend) -> None:
     for key in ("a", "b", "c"):
         backend.enqueue_many([replace(new_job(), fair_key=key)] * 30, now=T0)
@@ -210,12 +212,14 @@ def test_three_tenants_rotate(backend: Backend) -> None:
         assert sorted(order[i:i + 3]) == ["a", "b", "c"], order
 
 
+@pytest.mark.needs("fair")
 def test_priority_still_comes_before_fairness(backend: Backend) -> None:
     backend.enqueue_many([replace(new_job(), fair_key="a")] * 5, now=T0)
     urgent = enqueue_one(backend, priority=-1, fair_key="a")
     assert _claim_one(backend).id == urgent
 
 
+@pytest.mark.needs("fair")
 def test_jobs_without_a_fair_key_join_the_current_round(backend: Backend) -> None:
     backend.enqueue_many([replace(new_job(), fair_key="a")] * 50, now=T0)
     _claim_order(backend, 5)
@@ -231,6 +235,7 @@ def test_plain_jobs_stay_first_in_first_out(backend: Backend) -> None:
     assert [j.id for j in _claim_order(backend, 5, batch=2)] == first[1:] + later
 
 
+@pytest.mark.needs("fair")
 def test_a_retried_job_keeps_its_place_in_the_rotation(backend: Backend) -> None:
     from conveyor.backends.base import ErrorInfo
 
@@ -242,6 +247,7 @@ def test_a_retried_job_keeps_its_place_in_the_rotation(backend: Backend) -> None
     assert stored is not None and stored.fair_key == "a"
 
 
+@pytest.mark.needs("fair")
 def test_an_urgent_job_of_a_busy_tenant_does_not_move_the_others_round(backend: Backend) -> None:
     backend.enqueue_many([replace(new_job(), fair_key="A")] * 100, now=T0)
     urgent = enqueue_one(backend, fair_key="A", priority=-1)
@@ -251,6 +257,7 @@ def test_an_urgent_job_of_a_busy_tenant_does_not_move_the_others_round(backend: 
     assert tenants.count("B") == 5, tenants
 
 
+@pytest.mark.needs("fair")
 def test_a_redriven_job_joins_the_current_round(backend: Backend) -> None:
     from conveyor.backends.base import ErrorInfo
 

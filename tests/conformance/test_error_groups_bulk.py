@@ -115,6 +115,7 @@ def test_error_groups_look_at_no_more_than_scan_jobs(backend: Backend) -> None:
 
 
 # -- make_due ---------------------------------------------------------------------------------
+@pytest.mark.needs("pause")
 def test_make_due_makes_scheduled_jobs_available_now(backend: Backend) -> None:
     later = enqueue_one(backend, now=T0, delay=3600.0)
     other = enqueue_one(backend, now=T0, delay=3600.0)
@@ -145,6 +146,7 @@ def test_bulk_retry_redrives_one_error_group_in_batches(backend: Backend) -> Non
     assert backend.error_groups().groups[0].count == 1
 
 
+@pytest.mark.needs("pause")
 def test_bulk_retry_makes_failed_jobs_due_now(backend: Backend) -> None:
     failed = failed_job(backend, "flaky")
     never_failed = enqueue_one(backend, now=T0, delay=600.0)
@@ -155,6 +157,7 @@ def test_bulk_retry_makes_failed_jobs_due_now(backend: Backend) -> None:
     assert get(backend, never_failed).state is JobState.SCHEDULED
 
 
+@pytest.mark.needs("pause")
 def test_bulk_run_now_on_a_queue(backend: Backend) -> None:
     mine = [enqueue_one(backend, now=T0, queue="q1", delay=600.0) for _ in range(3)]
     theirs = enqueue_one(backend, now=T0, queue="q2", delay=600.0)
@@ -164,6 +167,7 @@ def test_bulk_run_now_on_a_queue(backend: Backend) -> None:
     assert get(backend, theirs).state is JobState.SCHEDULED
 
 
+@pytest.mark.needs("dependencies")
 def test_bulk_cancel_cascades_to_waiting_children(backend: Backend) -> None:
     parent = enqueue_one(backend, now=T0, queue="q1")
     child = enqueue_one(backend, now=T0, queue="q2", after=(parent,))
@@ -177,6 +181,7 @@ def test_bulk_cancel_cascades_to_waiting_children(backend: Backend) -> None:
     assert get(backend, keep).state is JobState.AVAILABLE
 
 
+@pytest.mark.needs("dependencies")
 def test_bulk_cancel_takes_waiting_jobs_too(backend: Backend) -> None:
     parent = enqueue_one(backend, now=T0)
     child = enqueue_one(backend, now=T0, after=(parent,))

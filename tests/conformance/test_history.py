@@ -12,7 +12,6 @@ import pytest
 from support import T0, new_job, running_worker, wait_until
 
 from conveyor import Conveyor, Retry, RetryPolicy
-from conveyor.backends import open_backend
 from conveyor.backends.base import Backend, HistoryPoint
 from conveyor.backends.history import HOUR, MINUTE, rollup_cutoff
 from conveyor.retention import PRUNE_LOCK, Pruner
@@ -37,8 +36,9 @@ def pt(queue: str, at: int, processed: int = 0, failed: int = 0, dead: int = 0,
                         wait_sum=wait, run_sum=run)
 
 
-def test_additive_upserts_from_two_workers_agree(backend: Backend, store_url: str) -> None:
-    other = open_backend(store_url)
+def test_additive_upserts_from_two_workers_agree(backend: Backend,
+                                                 open_store: Callable[[], Backend]) -> None:
+    other = open_store()
     try:
         def flushes(b: Backend) -> None:
             for i in range(40):

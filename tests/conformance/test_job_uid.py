@@ -32,6 +32,7 @@ def _lease(job: Job) -> Lease:
     return Lease(job.id, job.lease_token)
 
 
+@pytest.mark.needs("fair")
 def test_every_job_gets_a_uid_of_its_own(backend: Backend) -> None:
     batch = [
         new_job(args={"n": 0}),

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from support import T0, new_job
 
 from conveyor import Conveyor
-from conveyor.backends import open_backend
 from conveyor.backends.base import Backend, ErrorInfo, Lease
 from conveyor.retention import PRUNE_LOCK, Pruner, retention_rules
 
@@ -80,10 +79,10 @@ def test_dead_jobs_follow_dead_ttl_in_the_same_pass(
 
 
 def test_only_one_pruner_runs_at_a_time_across_connections(
-    backend: Backend, store_url: str, make_app: Callable[..., Conveyor]
+    backend: Backend, open_store: Callable[[], Backend], make_app: Callable[..., Conveyor]
 ) -> None:
     app = make_app(result_ttl=TTL)
-    other = open_backend(store_url)  # another worker's connection to the same store
+    other = open_store()  # another worker's connection to the same store
     try:
         old = finished(backend, 30, at=T0)
         held = other.try_lock(PRUNE_LOCK, ttl=60.0)
@@ -108,8 +107,9 @@ def test_only_one_pruner_runs_at_a_time_across_connections(
         other.close()
 
 
-def test_a_closed_backend_gives_its_lock_back(backend: Backend, store_url: str) -> None:
-    other = open_backend(store_url)
+def test_a_closed_backend_gives_its_lock_back(backend: Backend,
+                                              open_store: Callable[[], Backend]) -> None:
+    other = open_store()
     try:
         assert other.try_lock(PRUNE_LOCK, ttl=60.0) is not None
     finally:

@@ -33,17 +33,19 @@ def gate() -> Iterator[threading.Event]:
         event.set()
 
 
-def test_record_worker_keeps_the_stuck_count(backend: Backend, store_url: str) -> None:
+def test_record_worker_keeps_the_stuck_count(backend: Backend, store_url: str,
+                                             store_state: str | None) -> None:
     info = WorkerInfo(id="w1", queues=["default"], concurrency=2, host="h", pid=1, started_at=1.0,
                       last_seen=0.0, running=0, stuck=2)
     backend.record_worker(info)
     [seen] = backend.stats().workers
     assert (seen.running, seen.stuck) == (0, 2)
-    shown = CliRunner().invoke(cli, ["--url", store_url, "stats", "--json"])
+    url = ["--url", store_url, *(["--state-url", store_state] if store_state else [])]
+    shown = CliRunner().invoke(cli, [*url, "stats", "--json"])
     assert shown.exit_code == 0, shown.output
     [row] = json.loads(shown.output)["workers"]
     assert (row["running"], row["stuck"]) == (0, 2)
-    table = CliRunner().invoke(cli, ["--url", store_url, "stats"], env={"COLUMNS": "200"})
+    table = CliRunner().invoke(cli, [*url, "stats"], env={"COLUMNS": "200"})
     assert table.exit_code == 0, table.output
     assert re.search(r"┃ running ┃ stuck ┃ concurrency ┃", table.output), table.output
     assert re.search(r"│ w1 +│ default +│ 0 +│ 2 +│ 2 +│", table.output), table.output

@@ -58,7 +58,7 @@ from .core import BrokerBackend, _Held
 from .message import Body
 from .transport import Delivery, Outgoing, Transport
 
-MISSING_WITH_STATE = frozenset({"limits", "fair", "pause", "dependencies"})
+MISSING_WITH_STATE = frozenset({"limits", "fair", "pause", "dependencies", "clock"})
 
 
 class CompanionBackend(BrokerBackend):

@@ -61,7 +61,7 @@ log = logging.getLogger("conveyor.broker")
 # What a store on a broker alone cannot do (Backend.missing); the hint says where it can.
 MISSING = frozenset({
     "lookup", "listing", "results", "steps", "unique", "cron", "limits", "pause", "dependencies",
-    "history", "workers", "cancel", "fair",
+    "history", "workers", "cancel", "fair", "clock",
 })
 _WHY = {
     "lookup": "look up a job by id",
@@ -77,9 +77,12 @@ _WHY = {
     "workers": "list workers",
     "cancel": "cancel a job by id",
     "fair": "share a queue fairly between fair_key tenants",
+    # Never raised: a caller's now= stamps the records, but what is due and which lease ran
+    # out is the broker's to say, in real time (the tests that move a clock need a store).
+    "clock": "run delays and leases on the caller's clock (now=)",
 }
 # What the companion store (broker/companion.py) cannot add either: the claim must choose.
-NEEDS_A_STORE = frozenset({"limits", "pause", "dependencies", "fair"})
+NEEDS_A_STORE = frozenset({"limits", "pause", "dependencies", "fair", "clock"})
 HINT_STATE = ("name a companion store that keeps the job records: Conveyor(url, "
               "state='postgresql://...'), $CONVEYOR_STATE_URL or --state-url (docs/backends.md, "
               "the capability table)")
