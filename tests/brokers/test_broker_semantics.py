@@ -251,8 +251,10 @@ def test_max_depth_counts_the_broker_queue(open_broker: Open, broker: Broker) ->
     b = open_broker()
     b.enqueue_many([job(max_depth=3) for _ in range(3)])
     wait_for(lambda: b.stats().queues[0].available == 3)
-    with pytest.raises(QueueFull):
+    with pytest.raises(QueueFull) as info:
         b.enqueue_many([job(max_depth=3)])
+    # Named as a store names it, for the app's wait_if_full and the caller's message.
+    assert (info.value.queue, info.value.depth, info.value.limit) == ("q", 3, 3)
 
 
 @alone
@@ -280,6 +282,14 @@ def test_what_a_broker_cannot_do_is_refused_by_name(
     # The way out it names: a companion store for records, a store of jobs for the rest.
     assert ("state=" in str(info.value)) == (info.value.capability == "deduplicate by unique_key")
     assert claim_all(b, broker) == []  # nothing of the batch was written
+
+
+@alone
+def test_prune_refuses_unfinished_states_as_a_store_does(open_broker: Open) -> None:
+    b = open_broker()
+    with pytest.raises(ValueError, match="finished"):
+        b.prune(older_than=0, states=(JobState.SUCCEEDED, JobState.AVAILABLE))
+    assert b.prune(older_than=0, states=(JobState.SUCCEEDED, JobState.DEAD)) == 0
 
 
 @alone

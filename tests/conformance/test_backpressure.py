@@ -57,6 +57,7 @@ def test_running_jobs_do_not_count_scheduled_ones_do(backend: Backend) -> None:
         backend.enqueue_many([limited], now=T0 + 2)
 
 
+@pytest.mark.needs("unique")
 def test_a_duplicate_unique_key_takes_no_room(backend: Backend) -> None:
     limited = replace(new_job(unique_key="once"), max_depth=1)
     [first] = backend.enqueue_many([limited], now=T0)

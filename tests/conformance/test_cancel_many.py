@@ -48,7 +48,7 @@ def default(backend: Backend) -> Callable[..., list[int]]:
 
 
 @pytest.mark.parametrize("version", [own, default], ids=["own", "default"])
-@pytest.mark.needs("dependencies")
+@pytest.mark.needs("dependencies", "unique")
 def test_cancel_many_cancels_unfinished_jobs_and_skips_the_rest(
         backend: Backend, version: Callable[[Backend], Callable[..., list[int]]]) -> None:
     available = enqueue_one(backend, now=T0, unique_key="u-1")
@@ -145,6 +145,7 @@ def test_cancel_many_wakes_job_wait(backend: Backend) -> None:
         running: JobState.CANCELLED, child: JobState.CANCELLED}
 
 
+@pytest.mark.needs("cancel")
 def test_bulk_cancel_writes_each_batch_with_one_cancel_many(
         backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
     ids = [enqueue_one(backend, now=T0, queue=f"q{i % 3}") for i in range(7)]

@@ -54,6 +54,7 @@ def _race(n: int, fn: Callable[[int], object]) -> list[object]:
 
 # -- cron ticks ---------------------------------------------------------------------------------
 
+@pytest.mark.needs("cron")
 def test_a_new_schedule_records_its_first_tick_without_a_job(backend: Backend) -> None:
     assert backend.cron_ticks() == {}
     assert backend.cron_enqueue("nightly", T0, None, now=T0) is None
@@ -61,6 +62,7 @@ def test_a_new_schedule_records_its_first_tick_without_a_job(backend: Backend) -
     assert backend.stats(now=T0).queues == []
 
 
+@pytest.mark.needs("cron")
 def test_each_tick_is_enqueued_once_and_never_an_older_one(backend: Backend) -> None:
     job = replace(new_job(), unique_key="cron:nightly:1", meta=json.dumps({"cron": {"tick": T0 + 60}}))
     first = backend.cron_enqueue("nightly", T0 + 60, job, now=T0 + 61)
@@ -76,12 +78,14 @@ def test_each_tick_is_enqueued_once_and_never_an_older_one(backend: Backend) -> 
     assert backend.cron_ticks() == {"nightly": T0 + 120}
 
 
+@pytest.mark.needs("cron")
 def test_schedules_are_independent(backend: Backend) -> None:
     assert backend.cron_enqueue("a", T0, new_job(), now=T0) is not None
     assert backend.cron_enqueue("b", T0, new_job(), now=T0) is not None
     assert backend.cron_ticks() == {"a": T0, "b": T0}
 
 
+@pytest.mark.needs("cron")
 def test_racing_schedulers_enqueue_a_tick_once(backend: Backend) -> None:
     results = _race(8, lambda i: backend.cron_enqueue("every-minute", T0 + 60, new_job(), now=T0 + 60))
     assert not [r for r in results if isinstance(r, Exception)], results
@@ -90,6 +94,7 @@ def test_racing_schedulers_enqueue_a_tick_once(backend: Backend) -> None:
     assert sum(q.available for q in backend.stats(now=T0 + 60).queues) == 1
 
 
+@pytest.mark.needs("cron")
 def test_a_full_queue_leaves_the_tick_untaken(backend: Backend) -> None:
     full = replace(new_job(), max_depth=1)
     backend.enqueue_many([full], now=T0)
@@ -101,6 +106,7 @@ def test_a_full_queue_leaves_the_tick_untaken(backend: Backend) -> None:
 
 # -- exactly-once step records ------------------------------------------------------------------
 
+@pytest.mark.needs("steps")
 def test_the_first_step_record_wins_and_shows_on_the_job(backend: Backend) -> None:
     job_id, uid = _enqueue_with_uid(backend)
     assert backend.record_step(job_id, "charge-card", json.dumps({"charge": "ch_1"}), uid=uid) == (
@@ -112,6 +118,7 @@ def test_the_first_step_record_wins_and_shows_on_the_job(backend: Backend) -> No
     assert job is not None and job.steps == {"charge-card": {"charge": "ch_1"}, "email": None}
 
 
+@pytest.mark.needs("steps")
 def test_step_records_survive_retries_and_redelivery(backend: Backend) -> None:
     from conveyor.backends.base import ErrorInfo
 
@@ -124,11 +131,13 @@ def test_step_records_survive_retries_and_redelivery(backend: Backend) -> None:
     assert backend.record_step(job_id, "s1", "2", uid=uid) == (False, "1")
 
 
+@pytest.mark.needs("steps")
 def test_a_step_of_an_unknown_job_is_refused(backend: Backend) -> None:
     with pytest.raises(JobNotFound):
         backend.record_step(999_999, "s", None, uid=None)
 
 
+@pytest.mark.needs("steps")
 def test_racing_attempts_record_a_step_once(backend: Backend) -> None:
     job_id, uid = _enqueue_with_uid(backend)
     results = _race(8, lambda i: backend.record_step(job_id, "pay", str(i), uid=uid))
@@ -147,6 +156,7 @@ def _run_to_success(backend: Backend, job_id: int, at: float) -> None:
     backend.ack(_lease(job), None, now=at)
 
 
+@pytest.mark.needs("unique")
 def test_unique_for_keeps_a_succeeded_job_answering_for_its_key(backend: Backend) -> None:
     job = replace(new_job(), unique_key="report:7", unique_for=60.0)
     [first] = backend.enqueue_many([job], now=T0)
@@ -157,6 +167,7 @@ def test_unique_for_keeps_a_succeeded_job_answering_for_its_key(backend: Backend
     assert after.created and after.id != first.id
 
 
+@pytest.mark.needs("unique")
 def test_without_unique_for_the_key_is_free_once_the_job_finishes(backend: Backend) -> None:
     job = replace(new_job(), unique_key="k")
     [first] = backend.enqueue_many([job], now=T0)
@@ -165,6 +176,7 @@ def test_without_unique_for_the_key_is_free_once_the_job_finishes(backend: Backe
     assert second.created and second.id != first.id
 
 
+@pytest.mark.needs("unique")
 def test_a_dead_job_frees_its_key_even_with_unique_for(backend: Backend) -> None:
     from conveyor.backends.base import ErrorInfo
 

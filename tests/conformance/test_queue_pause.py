@@ -92,6 +92,7 @@ def test_limited_jobs_of_a_paused_queue_are_not_claimed(backend: Backend) -> Non
     assert len(backend.claim("mail", 10, worker_id="w", lease_s=LEASE, now=T0 + 3)) == 2
 
 
+@pytest.mark.needs("pause")
 def test_running_jobs_finish_and_enqueues_and_promotion_go_on(backend: Backend) -> None:
     running_id = enqueue_one(backend, queue="mail")
     [job] = backend.claim("mail", 1, worker_id="w", lease_s=LEASE, now=T0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import pytest
 from support import T0, new_job
 
 from conveyor import Conveyor
@@ -34,6 +35,7 @@ def kept(backend: Backend) -> set[int]:
     return {j.id for j in page.jobs}
 
 
+@pytest.mark.needs("results")
 def test_one_pass_prunes_batches_until_one_comes_back_short(
     backend: Backend, make_app: Callable[..., Conveyor]
 ) -> None:
@@ -48,6 +50,7 @@ def test_one_pass_prunes_batches_until_one_comes_back_short(
     assert kept(backend) == young
 
 
+@pytest.mark.needs("results")
 def test_a_pass_stops_at_its_batch_cap_and_says_there_is_more(
     backend: Backend, make_app: Callable[..., Conveyor]
 ) -> None:
@@ -63,6 +66,7 @@ def test_a_pass_stops_at_its_batch_cap_and_says_there_is_more(
     assert kept(backend) == set()
 
 
+@pytest.mark.needs("results")
 def test_dead_jobs_follow_dead_ttl_in_the_same_pass(
     backend: Backend, make_app: Callable[..., Conveyor]
 ) -> None:
@@ -78,6 +82,7 @@ def test_dead_jobs_follow_dead_ttl_in_the_same_pass(
     assert backend.get(res.id) is None
 
 
+@pytest.mark.needs("locks")
 def test_only_one_pruner_runs_at_a_time_across_connections(
     backend: Backend, open_store: Callable[[], Backend], make_app: Callable[..., Conveyor]
 ) -> None:
@@ -107,6 +112,7 @@ def test_only_one_pruner_runs_at_a_time_across_connections(
         other.close()
 
 
+@pytest.mark.needs("locks")
 def test_a_closed_backend_gives_its_lock_back(backend: Backend,
                                               open_store: Callable[[], Backend]) -> None:
     other = open_store()

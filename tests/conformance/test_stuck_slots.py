@@ -55,6 +55,7 @@ def test_record_worker_keeps_the_stuck_count(backend: Backend, store_url: str,
     assert (seen.running, seen.stuck) == (1, 0)
 
 
+@pytest.mark.needs("lookup")
 def test_two_hung_sync_tasks_are_two_stuck_slots(app: Conveyor, gate: threading.Event) -> None:
     @app.task(name="hang", timeout=0.2, max_attempts=1)
     def hang() -> None:
@@ -110,6 +111,7 @@ def test_two_hung_sync_tasks_are_two_stuck_slots(app: Conveyor, gate: threading.
     assert notified == ["firing", "resolved"]
 
 
+@pytest.mark.needs("lookup")
 def test_a_worker_with_every_slot_stuck_stops_and_gives_back_only_what_it_holds(
         app: Conveyor, gate: threading.Event) -> None:
     @app.task(name="hang", timeout=0.2, max_attempts=2, priority=-1)  # claimed first

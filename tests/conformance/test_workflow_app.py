@@ -240,6 +240,7 @@ def test_an_empty_batch_runs_its_callback_at_once(app: Conveyor) -> None:
     assert info is not None and info.total == 0
 
 
+@pytest.mark.needs("dependencies")
 def test_a_batch_whose_block_raises_writes_nothing(app: Conveyor) -> None:
     @app.task(name="noop")
     def noop() -> None:

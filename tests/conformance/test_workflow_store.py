@@ -152,7 +152,7 @@ def test_a_reference_to_itself_or_a_later_job_is_refused(backend: Backend,
 # -- parents that finished before the child was written ---------------------------------------
 
 
-@pytest.mark.needs("dependencies")
+@pytest.mark.needs("dependencies", "lookup")
 def test_a_parent_already_succeeded_counts_as_done(backend: Backend) -> None:
     parent = enqueue(backend)
     succeed(backend, parent)
@@ -163,7 +163,7 @@ def test_a_parent_already_succeeded_counts_as_done(backend: Backend) -> None:
 
 @pytest.mark.parametrize("mode, expected", [("cancel", JobState.CANCELLED),
                                             ("run", JobState.AVAILABLE)])
-@pytest.mark.needs("dependencies")
+@pytest.mark.needs("dependencies", "lookup")
 def test_a_parent_already_dead(backend: Backend, mode: str, expected: JobState) -> None:
     parent = enqueue(backend)
     kill(backend, parent)
@@ -321,6 +321,7 @@ def test_concurrent_parents_release_their_child_exactly_once(backend: Backend) -
     assert backend.claim("children", 10, worker_id="w", lease_s=LEASE, now=T0 + 3) == []
 
 
+@pytest.mark.needs("lookup")
 def test_a_child_written_while_its_parent_finishes_is_never_stranded(backend: Backend) -> None:
     for round_ in range(30):
         parent = enqueue(backend, queue=f"race{round_}")
@@ -418,11 +419,12 @@ def test_a_nested_batch_counts_in_its_outer_batch(backend: Backend) -> None:
     assert outer.pending == 2  # the inner callbacks are available now
 
 
+@pytest.mark.needs("dependencies")
 def test_an_unknown_batch_is_none(backend: Backend) -> None:
     assert backend.get_batch("no-such-batch") is None
 
 
-@pytest.mark.needs("dependencies")
+@pytest.mark.needs("dependencies", "unique")
 def test_a_unique_job_already_there_is_the_parent_a_reference_names(backend: Backend) -> None:
     existing = enqueue(backend, unique_key="only-one")
     res = backend.enqueue_many([new_job(unique_key="only-one"), new_job(after_refs=(0,))],

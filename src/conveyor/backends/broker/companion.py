@@ -58,7 +58,7 @@ from .core import BrokerBackend, _Held
 from .message import Body
 from .transport import Delivery, Outgoing, Transport
 
-MISSING_WITH_STATE = frozenset({"limits", "fair", "pause", "dependencies", "clock"})
+MISSING_WITH_STATE = frozenset({"limits", "fair", "pause", "dependencies", "clock", "run_now"})
 
 
 class CompanionBackend(BrokerBackend):
@@ -283,7 +283,7 @@ class CompanionBackend(BrokerBackend):
         return self.state.cancel_many(job_ids, now=now)
 
     def make_due(self, job_ids: Sequence[int], *, now: float | None = None) -> int:
-        raise self._unsupported("pause")  # the broker holds the delay; it cannot be shortened
+        raise self._unsupported("run_now")  # the broker holds the delay: it cannot be shortened
 
     # -- what the store keeps ----------------------------------------------------------------
     def paused_queues(self) -> dict[str, float]:

@@ -61,7 +61,7 @@ log = logging.getLogger("conveyor.broker")
 # What a store on a broker alone cannot do (Backend.missing); the hint says where it can.
 MISSING = frozenset({
     "lookup", "listing", "results", "steps", "unique", "cron", "limits", "pause", "dependencies",
-    "history", "workers", "cancel", "fair", "clock",
+    "history", "workers", "cancel", "fair", "clock", "locks", "run_now",
 })
 _WHY = {
     "lookup": "look up a job by id",
@@ -80,9 +80,13 @@ _WHY = {
     # Never raised: a caller's now= stamps the records, but what is due and which lease ran
     # out is the broker's to say, in real time (the tests that move a clock need a store).
     "clock": "run delays and leases on the caller's clock (now=)",
+    # Never raised either: try_lock never refuses (Backend's default), so every worker prunes,
+    # which costs nothing here (a broker keeps no finished jobs).
+    "locks": "hold a lock shared by every worker (one pruner at a time)",
+    "run_now": "make a delayed job due now (the broker holds the delay)",
 }
 # What the companion store (broker/companion.py) cannot add either: the claim must choose.
-NEEDS_A_STORE = frozenset({"limits", "pause", "dependencies", "fair", "clock"})
+NEEDS_A_STORE = frozenset({"limits", "pause", "dependencies", "fair", "clock", "run_now"})
 HINT_STATE = ("name a companion store that keeps the job records: Conveyor(url, "
               "state='postgresql://...'), $CONVEYOR_STATE_URL or --state-url (docs/backends.md, "
               "the capability table)")
@@ -221,7 +225,8 @@ class BrokerBackend(Backend):
                         for d in (self.transport.depth(ln) for ln in self.lanes(queue)))
             if depth + n > limit[queue]:
                 raise QueueFull(f"queue {queue!r} holds {depth} waiting jobs; its max_depth "
-                                f"is {limit[queue]}: nothing was written")
+                                f"is {limit[queue]}: nothing was written",
+                                queue=queue, depth=depth, limit=limit[queue])
 
     # -- worker (fenced) ----------------------------------------------------------------
     def claim(
@@ -415,7 +420,11 @@ class BrokerBackend(Backend):
     def prune(self, *, older_than: float, states: Sequence[JobState] = (JobState.SUCCEEDED,),
               limit: int = 1000, now: float | None = None) -> int:
         # Finished jobs are not kept (acked messages are gone); dead ones stay in the dead lane
-        # until purged or redriven.
+        # until purged or redriven. The states are checked as a store checks them, so a caller's
+        # mistake shows here too.
+        for state in states:
+            if not JobState(state).is_final:
+                raise ValueError(f"prune only deletes finished jobs, not {state}")
         return 0
 
     # -- inspection and administration ------------------------------------------------------
@@ -518,6 +527,9 @@ class BrokerBackend(Backend):
 
     def cancel(self, job_id: int, *, now: float | None = None) -> bool:
         raise self._unsupported("cancel")
+
+    def make_due(self, job_ids: Sequence[int], *, now: float | None = None) -> int:
+        raise self._unsupported("run_now")
 
     # -- waiting -------------------------------------------------------------------------
     def wait_for_jobs(self, queues: Sequence[str], timeout: float, *, verify: bool = True) -> bool:
