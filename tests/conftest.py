@@ -54,6 +54,7 @@ def _missing_of(item: pytest.Item) -> frozenset[str]:
     return out
 
 
+@pytest.hookimpl(trylast=True)  # after -k and -m: count only what this run would have run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Deselect a test whose ``needs`` names a capability its store lacks."""
     kept, dropped = [], []

@@ -236,6 +236,7 @@ def test_run_at_wins_over_delay_and_a_past_run_at_is_available_at_once(backend: 
 # -- claim ----------------------------------------------------------------------------------
 
 
+@pytest.mark.needs("ordering")
 def test_claim_order_is_priority_then_run_at_then_id(backend: Backend) -> None:
     # (priority, run_at) in enqueue order; ids increase in this order.
     spec = [

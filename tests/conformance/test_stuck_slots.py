@@ -33,6 +33,7 @@ def gate() -> Iterator[threading.Event]:
         event.set()
 
 
+@pytest.mark.needs("workers")
 def test_record_worker_keeps_the_stuck_count(backend: Backend, store_url: str,
                                              store_state: str | None) -> None:
     info = WorkerInfo(id="w1", queues=["default"], concurrency=2, host="h", pid=1, started_at=1.0,

@@ -58,7 +58,8 @@ from .core import BrokerBackend, _Held
 from .message import Body
 from .transport import Delivery, Outgoing, Transport
 
-MISSING_WITH_STATE = frozenset({"limits", "fair", "pause", "dependencies", "clock", "run_now"})
+MISSING_WITH_STATE = frozenset({"limits", "fair", "pause", "dependencies", "clock", "run_now",
+                                "ordering"})
 
 
 class CompanionBackend(BrokerBackend):

@@ -37,9 +37,9 @@ import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
-from ...errors import ConfigurationError, LeaseLost, QueueFull, Unsupported
+from ...errors import ConfigurationError, LeaseLost, Unsupported
 from ...job import Job, JobState
-from ..base import Backend, check_claim_id, new_claim_id, new_uids
+from ..base import Backend, check_claim_id, new_claim_id, new_uids, queue_full
 from ..types import (
     CronState,
     EnqueueResult,
@@ -61,7 +61,8 @@ log = logging.getLogger("conveyor.broker")
 # What a store on a broker alone cannot do (Backend.missing); the hint says where it can.
 MISSING = frozenset({
     "lookup", "listing", "results", "steps", "unique", "cron", "limits", "pause", "dependencies",
-    "history", "workers", "cancel", "fair", "clock", "locks", "run_now",
+    "history", "workers", "cancel", "fair", "clock", "locks", "run_now", "depth",
+    "ordering",
 })
 _WHY = {
     "lookup": "look up a job by id",
@@ -84,9 +85,16 @@ _WHY = {
     # which costs nothing here (a broker keeps no finished jobs).
     "locks": "hold a lock shared by every worker (one pruner at a time)",
     "run_now": "make a delayed job due now (the broker holds the delay)",
+    # Never raised: max_depth is held to the broker's count (_check_depth), which racing
+    # producers pass together and which RabbitMQ's delayed messages are not in.
+    "depth": "hold a queue to max_depth exactly",
+    # Never raised: a claim takes lane by lane (the nearest priority level), each in the order
+    # the broker received its messages, not by (priority, run_at, id).
+    "ordering": "hand jobs out in (priority, run_at, id) order",
 }
 # What the companion store (broker/companion.py) cannot add either: the claim must choose.
-NEEDS_A_STORE = frozenset({"limits", "pause", "dependencies", "fair", "clock", "run_now"})
+NEEDS_A_STORE = frozenset({"limits", "pause", "dependencies", "fair", "clock", "run_now",
+                           "ordering"})
 HINT_STATE = ("name a companion store that keeps the job records: Conveyor(url, "
               "state='postgresql://...'), $CONVEYOR_STATE_URL or --state-url (docs/backends.md, "
               "the capability table)")
@@ -224,9 +232,7 @@ class BrokerBackend(Backend):
             depth = sum(d.ready + (d.delayed or 0)
                         for d in (self.transport.depth(ln) for ln in self.lanes(queue)))
             if depth + n > limit[queue]:
-                raise QueueFull(f"queue {queue!r} holds {depth} waiting jobs; its max_depth "
-                                f"is {limit[queue]}: nothing was written",
-                                queue=queue, depth=depth, limit=limit[queue])
+                raise queue_full(queue, depth, limit[queue])
 
     # -- worker (fenced) ----------------------------------------------------------------
     def claim(
