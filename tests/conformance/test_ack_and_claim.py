@@ -18,6 +18,7 @@ def leases(jobs: list[Job]) -> list[Lease]:
     return [Lease(j.id, j.lease_token) for j in jobs if j.lease_token is not None]
 
 
+@pytest.mark.needs("clock")
 def test_acks_land_and_the_next_jobs_are_claimed(backend: Backend) -> None:
     ids = [enqueue_one(backend, args={"n": i}) for i in range(10)]
     first = backend.claim("default", 4, worker_id="w", lease_s=LEASE, now=T0)

@@ -117,7 +117,7 @@ def test_lease_on_a_missing_job_is_refused(backend: Backend) -> None:
     assert snapshot(backend, job_id).state is JobState.AVAILABLE
 
 
-@pytest.mark.needs("lookup")
+@pytest.mark.needs("clock", "lookup")
 def test_stale_token_from_an_earlier_attempt_is_refused(backend: Backend) -> None:
     enqueue_one(backend, max_attempts=3)
     first = claim_one(backend, now=T0)
@@ -352,6 +352,7 @@ def test_retry_with_delay_schedules_the_job(backend: Backend) -> None:
     assert again.id == job.id and again.attempts == 2
 
 
+@pytest.mark.needs("lookup")
 def test_retry_at_the_last_attempt_goes_dead(backend: Backend) -> None:
     enqueue_one(backend, max_attempts=2)
     first = claim_one(backend, now=T0)

@@ -80,6 +80,7 @@ def test_forked_children_and_parent_enqueue_at_once(app: Conveyor) -> None:
     assert len(app.backend.list_jobs(limit=100_000).jobs) == len(every) + 1
 
 
+@pytest.mark.needs("lookup")
 def test_a_forked_child_runs_a_worker(app: Conveyor) -> None:
     done = threading.Event()
     ran: list[int] = []

@@ -321,7 +321,7 @@ def test_concurrent_parents_release_their_child_exactly_once(backend: Backend) -
     assert backend.claim("children", 10, worker_id="w", lease_s=LEASE, now=T0 + 3) == []
 
 
-@pytest.mark.needs("lookup")
+@pytest.mark.needs("dependencies", "lookup")
 def test_a_child_written_while_its_parent_finishes_is_never_stranded(backend: Backend) -> None:
     for round_ in range(30):
         parent = enqueue(backend, queue=f"race{round_}")
