@@ -299,7 +299,11 @@ def test_lookups_are_refused_by_name(open_broker: Open, broker: Broker) -> None:
                              (lambda: b.list_jobs(), "listing"),
                              (lambda: b.record_step(1, "s", None, uid=None), "steps"),
                              (lambda: b.cron_ticks(), "cron"),
-                             (lambda: b.pause_queue("q"), "pause")]:
+                             (lambda: b.pause_queue("q"), "pause"),
+                             (lambda: b.history(since=0, until=1), "history"),
+                             (lambda: b.record_history([]), "history"),
+                             (lambda: b.get_batch("b"), "dependencies"),
+                             (lambda: b.make_due([1]), "run_now")]:
         with pytest.raises(Unsupported):
             call()
         assert capability in b.missing

@@ -39,7 +39,15 @@ from dataclasses import dataclass, replace
 
 from ...errors import ConfigurationError, LeaseLost, Unsupported
 from ...job import Job, JobState
-from ..base import Backend, check_claim_id, new_claim_id, new_uids, queue_full
+from ..base import (
+    Backend,
+    BatchInfo,
+    HistoryPoint,
+    check_claim_id,
+    new_claim_id,
+    new_uids,
+    queue_full,
+)
 from ..types import (
     CronState,
     EnqueueResult,
@@ -575,6 +583,20 @@ class BrokerBackend(Backend):
     def record_step(self, job_id: int, step: str, result: str | None, *,
                     uid: str | None) -> tuple[bool, str | None]:
         raise self._unsupported("steps")
+
+    def get_batch(self, batch_id: str) -> BatchInfo | None:
+        raise self._unsupported("dependencies")
+
+    def record_history(self, points: Sequence[HistoryPoint]) -> None:
+        raise self._unsupported("history")
+
+    def history(self, *, queue: str | None = None, since: float,
+                until: float) -> list[HistoryPoint]:
+        raise self._unsupported("history")
+
+    def rollup_history(self, *, keep_days: float, limit: int = 1000,
+                       now: float | None = None) -> int:
+        raise self._unsupported("history")
 
     def close(self) -> None:
         self.transport.close()
