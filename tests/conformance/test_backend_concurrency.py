@@ -57,6 +57,7 @@ def _check(backend: Backend, ids: list[int], counts: Counter[int]) -> None:
 
 
 @pytest.mark.parametrize("sharing", ["one-backend", "backend-per-thread"])
+@pytest.mark.needs("listing")
 def test_concurrent_claims_hand_out_each_job_exactly_once(
     backend: Backend, open_store: Callable[[], Backend], sharing: str
 ) -> None:

@@ -394,6 +394,7 @@ def test_errors_accumulate_with_attempt_numbers(backend: Backend) -> None:
     assert dead.last_error == dead.errors[-1]
 
 
+@pytest.mark.needs("clock")
 def test_a_claimed_job_carries_the_errors_of_its_earlier_attempts(backend: Backend) -> None:
     # A claim reads a job's error records only when it can have some (a store may skip the
     # read on a first attempt): after a failure, an expired lease, a release and a redrive.
