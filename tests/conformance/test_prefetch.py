@@ -180,7 +180,7 @@ def test_prefetch_hold_must_be_positive(app: Conveyor, bad: float) -> None:
 
 
 
-@pytest.mark.needs("lookup")
+@pytest.mark.needs("clock", "lookup")
 def test_a_held_job_that_starts_is_reported_started_soon(app: Conveyor) -> None:
     """A job claimed into the prefetch is not counted as an attempt until the store knows it
     started: once a slot frees and it starts, the worker reports it (a heartbeat of its lease,
