@@ -35,6 +35,7 @@ def _use_everything(app: Conveyor) -> None:
     app.backend.wait_for_jobs(["fork-nothing"], 0.01)
 
 
+@pytest.mark.needs("listing")
 def test_forked_children_and_parent_enqueue_at_once(app: Conveyor) -> None:
     note: Task[..., Any] = app.task(name="fork.note")(lambda who, n: None)
     first = note.enqueue("parent", -1).id
