@@ -5,7 +5,8 @@ Importable as ``dataloss`` (tests/ is on sys.path).
 Redis: every key of the store's prefix is deleted, the id counter with them (a restart without
 persistence; an RDB snapshot or a lagging replica taken before the jobs were written). Only
 this store's prefix: the server is shared. PostgreSQL and SQLite: every job row is deleted
-(step records with them) and the id sequence rewound (a restore of a backup taken before)."""
+(step records with them) and the id sequence rewound (a restore of a backup taken before).
+A message broker with a companion store: the store's loss (the broker keeps its messages)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from conveyor.backends.base import Backend
 
 
 def lose_everything(backend: Backend) -> None:
+    backend = getattr(backend, "state", backend)
     kind = type(backend).__name__
     if kind == "RedisBackend":
         client: Any = backend._transport.r  # type: ignore[attr-defined]
@@ -34,6 +36,7 @@ def lose_everything(backend: Backend) -> None:
 
 def forget_uid(backend: Backend, job_id: int) -> None:
     """Make the job look like one written before the store had uids."""
+    backend = getattr(backend, "state", backend)
     kind = type(backend).__name__
     if kind == "RedisBackend":
         backend._transport.r.hdel(backend.keys.job(job_id), "uid")  # type: ignore[attr-defined]

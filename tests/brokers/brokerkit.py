@@ -8,10 +8,8 @@ Each broker also says how a holder loses a message (``lose``): RabbitMQ's lease 
 connection, so the holder's connection is cut; SQS's is the visibility timeout, so the test
 waits it out.
 
-SQS's server in the tests is moto's (the moto[server] package), started once per session as a
-process of its own on a free loopback port, never an in-process mock of the client; each test
-gets its own queue-name prefix on it. At the end only that server is stopped, by its pid.
-Broker ``sqs-fifo`` is the same server with ``fifo=true`` (FIFO lanes, message groups, delay
+The servers (a RabbitMQ prefix per test, deleted at its end; moto's SQS server, one per
+session) come from tests/brokerstores.py, which the conformance suite shares. Broker ``sqs-fifo`` is the same server with ``fifo=true`` (FIFO lanes, message groups, delay
 queues), so the whole suite runs on FIFO queues too.
 """
 
@@ -19,10 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
-import socket
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -30,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from brokerstores import RABBITMQ_URL, rabbitmq_prefix
 from stores import (
     BackendUnavailable,
     StoreFactory,
@@ -46,9 +41,6 @@ from conveyor.backends.broker import BrokerBackend
 from conveyor.backends.broker.sqs import SqsTransport
 from conveyor.backends.broker.sqs_settings import parse_sqs_url
 
-RABBITMQ_URL = os.environ.get("CONVEYOR_TEST_RABBITMQ_URL",
-                              "amqp://guest:guest@127.0.0.1:5672/%2F")
-
 
 @dataclass(frozen=True)
 class Broker:
@@ -63,21 +55,14 @@ class Broker:
         return self.state is not None
 
 
-def rabbitmq_broker(tmp_path: Path) -> Broker:
-    import pika
-
-    try:
-        pika.BlockingConnection(pika.URLParameters(RABBITMQ_URL + "?connection_attempts=1"
-                                                   "&socket_timeout=3")).close()
-    except Exception as exc:
-        raise BackendUnavailable(f"cannot connect to RabbitMQ at 127.0.0.1:5672: {exc}") from exc
-
+def rabbitmq_broker(stack: contextlib.ExitStack[None]) -> Broker:
     def lose(backend: Backend, lease_s: float) -> None:
         # The connection is the lease: cut it as a killed worker's would be.
         backend.transport._drop()  # type: ignore[attr-defined]
 
-    # Queues of a test expire a minute after their last use: tests share the server.
-    prefix = f"ct{uuid.uuid4().hex[:10]}"
+    # Deleted at the end of the test (brokerstores.py); a minute after their last use they
+    # would expire anyway.
+    prefix = stack.enter_context(rabbitmq_prefix())
     return Broker("rabbitmq", f"{RABBITMQ_URL}?prefix={prefix}&expires=60000", 30.0, lose)
 
 
@@ -95,11 +80,11 @@ def sqs_broker(request: pytest.FixtureRequest, *, fifo: bool = False) -> Broker:
     return Broker("sqs", f"sqs://{endpoint}/?prefix={prefix}&levels=-1,0,1", 2.0, lose)
 
 
-BROKERS: dict[str, Callable[[pytest.FixtureRequest, Path], Broker]] = {
-    "rabbitmq": lambda request, tmp_path: rabbitmq_broker(tmp_path),
-    "sqs": lambda request, tmp_path: sqs_broker(request),
+BROKERS: dict[str, Callable[[pytest.FixtureRequest, contextlib.ExitStack[None]], Broker]] = {
+    "rabbitmq": lambda request, stack: rabbitmq_broker(stack),
+    "sqs": lambda request, stack: sqs_broker(request),
     # FIFO queues (?fifo=true): the same suite, on message groups and the delay queues.
-    "sqs-fifo": lambda request, tmp_path: sqs_broker(request, fifo=True),
+    "sqs-fifo": lambda request, stack: sqs_broker(request, fifo=True),
 }
 # Each broker alone, and with a companion store of each kind (broker/companion.py).
 COMPANIONS: dict[str, StoreFactory] = {
@@ -122,7 +107,7 @@ def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Broker]:
     name, _, store = str(request.param).partition("+")
     with contextlib.ExitStack() as stack:
         try:
-            found = BROKERS[name](request, tmp_path)
+            found = BROKERS[name](request, stack)
             also_ran.add(name)
             if store:
                 state = stack.enter_context(COMPANIONS[store](tmp_path))
@@ -157,74 +142,6 @@ def wait_for(fn: Callable[[], object], timeout: float = 15.0) -> object:
         if time.monotonic() > deadline:
             raise AssertionError(f"not true within {timeout}s")
         time.sleep(0.05)
-
-
-START_TIMEOUT = 30.0
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _answers(port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
-        return True
-    return False
-
-
-@contextlib.contextmanager
-def moto_server(log_dir: Path) -> Iterator[str]:
-    """A moto server on a free loopback port; yields ``host:port``."""
-    port = _free_port()
-    log_path = log_dir / "moto_server.log"
-    with open(log_path, "wb") as log:
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        except OSError as exc:
-            raise BackendUnavailable(f"cannot start moto's server: {exc}") from exc
-    try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while not _answers(port):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                tail = log_path.read_text(errors="replace")[-2000:]
-                raise BackendUnavailable(
-                    f"moto's server did not start on 127.0.0.1:{port} "
-                    f"(exit code {proc.poll()}): {tail}")
-            time.sleep(0.05)
-        yield f"127.0.0.1:{port}"
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-
-
-@pytest.fixture(scope="session")
-def sqs_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``host:port`` of the session's SQS server. moto takes any credentials; these keep boto3
-    from looking for the machine's own (and from signing with them)."""
-    home = tmp_path_factory.mktemp("sqs")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AWS_ACCESS_KEY_ID", "conveyor-test")
-        mp.setenv("AWS_SECRET_ACCESS_KEY", "conveyor-test")
-        mp.setenv("AWS_CONFIG_FILE", str(home / "no-config"))
-        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", str(home / "no-credentials"))
-        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
-                     "AWS_ENDPOINT_URL_SQS"):
-            mp.delenv(name, raising=False)
-        with contextlib.ExitStack() as stack:
-            try:
-                endpoint = stack.enter_context(moto_server(home))
-            except BackendUnavailable as exc:
-                _unavailable("sqs", exc)
-            yield endpoint
 
 
 @pytest.fixture

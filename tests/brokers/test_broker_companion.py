@@ -190,8 +190,11 @@ def test_what_needs_the_claim_to_choose_is_still_refused(app: Conveyor) -> None:
             backend.enqueue_many([NewJob(**base, **kw)])  # type: ignore[arg-type]
     with pytest.raises(Unsupported):
         backend.pause_queue("q")
-    # Fair sharing is there where the broker groups messages itself (SQS FIFO).
-    assert backend.missing == {"limits", "pause", "dependencies"} | (
+    # Fair sharing is there where the broker groups messages itself (SQS FIFO). The clock is
+    # the broker's: a caller's now= cannot make a delay or a lease run out sooner,
+    # nor can a delay be cut short (run_now); the broker's lanes set the order.
+    assert backend.missing == {"limits", "pause", "dependencies", "clock", "run_now",
+                               "ordering"} | (
         set() if grouped else {"fair"})
 
 

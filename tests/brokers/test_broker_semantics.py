@@ -251,8 +251,10 @@ def test_max_depth_counts_the_broker_queue(open_broker: Open, broker: Broker) ->
     b = open_broker()
     b.enqueue_many([job(max_depth=3) for _ in range(3)])
     wait_for(lambda: b.stats().queues[0].available == 3)
-    with pytest.raises(QueueFull):
+    with pytest.raises(QueueFull) as info:
         b.enqueue_many([job(max_depth=3)])
+    # Named as a store names it, for the app's wait_if_full and the caller's message.
+    assert (info.value.queue, info.value.depth, info.value.limit) == ("q", 3, 3)
 
 
 @alone
@@ -283,13 +285,25 @@ def test_what_a_broker_cannot_do_is_refused_by_name(
 
 
 @alone
+def test_prune_refuses_unfinished_states_as_a_store_does(open_broker: Open) -> None:
+    b = open_broker()
+    with pytest.raises(ValueError, match="finished"):
+        b.prune(older_than=0, states=(JobState.SUCCEEDED, JobState.AVAILABLE))
+    assert b.prune(older_than=0, states=(JobState.SUCCEEDED, JobState.DEAD)) == 0
+
+
+@alone
 def test_lookups_are_refused_by_name(open_broker: Open, broker: Broker) -> None:
     b = open_broker()
     for call, capability in [(lambda: b.get(1), "lookup"), (lambda: b.cancel(1), "cancel"),
                              (lambda: b.list_jobs(), "listing"),
                              (lambda: b.record_step(1, "s", None, uid=None), "steps"),
                              (lambda: b.cron_ticks(), "cron"),
-                             (lambda: b.pause_queue("q"), "pause")]:
+                             (lambda: b.pause_queue("q"), "pause"),
+                             (lambda: b.history(since=0, until=1), "history"),
+                             (lambda: b.record_history([]), "history"),
+                             (lambda: b.get_batch("b"), "dependencies"),
+                             (lambda: b.make_due([1]), "run_now")]:
         with pytest.raises(Unsupported):
             call()
         assert capability in b.missing

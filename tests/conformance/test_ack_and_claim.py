@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from support import T0, enqueue_one
 
 from conveyor import JobState
@@ -17,6 +18,7 @@ def leases(jobs: list[Job]) -> list[Lease]:
     return [Lease(j.id, j.lease_token) for j in jobs if j.lease_token is not None]
 
 
+@pytest.mark.needs("clock")
 def test_acks_land_and_the_next_jobs_are_claimed(backend: Backend) -> None:
     ids = [enqueue_one(backend, args={"n": i}) for i in range(10)]
     first = backend.claim("default", 4, worker_id="w", lease_s=LEASE, now=T0)
@@ -37,6 +39,7 @@ def test_acks_land_and_the_next_jobs_are_claimed(backend: Backend) -> None:
         assert job.lease_expires_at == T0 + 1 + LEASE
 
 
+@pytest.mark.needs("lookup")
 def test_a_refused_ack_changes_nothing_and_does_not_stop_the_rest(backend: Backend) -> None:
     ids = [enqueue_one(backend) for _ in range(4)]
     jobs = backend.claim("default", 2, worker_id="w", lease_s=LEASE, now=T0)
@@ -52,6 +55,7 @@ def test_a_refused_ack_changes_nothing_and_does_not_stop_the_rest(backend: Backe
     assert [j.id for j in claimed] == ids[2:]
 
 
+@pytest.mark.needs("lookup")
 def test_acks_alone_when_nothing_waits(backend: Backend) -> None:
     enqueue_one(backend)
     jobs = backend.claim("default", 1, worker_id="w", lease_s=LEASE, now=T0)
@@ -62,6 +66,7 @@ def test_acks_alone_when_nothing_waits(backend: Backend) -> None:
     assert done is not None and done.state is JobState.SUCCEEDED
 
 
+@pytest.mark.needs("lookup")
 def test_acks_of_other_queues_ride_with_a_claim(backend: Backend) -> None:
     other = enqueue_one(backend, queue="other")
     waiting = enqueue_one(backend, queue="default")

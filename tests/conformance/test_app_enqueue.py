@@ -75,6 +75,7 @@ def echo(app: Conveyor) -> Task[..., Any]:
 # -- the happy path --------------------------------------------------------------------------------
 
 
+@pytest.mark.needs("lookup")
 def test_enqueue_stores_a_job_and_get_job_returns_every_field(
     app: Conveyor, send: Task[..., Any]
 ) -> None:
@@ -112,6 +113,7 @@ def test_enqueue_stores_a_job_and_get_job_returns_every_field(
         assert getattr(job, field) == getattr(stored, field), field
 
 
+@pytest.mark.needs("lookup")
 def test_enqueue_keeps_unicode_and_nested_values_exactly(
     app: Conveyor, echo: Task[..., Any]
 ) -> None:
@@ -124,6 +126,7 @@ def test_enqueue_keeps_unicode_and_nested_values_exactly(
     assert app.get_job(job.id).args == {"x": value}
 
 
+@pytest.mark.needs("lookup")
 def test_get_job_of_a_missing_id_raises_job_not_found(app: Conveyor, echo: Task[..., Any]) -> None:
     job = echo.enqueue(1)
     with pytest.raises(JobNotFound):
@@ -146,6 +149,7 @@ def test_get_job_of_a_missing_id_raises_job_not_found(app: Conveyor, echo: Task[
     ],
     ids=["missing", "too-many", "unknown-kw", "twice", "kw-only-positional"],
 )
+@pytest.mark.needs("listing")
 def test_arguments_that_do_not_bind_raise_arguments_error(
     app: Conveyor, send: Task[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> None:
@@ -155,6 +159,7 @@ def test_arguments_that_do_not_bind_raise_arguments_error(
     assert "emails.send" in str(info.value)
 
 
+@pytest.mark.needs("listing")
 def test_positional_only_parameters_cannot_be_given_by_keyword(app: Conveyor) -> None:
     @app.task(name="posonly")
     def posonly(a: int, /, b: int) -> None:
@@ -201,6 +206,7 @@ NOT_JSON = {
 
 
 @pytest.mark.parametrize("value", list(NOT_JSON.values()), ids=list(NOT_JSON))
+@pytest.mark.needs("listing")
 def test_values_that_are_not_json_raise_payload_error(
     app: Conveyor, echo: Task[..., Any], value: Any
 ) -> None:
@@ -211,6 +217,7 @@ def test_values_that_are_not_json_raise_payload_error(
     assert "echo" in str(info.value)  # names the task whose arguments are wrong
 
 
+@pytest.mark.needs("listing")
 def test_payload_error_names_the_offending_argument(app: Conveyor) -> None:
     @app.task(name="two_args")
     def two_args(good: int, bad: Any) -> None:
@@ -221,6 +228,7 @@ def test_payload_error_names_the_offending_argument(app: Conveyor) -> None:
     assert "bad" in str(info.value) and "inner" in str(info.value)
 
 
+@pytest.mark.needs("lookup")
 def test_moderate_nesting_is_accepted(app: Conveyor, echo: Task[..., Any]) -> None:
     job = echo.enqueue(_deep(30))
     assert app.get_job(job.id).args == {"x": _deep(30)}
@@ -231,6 +239,7 @@ def _encoded_size(bound: dict[str, Any]) -> int:
 
 
 @pytest.mark.parametrize("char", ["x", "é", "日"], ids=["ascii", "2-byte", "3-byte"])
+@pytest.mark.needs("lookup")
 def test_payload_size_limit_is_inclusive_and_counts_utf8_bytes(
     make_app: Callable[..., Conveyor], char: str
 ) -> None:
@@ -257,6 +266,7 @@ def test_payload_size_limit_is_inclusive_and_counts_utf8_bytes(
     assert str(limit) in str(info.value)
 
 
+@pytest.mark.needs("listing")
 def test_default_payload_limit_is_enforced(app: Conveyor, echo: Task[..., Any]) -> None:
     with NothingStored(app), pytest.raises(PayloadTooLarge):
         echo.enqueue("x" * (app.max_payload_bytes + 1))
@@ -267,6 +277,7 @@ BAD_QUEUE_IDS = ["empty", "space", "slash", "too-long", "non-ascii", "newline", 
 
 
 @pytest.mark.parametrize("queue", BAD_QUEUES, ids=BAD_QUEUE_IDS)
+@pytest.mark.needs("listing")
 def test_invalid_queue_names_raise_invalid_name(
     app: Conveyor, echo: Task[..., Any], queue: Any
 ) -> None:
@@ -284,6 +295,7 @@ def test_task_decorator_refuses_invalid_queue_names(app: Conveyor, queue: Any) -
 
 
 @pytest.mark.parametrize("queue", ["a", "high.priority:eu-west_1", "x" * 128])
+@pytest.mark.needs("lookup")
 def test_valid_queue_names_are_accepted(app: Conveyor, echo: Task[..., Any], queue: str) -> None:
     job = echo.options(queue=queue).enqueue(1)
     assert app.get_job(job.id).queue == queue
@@ -304,6 +316,7 @@ def test_invalid_task_names_raise_invalid_name(app: Conveyor, name: str) -> None
 # -- enqueue_many ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.needs("lookup")
 def test_enqueue_many_takes_tuples_and_dicts(app: Conveyor, send: Task[..., Any]) -> None:
     jobs = send.enqueue_many(
         [(1,), (2, "reset"), {"user_id": 3}, {"user_id": 4, "cc": ["x@y"]}, [5]]
@@ -326,6 +339,7 @@ ENQUEUE_KNOWS = ("id", "task", "queue", "args", "state", "attempts", "max_attemp
 
 @pytest.mark.parametrize("opts", [{}, {"delay": 60, "priority": 3, "queue": "other", "max_attempts": 2},
                                   {"unique_key": "one-of-them"}], ids=["plain", "delayed", "unique"])
+@pytest.mark.needs("lookup", "unique")
 def test_enqueue_many_returns_what_the_store_holds(
     app: Conveyor, send: Task[..., Any], opts: dict[str, Any]
 ) -> None:
@@ -350,6 +364,7 @@ def test_enqueue_many_returns_what_the_store_holds(
     [(1, 2, 3, 4), {"nope": 1}, (object(),), "a string", 7, {"user_id": float("nan")}],
     ids=["too-many", "unknown-kw", "not-json", "str-item", "int-item", "nan"],
 )
+@pytest.mark.needs("listing")
 def test_a_bad_item_in_enqueue_many_writes_nothing(
     app: Conveyor, send: Task[..., Any], bad_item: Any
 ) -> None:
@@ -358,6 +373,7 @@ def test_a_bad_item_in_enqueue_many_writes_nothing(
         send.enqueue_many([(1,), {"user_id": 2}, bad_item, (4,)])
 
 
+@pytest.mark.needs("listing")
 def test_enqueue_many_of_nothing(app: Conveyor, send: Task[..., Any]) -> None:
     with NothingStored(app):
         assert send.enqueue_many([]) == []
@@ -366,6 +382,7 @@ def test_enqueue_many_of_nothing(app: Conveyor, send: Task[..., Any]) -> None:
 # -- options ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.needs("lookup")
 def test_options_delay_schedules_the_job(app: Conveyor, echo: Task[..., Any]) -> None:
     job = echo.options(delay=60).enqueue(1)
     stored = app.get_job(job.id)
@@ -379,6 +396,7 @@ def test_options_delay_schedules_the_job(app: Conveyor, echo: Task[..., Any]) ->
     assert stored2.run_at == pytest.approx(stored2.created_at + 120)
 
 
+@pytest.mark.needs("lookup")
 def test_options_run_at_takes_an_aware_datetime(app: Conveyor, echo: Task[..., Any]) -> None:
     when = dt.datetime.now(dt.UTC).replace(microsecond=0) + dt.timedelta(hours=1)
     job = echo.options(run_at=when).enqueue(1)
@@ -393,11 +411,13 @@ def test_options_run_at_takes_an_aware_datetime(app: Conveyor, echo: Task[..., A
     assert past.state is JobState.AVAILABLE  # in the past: due at once
 
 
+@pytest.mark.needs("listing")
 def test_options_run_at_refuses_a_naive_datetime(app: Conveyor, echo: Task[..., Any]) -> None:
     with NothingStored(app), pytest.raises(ConfigurationError):
         echo.options(run_at=dt.datetime(2030, 1, 1)).enqueue(1)
 
 
+@pytest.mark.needs("lookup")
 def test_options_priority_queue_attempts_timeout(app: Conveyor, echo: Task[..., Any]) -> None:
     job = echo.options(priority=-5, queue="urgent", max_attempts=2, timeout=3.5).enqueue(1)
     stored = app.get_job(job.id)
@@ -442,11 +462,13 @@ def test_options_priority_queue_attempts_timeout(app: Conveyor, echo: Task[..., 
         "long-key",
     ],
 )
+@pytest.mark.needs("listing")
 def test_bad_options_are_refused(app: Conveyor, echo: Task[..., Any], opts: dict[str, Any]) -> None:
     with NothingStored(app), pytest.raises(ConfigurationError):
         echo.options(**opts).enqueue(1)
 
 
+@pytest.mark.needs("unique")
 def test_options_unique_key_deduplicates_unfinished_jobs(
     app: Conveyor, echo: Task[..., Any]
 ) -> None:
@@ -467,6 +489,7 @@ def test_options_unique_key_deduplicates_unfinished_jobs(
 # -- async ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.needs("lookup")
 def test_aenqueue_from_async_code(app: Conveyor, send: Task[..., Any]) -> None:
     async def main() -> tuple[Any, Any]:
         one = await send.aenqueue(7, template="promo")
@@ -479,6 +502,7 @@ def test_aenqueue_from_async_code(app: Conveyor, send: Task[..., Any]) -> None:
     assert sorted(stored_ids(app)) == sorted([one.id, *(j.id for j in many)])
 
 
+@pytest.mark.needs("listing")
 def test_aenqueue_validates_before_storing(app: Conveyor, send: Task[..., Any]) -> None:
     async def main() -> None:
         with pytest.raises(ArgumentsError):

@@ -32,6 +32,7 @@ def kinds(job: Any) -> list[str]:
     return [e["kind"] for e in job.errors]
 
 
+@pytest.mark.needs("lookup")
 def test_success_stores_the_result(app: Conveyor) -> None:
     @app.task(name="add")
     def add(a: int, b: int) -> dict[str, int]:
@@ -57,6 +58,7 @@ def test_success_stores_the_result(app: Conveyor) -> None:
     assert done2.result == 20
 
 
+@pytest.mark.needs("lookup")
 def test_retry_with_delay_then_success(app: Conveyor) -> None:
     @app.task(name="flaky", max_attempts=5)
     def flaky() -> str:
@@ -76,6 +78,7 @@ def test_retry_with_delay_then_success(app: Conveyor) -> None:
     assert (e["attempt"], e["kind"], e["message"]) == (1, "retry", "not yet")
 
 
+@pytest.mark.needs("lookup")
 def test_retry_on_the_last_attempt_goes_dead(app: Conveyor) -> None:
     @app.task(name="always_retry", max_attempts=2)
     def always_retry() -> None:
@@ -89,6 +92,7 @@ def test_retry_on_the_last_attempt_goes_dead(app: Conveyor) -> None:
     assert kinds(job) == ["retry", "retry"]
 
 
+@pytest.mark.needs("lookup")
 def test_reject_goes_dead_after_one_attempt(app: Conveyor) -> None:
     @app.task(name="rejecting", max_attempts=5)
     def rejecting(order_id: int) -> None:
@@ -105,6 +109,7 @@ def test_reject_goes_dead_after_one_attempt(app: Conveyor) -> None:
     assert job.finished_at is not None
 
 
+@pytest.mark.needs("lookup")
 def test_exceptions_go_dead_after_exactly_max_attempts(app: Conveyor) -> None:
     calls: list[int] = []
 
@@ -128,6 +133,7 @@ def test_exceptions_go_dead_after_exactly_max_attempts(app: Conveyor) -> None:
     assert all("Traceback" in e["traceback"] and "broken" in e["traceback"] for e in job.errors)
 
 
+@pytest.mark.needs("lookup")
 def test_async_task_timeout_is_recorded_and_retried(app: Conveyor) -> None:
     cancelled: list[int] = []
 
@@ -149,6 +155,7 @@ def test_async_task_timeout_is_recorded_and_retried(app: Conveyor) -> None:
     assert cancelled == [1, 1]  # the coroutine was actually stopped each time
 
 
+@pytest.mark.needs("lookup")
 def test_sync_task_timeout_is_recorded(app: Conveyor) -> None:
     release = threading.Event()
 
@@ -171,6 +178,7 @@ def test_sync_task_timeout_is_recorded(app: Conveyor) -> None:
     assert job.result is None
 
 
+@pytest.mark.needs("lookup")
 def test_unknown_task_goes_dead_and_does_not_block_the_queue(app: Conveyor) -> None:
     @app.task(name="known")
     def known(n: int) -> int:
@@ -196,6 +204,7 @@ def test_unknown_task_goes_dead_and_does_not_block_the_queue(app: Conveyor) -> N
 @pytest.mark.parametrize(
     "stored_args", ['{"renamed": 1}', "{}", "[1, 2]"], ids=["unknown-name", "missing", "not-object"]
 )
+@pytest.mark.needs("lookup")
 def test_stored_args_that_no_longer_fit_go_dead(app: Conveyor, stored_args: str) -> None:
     @app.task(name="strict")
     def strict(user_id: int) -> int:
@@ -221,6 +230,7 @@ def test_stored_args_that_no_longer_fit_go_dead(app: Conveyor, stored_args: str)
     [object(), float("nan"), {1: "int key"}, b"bytes"],
     ids=["object", "nan", "int-key", "bytes"],
 )
+@pytest.mark.needs("lookup")
 def test_a_result_that_is_not_json_goes_dead(app: Conveyor, value: Any) -> None:
     @app.task(name="weird_result", max_attempts=5)
     def weird_result() -> Any:
@@ -235,6 +245,7 @@ def test_a_result_that_is_not_json_goes_dead(app: Conveyor, value: Any) -> None:
     assert job.result is None
 
 
+@pytest.mark.needs("lookup")
 def test_current_job_inside_sync_and_async_tasks(app: Conveyor) -> None:
     assert current_job() is None  # outside a worker
 
@@ -262,6 +273,7 @@ def test_current_job_inside_sync_and_async_tasks(app: Conveyor) -> None:
     assert current_job() is None
 
 
+@pytest.mark.needs("lookup")
 def test_tasks_see_the_context_the_worker_was_started_in(app: Conveyor) -> None:
     """Jobs start on the thread their claim came back on (the store's or the waiter's), yet
     run in a copy of the context of the worker's loop, as every asyncio task does."""
@@ -294,6 +306,7 @@ def test_tasks_see_the_context_the_worker_was_started_in(app: Conveyor) -> None:
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
+@pytest.mark.needs("lookup")
 def test_a_stop_during_a_claim_gives_back_only_the_jobs_not_yet_started(app: Conveyor, when: str) -> None:
     """A claim's first jobs start where the claim came back (Runner.start_early: on a store
     thread, or on the loop with Backend.loop_claims). A stop that comes before they start
@@ -346,6 +359,7 @@ def test_a_stop_during_a_claim_gives_back_only_the_jobs_not_yet_started(app: Con
     assert all(j.lease_token is None for j in final)
 
 
+@pytest.mark.needs("lookup")
 def test_weighted_queues_are_all_served(app: Conveyor) -> None:
     @app.task(name="hi", queue="high")
     def hi(n: int) -> str:
@@ -374,6 +388,7 @@ def test_weighted_queues_are_all_served(app: Conveyor) -> None:
     assert app.get_job(ignored.id).state is JobState.AVAILABLE
 
 
+@pytest.mark.needs("lookup")
 def test_graceful_stop_finishes_the_running_job(app: Conveyor) -> None:
     started = threading.Event()
 
@@ -400,6 +415,7 @@ def test_graceful_stop_finishes_the_running_job(app: Conveyor) -> None:
     assert wt.worker.counters.succeeded == 1
 
 
+@pytest.mark.needs("lookup")
 def test_hurried_stop_releases_the_running_job(app: Conveyor) -> None:
     started = threading.Event()
     release = threading.Event()
@@ -426,6 +442,7 @@ def test_hurried_stop_releases_the_running_job(app: Conveyor) -> None:
     assert wt.worker.counters.released == 1
 
 
+@pytest.mark.needs("lookup")
 def test_heartbeat_keeps_a_long_job_leased(app: Conveyor) -> None:
     @app.task(name="longer_than_lease")
     def longer_than_lease() -> str:
@@ -441,6 +458,7 @@ def test_heartbeat_keeps_a_long_job_leased(app: Conveyor) -> None:
     assert job.errors == []
 
 
+@pytest.mark.needs("cancel")
 def test_cancelling_a_running_job_stops_it(app: Conveyor) -> None:
     started = threading.Event()
     stopped = threading.Event()
@@ -469,6 +487,7 @@ def test_cancelling_a_running_job_stops_it(app: Conveyor) -> None:
     assert done.result is None
 
 
+@pytest.mark.needs("cancel")
 def test_cancelling_a_running_sync_job_settles_it_and_its_slot_waits_for_the_thread(
         app: Conveyor) -> None:
     # A sync task started on its thread at the claim is waited for without a Task of its
@@ -508,6 +527,7 @@ def test_cancelling_a_running_sync_job_settles_it_and_its_slot_waits_for_the_thr
     assert done.result is None
 
 
+@pytest.mark.needs("workers")
 def test_worker_is_listed_while_running_and_removed_after(app: Conveyor) -> None:
     with running_worker(app, queues="a:2,b:1", concurrency=3) as wt:
         wid = wt.worker.id
@@ -519,6 +539,7 @@ def test_worker_is_listed_while_running_and_removed_after(app: Conveyor) -> None
     assert all(w.id != wid for w in app.backend.stats().workers)
 
 
+@pytest.mark.needs("workers")
 def test_a_heartbeat_in_flight_at_stop_does_not_bring_the_worker_row_back(app: Conveyor) -> None:
     """The heartbeat's record_worker runs on a thread of its own; one still in flight when the
     worker stops must land before the worker removes its row, not after (a ghost row made
@@ -547,6 +568,7 @@ def test_a_heartbeat_in_flight_at_stop_does_not_bring_the_worker_row_back(app: C
     assert all(w.id != wid for w in backend.stats().workers)
 
 
+@pytest.mark.needs("lookup")
 def test_result_round_trips_through_json(app: Conveyor) -> None:
     payload = {"list": [1, 2.5, "three", None, True], "nested": {"k": ["v"]}, "unicode": "ünï ✓"}
 
@@ -563,6 +585,7 @@ def test_result_round_trips_through_json(app: Conveyor) -> None:
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.needs("lookup")
 def test_a_task_calling_sys_exit_fails_its_job_not_the_worker(app: Conveyor, kind: str) -> None:
     """Libraries call sys.exit() (argparse on bad input, for one). In a task that must be an
     ordinary failure of that job: the worker keeps running and the other jobs still complete."""

@@ -28,6 +28,7 @@ def snapshot(backend: Backend, job_id: int) -> Job:
     return job
 
 
+@pytest.mark.needs("clock")
 def test_held_jobs_whose_lease_expires_go_back_uncounted(backend: Backend) -> None:
     ids = [enqueue_one(backend, max_attempts=1) for _ in range(3)]
     jobs = backend.claim("default", 3, worker_id="w1", lease_s=LEASE, now=T0, start=1)
@@ -52,6 +53,7 @@ def test_held_jobs_whose_lease_expires_go_back_uncounted(backend: Backend) -> No
         assert held.errors[-1]["kind"] == "lease_expired"
 
 
+@pytest.mark.needs("clock")
 def test_a_claim_starts_every_job_unless_told_otherwise(backend: Backend) -> None:
     ids = [enqueue_one(backend, max_attempts=1) for _ in range(2)]
     backend.claim("default", 2, worker_id="w1", lease_s=LEASE, now=T0)
@@ -63,6 +65,7 @@ def test_a_claim_starts_every_job_unless_told_otherwise(backend: Backend) -> Non
         assert "mid-job" in job.errors[-1]["message"]
 
 
+@pytest.mark.needs("clock")
 def test_a_heartbeat_marks_the_jobs_not_held_as_started(backend: Backend) -> None:
     first, second = (enqueue_one(backend, max_attempts=1) for _ in range(2))
     jobs = backend.claim("default", 2, worker_id="w1", lease_s=LEASE, now=T0, start=0)
@@ -77,6 +80,7 @@ def test_a_heartbeat_marks_the_jobs_not_held_as_started(backend: Backend) -> Non
     assert snapshot(backend, second).stalls == 1
 
 
+@pytest.mark.needs("clock")
 def test_a_job_that_keeps_getting_lost_unstarted_counts_after_max_stalls(backend: Backend) -> None:
     job_id = enqueue_one(backend, max_attempts=1)
     t = T0
@@ -95,6 +99,7 @@ def test_a_job_that_keeps_getting_lost_unstarted_counts_after_max_stalls(backend
     assert f"{MAX_STALLS + 1} times" in dead.errors[-1]["message"]
 
 
+@pytest.mark.needs("clock")
 def test_a_started_attempt_after_stalls_is_counted_as_usual(backend: Backend) -> None:
     job_id = enqueue_one(backend, max_attempts=2)
     backend.claim("default", 1, worker_id="w1", lease_s=LEASE, now=T0, start=0)
@@ -107,6 +112,7 @@ def test_a_started_attempt_after_stalls_is_counted_as_usual(backend: Backend) ->
     assert (after.attempts, after.stalls) == (1, 1)
 
 
+@pytest.mark.needs("clock")
 def test_a_lost_claim_reply_is_given_back_by_its_claim_id(backend: Backend) -> None:
     ids = [enqueue_one(backend, max_attempts=1) for _ in range(4)]
     # Another worker's claim, which must not be touched.

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 from support import T0, enqueue_one, new_job
 
 from conveyor import JobState, LeaseLost
-from conveyor.backends import open_backend
 from conveyor.backends.base import Backend, ErrorInfo, Lease, QueueStats, WorkerInfo
 from conveyor.job import Job
 
@@ -66,6 +66,7 @@ def make_job_in(
 # -- unique_key -------------------------------------------------------------------------------
 
 
+@pytest.mark.needs("unique")
 def test_unique_key_returns_the_unfinished_job(backend: Backend) -> None:
     [first] = backend.enqueue_many([new_job(args={"n": 1}, unique_key="welcome:42")], now=T0)
     assert first.created
@@ -88,6 +89,7 @@ def test_unique_key_returns_the_unfinished_job(backend: Backend) -> None:
     assert len(all_jobs(backend)) == 2
 
 
+@pytest.mark.needs("unique")
 def test_unique_key_is_held_while_scheduled_and_freed_by_cancel_or_death(backend: Backend) -> None:
     [a] = backend.enqueue_many([new_job(unique_key="k", delay=100)], now=T0)
     [b] = backend.enqueue_many([new_job(unique_key="k")], now=T0 + 1)
@@ -103,6 +105,7 @@ def test_unique_key_is_held_while_scheduled_and_freed_by_cancel_or_death(backend
     assert d.created and d.id not in (a.id, c.id)
 
 
+@pytest.mark.needs("unique")
 def test_unique_key_repeated_inside_one_batch(backend: Backend) -> None:
     results = backend.enqueue_many(
         [
@@ -118,6 +121,7 @@ def test_unique_key_repeated_inside_one_batch(backend: Backend) -> None:
     assert len(all_jobs(backend)) == 2
 
 
+@pytest.mark.needs("unique")
 def test_different_unique_keys_do_not_collide(backend: Backend) -> None:
     results = backend.enqueue_many([new_job(unique_key="a"), new_job(unique_key="b")], now=T0)
     assert all(r.created for r in results)
@@ -127,6 +131,7 @@ def test_different_unique_keys_do_not_collide(backend: Backend) -> None:
 # -- prune --------------------------------------------------------------------------------------
 
 
+@pytest.mark.needs("lookup")
 def test_prune_deletes_only_old_finished_jobs_of_the_given_states(backend: Backend) -> None:
     old_ok = make_job_in(backend, JobState.SUCCEEDED, now=T0 + 10)
     new_ok = make_job_in(backend, JobState.SUCCEEDED, now=T0 + 100)
@@ -151,6 +156,7 @@ def test_prune_deletes_only_old_finished_jobs_of_the_given_states(backend: Backe
     assert backend.get(old_cancelled) is None
 
 
+@pytest.mark.needs("lookup")
 def test_prune_is_bounded_by_limit(backend: Backend) -> None:
     ids = [make_job_in(backend, JobState.SUCCEEDED, now=T0 + i) for i in range(5)]
     assert backend.prune(older_than=10, limit=2, now=T0 + 100) == 2
@@ -161,6 +167,7 @@ def test_prune_is_bounded_by_limit(backend: Backend) -> None:
     assert all(backend.get(i) is None for i in ids)
 
 
+@pytest.mark.needs("lookup")
 def test_prune_refuses_unfinished_states(backend: Backend) -> None:
     job_id = make_job_in(backend, JobState.AVAILABLE)
     with pytest.raises(ValueError):
@@ -171,6 +178,7 @@ def test_prune_refuses_unfinished_states(backend: Backend) -> None:
 # -- list_jobs ----------------------------------------------------------------------------------
 
 
+@pytest.mark.needs("listing")
 def test_list_jobs_pages_newest_first_without_gaps_or_duplicates(backend: Backend) -> None:
     ids = [enqueue_one(backend, args={"n": i}) for i in range(23)]
     seen: list[int] = []
@@ -188,6 +196,7 @@ def test_list_jobs_pages_newest_first_without_gaps_or_duplicates(backend: Backen
     assert seen == sorted(ids, reverse=True)
 
 
+@pytest.mark.needs("listing")
 def test_list_jobs_last_full_page_has_no_next_cursor(backend: Backend) -> None:
     ids = [enqueue_one(backend) for _ in range(10)]
     first = backend.list_jobs(limit=5)
@@ -198,6 +207,7 @@ def test_list_jobs_last_full_page_has_no_next_cursor(backend: Backend) -> None:
     assert second.next_cursor is None
 
 
+@pytest.mark.needs("lookup")
 def test_list_jobs_filters_by_state_queue_and_task_with_pagination(backend: Backend) -> None:
     expected: dict[tuple[str, str, JobState], list[int]] = {}
     for i in range(24):
@@ -253,6 +263,7 @@ def queue_stats(backend: Backend, now: float, name: str) -> QueueStats:
     return by_name[name]
 
 
+@pytest.mark.needs("lookup")
 def test_stats_counts_by_state_per_queue_and_oldest_waiting_age(backend: Backend) -> None:
     make_job_in(backend, JobState.RUNNING, queue="a", now=T0)
     make_job_in(backend, JobState.SUCCEEDED, queue="a", now=T0)
@@ -309,6 +320,7 @@ def test_stats_counts_by_state_per_queue_and_oldest_waiting_age(backend: Backend
     assert a_early.oldest_available_age == pytest.approx(2.0)
 
 
+@pytest.mark.needs("workers")
 def test_stats_lists_workers_seen_within_ttl(backend: Backend) -> None:
     def info(worker_id: str, running: int = 0) -> WorkerInfo:
         return WorkerInfo(
@@ -347,6 +359,7 @@ def test_stats_lists_workers_seen_within_ttl(backend: Backend) -> None:
 # -- dead-letter queue: redrive and purge ---------------------------------------------------------
 
 
+@pytest.mark.needs("lookup")
 def test_redrive_by_ids_by_queue_and_all(backend: Backend) -> None:
     d1 = make_job_in(backend, JobState.DEAD, queue="a", max_attempts=2)
     d2 = make_job_in(backend, JobState.DEAD, queue="a")
@@ -387,6 +400,7 @@ def test_redrive_by_ids_by_queue_and_all(backend: Backend) -> None:
     assert all(j.attempts == 1 for j in claimed if j.id in (d1, d2))
 
 
+@pytest.mark.needs("unique")
 def test_redrive_respects_a_unique_key_taken_meanwhile(backend: Backend) -> None:
     """A dead job's unique key may be reused by a new job; redriving the dead one must not
     create a second unfinished job with that key, nor make the redrive of others fail."""
@@ -405,6 +419,7 @@ def test_redrive_respects_a_unique_key_taken_meanwhile(backend: Backend) -> None
     assert redriven == 1 + (snapshot(backend, dead_keyed).state is JobState.AVAILABLE)
 
 
+@pytest.mark.needs("lookup")
 def test_purge_deletes_only_finished_jobs_of_the_given_state(backend: Backend) -> None:
     d1 = make_job_in(backend, JobState.DEAD, queue="a")
     d2 = make_job_in(backend, JobState.DEAD, queue="a")
@@ -426,6 +441,7 @@ def test_purge_deletes_only_finished_jobs_of_the_given_state(backend: Backend) -
 
 
 @pytest.mark.parametrize("state", [JobState.AVAILABLE, JobState.SCHEDULED, JobState.RUNNING])
+@pytest.mark.needs("lookup")
 def test_purge_refuses_unfinished_states(backend: Backend, state: JobState) -> None:
     job_id = make_job_in(backend, state)
     before = snapshot(backend, job_id)
@@ -440,6 +456,7 @@ def test_purge_refuses_unfinished_states(backend: Backend, state: JobState) -> N
 
 
 @pytest.mark.parametrize("state", [JobState.AVAILABLE, JobState.SCHEDULED])
+@pytest.mark.needs("cancel")
 def test_cancel_a_waiting_job(backend: Backend, state: JobState) -> None:
     job_id = make_job_in(backend, state)
     assert backend.cancel(job_id, now=T0 + 5) is True
@@ -449,6 +466,7 @@ def test_cancel_a_waiting_job(backend: Backend, state: JobState) -> None:
     assert backend.claim("default", 10, worker_id="w", lease_s=LEASE, now=T0 + 5000) == []
 
 
+@pytest.mark.needs("cancel")
 def test_cancel_a_running_job_takes_its_lease_away(backend: Backend) -> None:
     enqueue_one(backend)
     [job] = backend.claim("default", 1, worker_id="w", lease_s=LEASE, now=T0)
@@ -469,6 +487,7 @@ def test_cancel_a_running_job_takes_its_lease_away(backend: Backend) -> None:
 
 
 @pytest.mark.parametrize("state", [JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED])
+@pytest.mark.needs("cancel", "lookup")
 def test_cancel_of_a_finished_job_returns_false(backend: Backend, state: JobState) -> None:
     job_id = make_job_in(backend, state)
     before = snapshot(backend, job_id)
@@ -476,6 +495,7 @@ def test_cancel_of_a_finished_job_returns_false(backend: Backend, state: JobStat
     assert snapshot(backend, job_id) == before
 
 
+@pytest.mark.needs("cancel")
 def test_cancel_of_a_missing_job_returns_false(backend: Backend) -> None:
     job_id = enqueue_one(backend)
     assert backend.cancel(job_id + 1000, now=T0) is False
@@ -512,15 +532,12 @@ def test_wait_for_jobs_wakes_on_an_enqueue_from_another_thread(backend: Backend)
 
 
 def test_wait_for_jobs_wakes_on_an_enqueue_through_another_connection(
-    backend: Backend, store_url: str
+    backend: Backend, open_store: Callable[[], Backend]
 ) -> None:
-    other = open_backend(store_url)
-    try:
-        thread, out = _wait_in_thread(backend, ["default"], timeout=10)
-        other.enqueue_many([new_job()])
-        thread.join(10)
-    finally:
-        other.close()
+    other = open_store()
+    thread, out = _wait_in_thread(backend, ["default"], timeout=10)
+    other.enqueue_many([new_job()])
+    thread.join(10)
     assert out["result"] is True
     assert out["elapsed"] < 5
 
@@ -542,6 +559,7 @@ def test_wait_for_jobs_returns_at_once_if_work_is_waiting(backend: Backend) -> N
 # -- the store's clock ----------------------------------------------------------------------------
 
 
+@pytest.mark.needs("lookup")
 def test_time_comes_from_the_store(backend: Backend) -> None:
     assert abs(backend.now() - time.time()) < 5
     [res] = backend.enqueue_many([new_job()])
@@ -554,6 +572,7 @@ def test_time_comes_from_the_store(backend: Backend) -> None:
     assert abs(claimed.attempted_at - backend.now()) < 5
 
 
+@pytest.mark.needs("cancel")
 def test_stats_without_finished_history_keeps_every_other_number(backend: Backend) -> None:
     """The scrape-time form: succeeded/cancelled are left out, the rest is identical."""
     ids = [enqueue_one(backend, now=T0, max_attempts=1) for _ in range(4)]

@@ -75,10 +75,11 @@ def store_held(url: str) -> Iterator[None]:
             client.close()
 
 
-def test_close_during_a_call_in_another_thread(store_url: str) -> None:
-    setup = open_backend(store_url)  # creates the schema before the store is held
+@pytest.mark.needs("listing")
+def test_close_during_a_call_in_another_thread(store_url: str, store_state: str | None) -> None:
+    setup = open_backend(store_url, state=store_state)  # creates the schema before the hold
     setup.close()
-    backend: Backend = open_backend(store_url)
+    backend: Backend = open_backend(store_url, state=store_state)
     outcome: dict[str, object] = {}
     inside = threading.Event()
 
@@ -91,7 +92,8 @@ def test_close_during_a_call_in_another_thread(store_url: str) -> None:
         except BaseException as exc:  # anything else is a failure of the contract
             outcome["unexpected"] = exc
 
-    with store_held(store_url):
+    # With a broker, its companion store: the record is written first.
+    with store_held(store_state or store_url):
         t = threading.Thread(target=call)
         t.start()
         assert inside.wait(5)
@@ -107,7 +109,7 @@ def test_close_during_a_call_in_another_thread(store_url: str) -> None:
     with pytest.raises(StoreError, match="closed"):
         backend.enqueue_many([new_job(args={"n": 2})])
 
-    after = open_backend(store_url)
+    after = open_backend(store_url, state=store_state)
     try:
         stored = after.list_jobs(limit=10).jobs
         if "ids" in outcome:  # acknowledged: it is there, whole
@@ -119,15 +121,15 @@ def test_close_during_a_call_in_another_thread(store_url: str) -> None:
         after.close()
 
 
-def hammer_and_close(url: str, rounds: int) -> None:
+def hammer_and_close(url: str, rounds: int, state: str | None) -> None:
     """Four threads calling the store as fast as they can while the main thread closes it,
     ``rounds`` times. Run in a child process: a crash must fail the test, not end the run."""
     from conveyor.backends.base import NewJob
 
-    open_backend(url).close()
+    open_backend(url, state=state).close()
     unexpected: list[BaseException] = []
     for _ in range(rounds):
-        b = open_backend(url)
+        b = open_backend(url, state=state)
         stop = threading.Event()
 
         def calls(b: Backend = b, stop: threading.Event = stop) -> None:
@@ -155,7 +157,7 @@ def hammer_and_close(url: str, rounds: int) -> None:
     assert not unexpected, unexpected[:3]
 
 
-def test_close_races_with_calls_in_other_threads(store_url: str) -> None:
+def test_close_races_with_calls_in_other_threads(store_url: str, store_state: str | None) -> None:
     """Closing while other threads keep calling: before the fix, SQLite crashed within a few
     dozen rounds (a connection closed between a call's check and its statement)."""
     import subprocess
@@ -163,7 +165,9 @@ def test_close_races_with_calls_in_other_threads(store_url: str) -> None:
 
     rounds = 150 if store_url.startswith("sqlite") else 20
     tests = str(Path(__file__).parent.parent)
-    proc = subprocess.run([sys.executable, __file__, store_url, str(rounds)], capture_output=True,
+    state = [store_state] if store_state else []
+    proc = subprocess.run([sys.executable, __file__, store_url, str(rounds), *state],
+                          capture_output=True,
                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": tests})
     assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stderr[-3000:]}"
 
@@ -171,4 +175,4 @@ def test_close_races_with_calls_in_other_threads(store_url: str) -> None:
 if __name__ == "__main__":
     import sys
 
-    hammer_and_close(sys.argv[1], int(sys.argv[2]))
+    hammer_and_close(sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)

@@ -10,7 +10,6 @@ import pytest
 from support import T0, new_job
 
 from conveyor import JobState
-from conveyor.backends import open_backend
 from conveyor.backends.base import Backend
 
 JOBS = 500
@@ -58,28 +57,16 @@ def _check(backend: Backend, ids: list[int], counts: Counter[int]) -> None:
 
 
 @pytest.mark.parametrize("sharing", ["one-backend", "backend-per-thread"])
+@pytest.mark.needs("listing")
 def test_concurrent_claims_hand_out_each_job_exactly_once(
-    backend: Backend, store_url: str, sharing: str
+    backend: Backend, open_store: Callable[[], Backend], sharing: str
 ) -> None:
     ids = [
         r.id for r in backend.enqueue_many([new_job(args={"n": i}) for i in range(JOBS)], now=T0)
     ]
     assert len(set(ids)) == JOBS
 
-    opened: list[Backend] = []
-    make: Callable[[], Backend]
-    if sharing == "one-backend":
-        make = lambda: backend  # noqa: E731 - a Backend is shared between threads
-    else:
-
-        def make() -> Backend:
-            b = open_backend(store_url)
-            opened.append(b)
-            return b
-
-    try:
-        counts = claim_concurrently([make() for _ in range(THREADS)])
-    finally:
-        for b in opened:
-            b.close()
+    # One Backend shared between threads, or one each.
+    make: Callable[[], Backend] = (lambda: backend) if sharing == "one-backend" else open_store
+    counts = claim_concurrently([make() for _ in range(THREADS)])
     _check(backend, ids, counts)

@@ -21,6 +21,7 @@ def all_jobs(backend: Backend) -> list:
 # -- enqueue ----------------------------------------------------------------------------
 
 
+@pytest.mark.needs("lookup")
 def test_enqueue_many_returns_ids_in_order(backend: Backend) -> None:
     batch = [new_job(args={"n": i}) for i in range(7)]
     results = backend.enqueue_many(batch, now=T0)
@@ -36,6 +37,7 @@ def test_enqueue_many_returns_ids_in_order(backend: Backend) -> None:
         assert job.args == {"n": i}
 
 
+@pytest.mark.needs("limits")
 def test_enqueue_many_keeps_every_field_of_a_mixed_batch(backend: Backend) -> None:
     """A batch of jobs without unique or fair keys (PostgreSQL writes it in one statement):
     each job keeps its own queue, priority, timing, limits and meta, in batch order."""
@@ -64,6 +66,7 @@ def test_enqueue_many_keeps_every_field_of_a_mixed_batch(backend: Backend) -> No
     assert [j.id for j in claimed] == [ids[4], ids[2], ids[0]]
 
 
+@pytest.mark.needs("lookup")
 def test_enqueue_many_keeps_order_across_runs_of_alike_jobs(backend: Backend) -> None:
     """Consecutive jobs that differ only in their args (PostgreSQL sends each such run's shared
     values once): runs that come back to an earlier kind still keep batch order and fields."""
@@ -80,6 +83,7 @@ def test_enqueue_many_keeps_order_across_runs_of_alike_jobs(backend: Backend) ->
     ]
 
 
+@pytest.mark.needs("lookup")
 def test_enqueue_many_round_trips_awkward_values(backend: Backend) -> None:
     awkward = [
         {"s": 'quote " backslash \\ slash / tab \t newline \n', "u": "é ü 漢字 😀 \u2028 \u2029 \x7f"},
@@ -95,12 +99,14 @@ def test_enqueue_many_round_trips_awkward_values(backend: Backend) -> None:
         assert job is not None and job.args == a
 
 
+@pytest.mark.needs("listing")
 def test_enqueue_many_of_nothing_writes_nothing(backend: Backend) -> None:
     assert backend.enqueue_many([], now=T0) == []
     assert all_jobs(backend) == []
 
 
 @pytest.mark.parametrize("with_unique_keys", [False, True], ids=["plain", "unique"])
+@pytest.mark.needs("listing")
 def test_enqueue_many_is_atomic(backend: Backend, with_unique_keys: bool) -> None:
     before = enqueue_one(backend, args={"keep": True})
     key = (lambda i: f"k{i}") if with_unique_keys else (lambda i: None)
@@ -128,6 +134,7 @@ def test_enqueue_many_is_atomic(backend: Backend, with_unique_keys: bool) -> Non
         assert res.created
 
 
+@pytest.mark.needs("unique")
 def test_get_returns_every_field(backend: Backend) -> None:
     nj = NewJob(
         task="mod.send_email",
@@ -165,6 +172,7 @@ def test_get_returns_every_field(backend: Backend) -> None:
     assert job.meta == {"origin": "test"}
 
 
+@pytest.mark.needs("lookup")
 def test_get_of_a_missing_job_is_none(backend: Backend) -> None:
     job_id = enqueue_one(backend)
     assert backend.get(job_id + 1000) is None
@@ -173,6 +181,7 @@ def test_get_of_a_missing_job_is_none(backend: Backend) -> None:
 # -- scheduling -----------------------------------------------------------------------------
 
 
+@pytest.mark.needs("clock", "lookup")
 def test_delayed_job_is_scheduled_and_promoted_when_due(backend: Backend) -> None:
     job_id = enqueue_one(backend, delay=10.0)
     job = backend.get(job_id)
@@ -193,6 +202,7 @@ def test_delayed_job_is_scheduled_and_promoted_when_due(backend: Backend) -> Non
     assert job.attempts == 0
 
 
+@pytest.mark.needs("clock")
 def test_promote_is_bounded_by_limit(backend: Backend) -> None:
     ids = [enqueue_one(backend, delay=float(i + 1)) for i in range(5)]
     assert backend.promote(limit=2, now=T0 + 100) == 2
@@ -204,6 +214,7 @@ def test_promote_is_bounded_by_limit(backend: Backend) -> None:
     assert backend.promote(limit=100, now=T0 + 100) == 0
 
 
+@pytest.mark.needs("clock")
 def test_claim_promotes_due_scheduled_jobs(backend: Backend) -> None:
     job_id = enqueue_one(backend, delay=10.0)
     [job] = backend.claim("default", 5, worker_id="w", lease_s=30, now=T0 + 10)
@@ -212,6 +223,7 @@ def test_claim_promotes_due_scheduled_jobs(backend: Backend) -> None:
     assert job.attempts == 1
 
 
+@pytest.mark.needs("lookup")
 def test_run_at_wins_over_delay_and_a_past_run_at_is_available_at_once(backend: Backend) -> None:
     later = enqueue_one(backend, run_at=T0 + 100, delay=1.0)
     past = enqueue_one(backend, run_at=T0 - 100)
@@ -224,6 +236,7 @@ def test_run_at_wins_over_delay_and_a_past_run_at_is_available_at_once(backend: 
 # -- claim ----------------------------------------------------------------------------------
 
 
+@pytest.mark.needs("ordering")
 def test_claim_order_is_priority_then_run_at_then_id(backend: Backend) -> None:
     # (priority, run_at) in enqueue order; ids increase in this order.
     spec = [
@@ -249,6 +262,7 @@ def test_claim_order_is_priority_then_run_at_then_id(backend: Backend) -> None:
     assert rest == expected[2:]
 
 
+@pytest.mark.needs("lookup")
 def test_claim_respects_limit(backend: Backend) -> None:
     ids = {enqueue_one(backend, args={"n": i}) for i in range(10)}
     assert backend.claim("default", 0, worker_id="w", lease_s=30, now=T0) == []
@@ -265,6 +279,7 @@ def test_claim_respects_limit(backend: Backend) -> None:
     assert backend.claim("default", 100, worker_id="w", lease_s=30, now=T0) == []
 
 
+@pytest.mark.needs("lookup")
 def test_claim_takes_only_its_own_queue(backend: Backend) -> None:
     a = {enqueue_one(backend, queue="a") for _ in range(3)}
     b = {enqueue_one(backend, queue="b") for _ in range(2)}
@@ -274,6 +289,7 @@ def test_claim_takes_only_its_own_queue(backend: Backend) -> None:
     assert backend.claim("nothing-here", 10, worker_id="w", lease_s=30, now=T0) == []
 
 
+@pytest.mark.needs("clock")
 def test_claim_sets_running_attempt_lease_and_expiry(backend: Backend) -> None:
     job_id = enqueue_one(backend, max_attempts=3)
     [job] = backend.claim("default", 1, worker_id="worker-1", lease_s=45, now=T0 + 5)
@@ -290,6 +306,7 @@ def test_claim_sets_running_attempt_lease_and_expiry(backend: Backend) -> None:
     assert stored == job  # the returned snapshot is what the store holds
 
 
+@pytest.mark.needs("fair", "unique")
 def test_a_claim_of_varied_jobs_returns_each_as_the_store_holds_it(backend: Backend) -> None:
     """Jobs of several kinds claimed in one call (a store may build the common kinds from a
     shared template): each returned job equals what get() reads back afterwards."""

@@ -54,6 +54,7 @@ def assert_all_refused(backend: Backend, lease: Lease, *, now: float) -> None:
 # -- ack ----------------------------------------------------------------------------------
 
 
+@pytest.mark.needs("lookup")
 def test_ack_stores_the_result_and_finishes_the_job(backend: Backend) -> None:
     enqueue_one(backend)
     job = claim_one(backend)
@@ -69,6 +70,7 @@ def test_ack_stores_the_result_and_finishes_the_job(backend: Backend) -> None:
     assert done.errors == []
 
 
+@pytest.mark.needs("lookup")
 def test_ack_with_no_result_stores_none(backend: Backend) -> None:
     enqueue_one(backend)
     job = claim_one(backend)
@@ -78,6 +80,7 @@ def test_ack_with_no_result_stores_none(backend: Backend) -> None:
     assert done.result is None
 
 
+@pytest.mark.needs("lookup")
 def test_a_second_ack_is_refused(backend: Backend) -> None:
     enqueue_one(backend)
     job = claim_one(backend)
@@ -89,6 +92,7 @@ def test_a_second_ack_is_refused(backend: Backend) -> None:
 # -- fencing ----------------------------------------------------------------------------------
 
 
+@pytest.mark.needs("lookup")
 def test_wrong_token_is_refused_and_changes_nothing(backend: Backend) -> None:
     enqueue_one(backend)
     job = claim_one(backend)
@@ -99,6 +103,7 @@ def test_wrong_token_is_refused_and_changes_nothing(backend: Backend) -> None:
     assert snapshot(backend, job.id).result == "ok"
 
 
+@pytest.mark.needs("lookup")
 def test_lease_on_a_missing_job_is_refused(backend: Backend) -> None:
     job_id = enqueue_one(backend)
     ghost = Lease(job_id + 1000, "f" * 32)
@@ -112,6 +117,7 @@ def test_lease_on_a_missing_job_is_refused(backend: Backend) -> None:
     assert snapshot(backend, job_id).state is JobState.AVAILABLE
 
 
+@pytest.mark.needs("clock", "lookup")
 def test_stale_token_from_an_earlier_attempt_is_refused(backend: Backend) -> None:
     enqueue_one(backend, max_attempts=3)
     first = claim_one(backend, now=T0)
@@ -124,6 +130,7 @@ def test_stale_token_from_an_earlier_attempt_is_refused(backend: Backend) -> Non
     assert snapshot(backend, first.id).lease_expires_at == T0 + 2 + LEASE
 
 
+@pytest.mark.needs("clock")
 def test_after_lease_expiry_ack_retry_kill_are_refused(backend: Backend) -> None:
     enqueue_one(backend, max_attempts=3)
     job = claim_one(backend, now=T0)
@@ -133,6 +140,7 @@ def test_after_lease_expiry_ack_retry_kill_are_refused(backend: Backend) -> None
     assert snapshot(backend, job.id).state is JobState.RUNNING
 
 
+@pytest.mark.needs("lookup")
 def test_ack_just_before_expiry_is_accepted(backend: Backend) -> None:
     enqueue_one(backend)
     job = claim_one(backend, now=T0)
@@ -143,6 +151,7 @@ def test_ack_just_before_expiry_is_accepted(backend: Backend) -> None:
 # -- heartbeat --------------------------------------------------------------------------------
 
 
+@pytest.mark.needs("clock", "lookup")
 def test_heartbeat_extends_only_matching_leases_and_reports_lost_ids(backend: Backend) -> None:
     for _ in range(3):
         enqueue_one(backend)
@@ -158,6 +167,7 @@ def test_heartbeat_extends_only_matching_leases_and_reports_lost_ids(backend: Ba
     assert backend.heartbeat([], lease_s=60, now=T0 + 10) == set()
 
 
+@pytest.mark.needs("lookup")
 def test_heartbeat_keeps_a_lease_alive_past_its_first_expiry(backend: Backend) -> None:
     enqueue_one(backend)
     job = claim_one(backend, now=T0)
@@ -168,6 +178,7 @@ def test_heartbeat_keeps_a_lease_alive_past_its_first_expiry(backend: Backend) -
     assert snapshot(backend, job.id).state is JobState.SUCCEEDED
 
 
+@pytest.mark.needs("clock")
 def test_heartbeat_after_expiry_reports_the_lease_lost(backend: Backend) -> None:
     enqueue_one(backend)
     job = claim_one(backend, now=T0)
@@ -185,6 +196,7 @@ def lease_expiries(backend: Backend, queue: str, now: float) -> int:
     return 0
 
 
+@pytest.mark.needs("clock", "lookup")
 def test_reap_requeues_expired_leases_and_counts_them(backend: Backend) -> None:
     enqueue_one(backend, max_attempts=3)
     job = claim_one(backend, now=T0, worker_id="w-crashed")
@@ -216,6 +228,7 @@ def expired_leases(backend: Backend, queue: str, now: float) -> int:
     return sum(q.expired_leases for q in backend.stats(now=now).queues if q.queue == queue)
 
 
+@pytest.mark.needs("clock")
 def test_stats_count_running_jobs_past_their_lease_until_reaped(backend: Backend) -> None:
     """The gauge an operator watches for crashed or stalled workers: running jobs whose lease
     ran out and that no reaper took back yet. A heartbeat moves a job out of it."""
@@ -238,6 +251,7 @@ def test_stats_count_running_jobs_past_their_lease_until_reaped(backend: Backend
                                                          now=T0 + LEASE + 2)}
 
 
+@pytest.mark.needs("clock")
 def test_reap_at_max_attempts_sends_the_job_dead(backend: Backend) -> None:
     enqueue_one(backend, max_attempts=1, queue="q1")
     job = claim_one(backend, now=T0, queue="q1")
@@ -253,6 +267,7 @@ def test_reap_at_max_attempts_sends_the_job_dead(backend: Backend) -> None:
     assert backend.claim("q1", 1, worker_id="w", lease_s=LEASE, now=T0 + LEASE + 2) == []
 
 
+@pytest.mark.needs("clock")
 def test_reap_is_bounded_by_limit_and_counts_per_queue(backend: Backend) -> None:
     for q in ("a", "a", "b"):
         enqueue_one(backend, queue=q)
@@ -266,6 +281,7 @@ def test_reap_is_bounded_by_limit_and_counts_per_queue(backend: Backend) -> None
     assert lease_expiries(backend, "b", T0 + LEASE + 1) == 1
 
 
+@pytest.mark.needs("clock")
 def test_zombie_worker_is_fenced_off_after_its_job_moves_on(backend: Backend) -> None:
     enqueue_one(backend, max_attempts=3)
     a = claim_one(backend, now=T0, worker_id="A")
@@ -296,6 +312,7 @@ def test_zombie_worker_is_fenced_off_after_its_job_moves_on(backend: Backend) ->
 # -- retry / kill -------------------------------------------------------------------------------
 
 
+@pytest.mark.needs("lookup")
 def test_retry_without_delay_makes_the_job_available_now(backend: Backend) -> None:
     enqueue_one(backend, max_attempts=3)
     job = claim_one(backend, now=T0)
@@ -321,6 +338,7 @@ def test_retry_without_delay_makes_the_job_available_now(backend: Backend) -> No
     assert again.id == job.id and again.attempts == 2
 
 
+@pytest.mark.needs("clock", "lookup")
 def test_retry_with_delay_schedules_the_job(backend: Backend) -> None:
     enqueue_one(backend, max_attempts=3)
     job = claim_one(backend, now=T0)
@@ -334,6 +352,7 @@ def test_retry_with_delay_schedules_the_job(backend: Backend) -> None:
     assert again.id == job.id and again.attempts == 2
 
 
+@pytest.mark.needs("lookup")
 def test_retry_at_the_last_attempt_goes_dead(backend: Backend) -> None:
     enqueue_one(backend, max_attempts=2)
     first = claim_one(backend, now=T0)
@@ -350,6 +369,7 @@ def test_retry_at_the_last_attempt_goes_dead(backend: Backend) -> None:
     assert backend.claim("default", 1, worker_id="w", lease_s=LEASE, now=T0 + 100) == []
 
 
+@pytest.mark.needs("clock")
 def test_errors_accumulate_with_attempt_numbers(backend: Backend) -> None:
     enqueue_one(backend, max_attempts=4)
     kinds = ["exception", "timeout", "retry", "lease_expired"]
@@ -374,6 +394,7 @@ def test_errors_accumulate_with_attempt_numbers(backend: Backend) -> None:
     assert dead.last_error == dead.errors[-1]
 
 
+@pytest.mark.needs("clock")
 def test_a_claimed_job_carries_the_errors_of_its_earlier_attempts(backend: Backend) -> None:
     # A claim reads a job's error records only when it can have some (a store may skip the
     # read on a first attempt): after a failure, an expired lease, a release and a redrive.
@@ -398,6 +419,7 @@ def test_a_claimed_job_carries_the_errors_of_its_earlier_attempts(backend: Backe
     assert len(revived.errors) == 3
 
 
+@pytest.mark.needs("lookup")
 def test_kill_sends_the_job_dead_at_once(backend: Backend) -> None:
     enqueue_one(backend, max_attempts=5)
     job = claim_one(backend, now=T0)
@@ -414,6 +436,7 @@ def test_kill_sends_the_job_dead_at_once(backend: Backend) -> None:
 # -- release ------------------------------------------------------------------------------------
 
 
+@pytest.mark.needs("lookup")
 def test_release_gives_jobs_back_without_counting_the_attempt(backend: Backend) -> None:
     for _ in range(2):
         enqueue_one(backend, max_attempts=1)
@@ -438,6 +461,7 @@ def test_release_gives_jobs_back_without_counting_the_attempt(backend: Backend) 
     assert again.id == a.id and again.attempts == 1
 
 
+@pytest.mark.needs("lookup")
 def test_release_skips_finished_jobs(backend: Backend) -> None:
     enqueue_one(backend)
     job = claim_one(backend, now=T0)
@@ -446,6 +470,7 @@ def test_release_skips_finished_jobs(backend: Backend) -> None:
     assert snapshot(backend, job.id).state is JobState.SUCCEEDED
 
 
+@pytest.mark.needs("clock", "lookup")
 def test_ack_many_acks_the_held_leases_and_refuses_the_stale(backend: Backend) -> None:
     for _ in range(3):
         enqueue_one(backend, now=T0)

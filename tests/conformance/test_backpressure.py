@@ -43,6 +43,7 @@ def test_a_batch_that_would_overflow_is_refused_whole(backend: Backend) -> None:
     assert len(backend.enqueue_many([limited, limited], now=T0)) == 2  # exactly up to the limit
 
 
+@pytest.mark.needs("depth")
 def test_running_jobs_do_not_count_scheduled_ones_do(backend: Backend) -> None:
     limited = replace(new_job(), max_depth=2)
     backend.enqueue_many([limited, replace(limited, delay=60)], now=T0)
@@ -57,6 +58,7 @@ def test_running_jobs_do_not_count_scheduled_ones_do(backend: Backend) -> None:
         backend.enqueue_many([limited], now=T0 + 2)
 
 
+@pytest.mark.needs("unique")
 def test_a_duplicate_unique_key_takes_no_room(backend: Backend) -> None:
     limited = replace(new_job(unique_key="once"), max_depth=1)
     [first] = backend.enqueue_many([limited], now=T0)
@@ -64,6 +66,7 @@ def test_a_duplicate_unique_key_takes_no_room(backend: Backend) -> None:
     assert again.id == first.id and not again.created
 
 
+@pytest.mark.needs("depth")
 def test_concurrent_enqueuers_never_overfill(backend: Backend) -> None:
     limited = replace(new_job(), max_depth=10)
     accepted = []
@@ -89,6 +92,7 @@ def test_concurrent_enqueuers_never_overfill(backend: Backend) -> None:
     assert _waiting(backend) == 10
 
 
+@pytest.mark.needs("lookup")
 def test_app_queue_limit_and_wait_if_full(app: Conveyor) -> None:
     app.queue("mail", max_depth=1)
     metrics = app.enable_metrics(store=False)

@@ -15,7 +15,6 @@ import pytest
 from support import T0, enqueue_one, new_job
 
 from conveyor import JobState, LeaseLost
-from conveyor.backends import open_backend
 from conveyor.backends.base import Backend, ErrorInfo, Lease
 from conveyor.bulk import BulkAction, JobFilter, run_batch
 from conveyor.job import Job
@@ -49,6 +48,7 @@ def default(backend: Backend) -> Callable[..., list[int]]:
 
 
 @pytest.mark.parametrize("version", [own, default], ids=["own", "default"])
+@pytest.mark.needs("dependencies", "unique")
 def test_cancel_many_cancels_unfinished_jobs_and_skips_the_rest(
         backend: Backend, version: Callable[[Backend], Callable[..., list[int]]]) -> None:
     available = enqueue_one(backend, now=T0, unique_key="u-1")
@@ -90,6 +90,7 @@ def test_cancel_many_cancels_unfinished_jobs_and_skips_the_rest(
     assert version(backend)([], now=T0) == []
 
 
+@pytest.mark.needs("dependencies")
 def test_a_parent_and_its_child_in_one_call_are_both_cancelled_by_it(backend: Backend) -> None:
     """The stores cancel the call's jobs together, then cascade: a child named in the call is
     cancelled by the call (and counted), its own children by the cascade."""
@@ -106,20 +107,18 @@ def test_a_parent_and_its_child_in_one_call_are_both_cancelled_by_it(backend: Ba
     assert claimed.id == runs_anyway
 
 
+@pytest.mark.needs("dependencies")
 def test_a_call_spread_over_many_queues_from_a_client_that_knows_none(
-        backend: Backend, store_url: str) -> None:
+        backend: Backend, open_store: Callable[[], Backend]) -> None:
     """Redis finds each job's queue (and its children's) as cancel does; every store writes
     the lot in one call."""
     jobs = [enqueue_one(backend, now=T0, queue=f"q{i}") for i in range(12)]
     kids = [enqueue_one(backend, now=T0, queue=f"k{i}", after=(j,)) for i, j in enumerate(jobs)]
-    fresh = open_backend(store_url)
-    try:
-        assert fresh.cancel_many(jobs[::-1], now=T0 + 1) == jobs
-    finally:
-        fresh.close()
+    assert open_store().cancel_many(jobs[::-1], now=T0 + 1) == jobs
     assert {get(backend, i).state for i in jobs + kids} == {JobState.CANCELLED}
 
 
+@pytest.mark.needs("dependencies")
 def test_cancel_many_wakes_job_wait(backend: Backend) -> None:
     """Waiters on a job the call cancels and on one its cascade cancels are woken by the
     store, not found by polling (the poll is set to ten minutes)."""
@@ -146,6 +145,7 @@ def test_cancel_many_wakes_job_wait(backend: Backend) -> None:
         running: JobState.CANCELLED, child: JobState.CANCELLED}
 
 
+@pytest.mark.needs("cancel")
 def test_bulk_cancel_writes_each_batch_with_one_cancel_many(
         backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
     ids = [enqueue_one(backend, now=T0, queue=f"q{i % 3}") for i in range(7)]

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from support import running_worker, wait_for_job
 
 from conveyor import Conveyor, JobState
 
 
+@pytest.mark.needs("lookup")
 def test_a_freed_slot_is_used_while_the_other_slots_stay_busy(app: Conveyor) -> None:
     release = threading.Event()
 
@@ -41,6 +43,7 @@ def test_a_freed_slot_is_used_while_the_other_slots_stay_busy(app: Conveyor) -> 
         release.set()
 
 
+@pytest.mark.needs("lookup")
 def test_a_backlog_of_short_jobs_drains_with_every_job_run_once(app: Conveyor) -> None:
     seen: list[int] = []
     lock = threading.Lock()

@@ -25,6 +25,7 @@ def _jobs_of(app: Conveyor, task: str) -> list:  # type: ignore[type-arg]
 
 # -- the store's contract --------------------------------------------------------------------------
 
+@pytest.mark.needs("cron")
 def test_a_disabled_schedule_takes_its_ticks_but_writes_no_job(backend: Backend) -> None:
     assert backend.cron_enqueue("nightly", T0, None, now=T0) is None
     assert backend.set_cron_enabled("nightly", False, now=T0 + 1) is True
@@ -40,6 +41,7 @@ def test_a_disabled_schedule_takes_its_ticks_but_writes_no_job(backend: Backend)
     assert state.disabled
 
 
+@pytest.mark.needs("cron")
 def test_enabling_skips_ticks_from_before_it(backend: Backend) -> None:
     backend.cron_enqueue("n", T0, None, now=T0)
     backend.set_cron_enabled("n", False, now=T0 + 10)
@@ -56,6 +58,7 @@ def test_enabling_skips_ticks_from_before_it(backend: Backend) -> None:
     assert backend.cron_states()["n"].last_job_id == made.id
 
 
+@pytest.mark.needs("cron")
 def test_disabling_a_schedule_no_scheduler_has_seen_starts_it_disabled(backend: Backend) -> None:
     assert backend.set_cron_enabled("fresh", False, now=T0) is True
     state = backend.cron_states()["fresh"]
@@ -70,6 +73,7 @@ def test_disabling_a_schedule_no_scheduler_has_seen_starts_it_disabled(backend: 
     assert "other" not in backend.cron_states()
 
 
+@pytest.mark.needs("cron")
 def test_last_job_id_is_the_job_of_the_latest_tick(backend: Backend) -> None:
     backend.cron_enqueue("s", T0, None, now=T0)
     assert backend.cron_states()["s"].last_job_id is None  # a first sight runs nothing
@@ -88,6 +92,7 @@ def test_last_job_id_is_the_job_of_the_latest_tick(backend: Backend) -> None:
 
 # -- through the scheduler and the app ---------------------------------------------------------------
 
+@pytest.mark.needs("cron")
 def test_a_disabled_schedule_enqueues_nothing_from_any_scheduler(app: Conveyor) -> None:
     @app.cron("* * * * *", name="beat")
     def beat() -> None: ...
@@ -107,6 +112,7 @@ def test_a_disabled_schedule_enqueues_nothing_from_any_scheduler(app: Conveyor) 
     assert state.last_job_id == made[0].id  # the last run stays the last one that ran
 
 
+@pytest.mark.needs("cron")
 def test_enabling_resumes_from_the_next_tick_without_a_burst(app: Conveyor) -> None:
     @app.cron("* * * * *", name="beat")
     def beat() -> None: ...
@@ -129,6 +135,7 @@ def test_enabling_resumes_from_the_next_tick_without_a_burst(app: Conveyor) -> N
     assert app.backend.cron_states()["beat"].last_job_id == job.id
 
 
+@pytest.mark.needs("cron")
 def test_run_now_enqueues_once_and_does_not_move_the_schedule(app: Conveyor) -> None:
     @app.cron("0 9 * * *", name="report", kwargs={"day": "today"})
     def report(day: str) -> None: ...

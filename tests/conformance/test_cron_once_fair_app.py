@@ -29,6 +29,7 @@ def _jobs_of(app: Conveyor, task: str) -> list[Any]:
 
 # -- cron -----------------------------------------------------------------------------------------
 
+@pytest.mark.needs("cron")
 def test_each_tick_runs_once_however_many_schedulers(app: Conveyor) -> None:
     @app.cron("*/5 * * * *", name="five")
     def report() -> None: ...
@@ -49,6 +50,7 @@ def test_each_tick_runs_once_however_many_schedulers(app: Conveyor) -> None:
     assert all(j.meta["cron"]["schedule"] == "five" for j in jobs)
 
 
+@pytest.mark.needs("cron")
 def test_racing_schedulers_in_threads_make_one_job_per_tick(app: Conveyor) -> None:
     @app.cron("* * * * *", name="every-minute")
     def beat() -> None: ...
@@ -71,6 +73,7 @@ def test_racing_schedulers_in_threads_make_one_job_per_tick(app: Conveyor) -> No
     assert ticks == [ts(2026, 1, 1, 0, m) for m in range(1, 6)]
 
 
+@pytest.mark.needs("cron")
 def test_after_an_outage_only_the_latest_missed_tick_runs(app: Conveyor) -> None:
     @app.cron("0 * * * *", name="hourly")
     def hourly() -> None: ...
@@ -113,6 +116,7 @@ def test_the_scheduler_honours_a_timezone(app: Conveyor) -> None:
     assert nxt.isoformat() == "2026-07-01T09:00:00+02:00"
 
 
+@pytest.mark.needs("cron")
 def test_cron_jobs_run_in_a_worker_and_know_their_tick(app: Conveyor) -> None:
     seen: list[dt.datetime | None] = []
 
@@ -134,6 +138,7 @@ def test_cron_jobs_run_in_a_worker_and_know_their_tick(app: Conveyor) -> None:
     assert seen == [dt.datetime.fromtimestamp(tick, UTC)] and job.run_at == tick
 
 
+@pytest.mark.needs("cron")
 def test_no_scheduler_means_no_cron_jobs(app: Conveyor) -> None:
     @app.cron("* * * * *", name="minutely")
     def minutely() -> None: ...
@@ -162,6 +167,7 @@ def test_bad_schedules_are_refused_at_registration(app: Conveyor) -> None:
 
 # -- exactly-once steps ---------------------------------------------------------------------------
 
+@pytest.mark.needs("lookup")
 def test_a_redelivered_job_skips_the_steps_its_earlier_attempt_finished(app: Conveyor) -> None:
     effects: list[str] = []
 
@@ -187,6 +193,7 @@ def test_a_redelivered_job_skips_the_steps_its_earlier_attempt_finished(app: Con
     assert done.steps == {"charge-card": {"charge_id": "ch_7"}}
 
 
+@pytest.mark.needs("lookup")
 def test_async_tasks_use_aonce(app: Conveyor) -> None:
     calls: list[int] = []
 
@@ -212,6 +219,7 @@ def test_async_tasks_use_aonce(app: Conveyor) -> None:
 
 # -- fair sharing through a worker ----------------------------------------------------------------
 
+@pytest.mark.needs("fair")
 def test_a_small_tenant_finishes_within_about_a_hundred_completions(app: Conveyor) -> None:
     finished: list[str] = []
     lock = threading.Lock()
@@ -237,6 +245,7 @@ def test_a_small_tenant_finishes_within_about_a_hundred_completions(app: Conveyo
 
 # -- unique jobs ---------------------------------------------------------------------------------
 
+@pytest.mark.needs("unique")
 def test_fifty_concurrent_enqueues_of_one_key_make_one_job(app: Conveyor) -> None:
     @app.task(name="dedup")
     def dedup(n: int) -> None: ...
@@ -260,6 +269,7 @@ def test_fifty_concurrent_enqueues_of_one_key_make_one_job(app: Conveyor) -> Non
     assert len(_jobs_of(app, dedup.name)) == 1
 
 
+@pytest.mark.needs("unique")
 def test_unique_for_keeps_the_key_after_success(app: Conveyor) -> None:
     @app.task(name="daily_digest")
     def daily_digest(user: int) -> None: ...

@@ -54,6 +54,7 @@ def _race(n: int, fn: Callable[[int], object]) -> list[object]:
 
 # -- cron ticks ---------------------------------------------------------------------------------
 
+@pytest.mark.needs("cron")
 def test_a_new_schedule_records_its_first_tick_without_a_job(backend: Backend) -> None:
     assert backend.cron_ticks() == {}
     assert backend.cron_enqueue("nightly", T0, None, now=T0) is None
@@ -61,6 +62,7 @@ def test_a_new_schedule_records_its_first_tick_without_a_job(backend: Backend) -
     assert backend.stats(now=T0).queues == []
 
 
+@pytest.mark.needs("cron")
 def test_each_tick_is_enqueued_once_and_never_an_older_one(backend: Backend) -> None:
     job = replace(new_job(), unique_key="cron:nightly:1", meta=json.dumps({"cron": {"tick": T0 + 60}}))
     first = backend.cron_enqueue("nightly", T0 + 60, job, now=T0 + 61)
@@ -76,12 +78,14 @@ def test_each_tick_is_enqueued_once_and_never_an_older_one(backend: Backend) -> 
     assert backend.cron_ticks() == {"nightly": T0 + 120}
 
 
+@pytest.mark.needs("cron")
 def test_schedules_are_independent(backend: Backend) -> None:
     assert backend.cron_enqueue("a", T0, new_job(), now=T0) is not None
     assert backend.cron_enqueue("b", T0, new_job(), now=T0) is not None
     assert backend.cron_ticks() == {"a": T0, "b": T0}
 
 
+@pytest.mark.needs("cron")
 def test_racing_schedulers_enqueue_a_tick_once(backend: Backend) -> None:
     results = _race(8, lambda i: backend.cron_enqueue("every-minute", T0 + 60, new_job(), now=T0 + 60))
     assert not [r for r in results if isinstance(r, Exception)], results
@@ -90,6 +94,7 @@ def test_racing_schedulers_enqueue_a_tick_once(backend: Backend) -> None:
     assert sum(q.available for q in backend.stats(now=T0 + 60).queues) == 1
 
 
+@pytest.mark.needs("cron")
 def test_a_full_queue_leaves_the_tick_untaken(backend: Backend) -> None:
     full = replace(new_job(), max_depth=1)
     backend.enqueue_many([full], now=T0)
@@ -101,6 +106,7 @@ def test_a_full_queue_leaves_the_tick_untaken(backend: Backend) -> None:
 
 # -- exactly-once step records ------------------------------------------------------------------
 
+@pytest.mark.needs("steps")
 def test_the_first_step_record_wins_and_shows_on_the_job(backend: Backend) -> None:
     job_id, uid = _enqueue_with_uid(backend)
     assert backend.record_step(job_id, "charge-card", json.dumps({"charge": "ch_1"}), uid=uid) == (
@@ -112,6 +118,7 @@ def test_the_first_step_record_wins_and_shows_on_the_job(backend: Backend) -> No
     assert job is not None and job.steps == {"charge-card": {"charge": "ch_1"}, "email": None}
 
 
+@pytest.mark.needs("steps")
 def test_step_records_survive_retries_and_redelivery(backend: Backend) -> None:
     from conveyor.backends.base import ErrorInfo
 
@@ -124,11 +131,13 @@ def test_step_records_survive_retries_and_redelivery(backend: Backend) -> None:
     assert backend.record_step(job_id, "s1", "2", uid=uid) == (False, "1")
 
 
+@pytest.mark.needs("steps")
 def test_a_step_of_an_unknown_job_is_refused(backend: Backend) -> None:
     with pytest.raises(JobNotFound):
         backend.record_step(999_999, "s", None, uid=None)
 
 
+@pytest.mark.needs("steps")
 def test_racing_attempts_record_a_step_once(backend: Backend) -> None:
     job_id, uid = _enqueue_with_uid(backend)
     results = _race(8, lambda i: backend.record_step(job_id, "pay", str(i), uid=uid))
@@ -147,6 +156,7 @@ def _run_to_success(backend: Backend, job_id: int, at: float) -> None:
     backend.ack(_lease(job), None, now=at)
 
 
+@pytest.mark.needs("unique")
 def test_unique_for_keeps_a_succeeded_job_answering_for_its_key(backend: Backend) -> None:
     job = replace(new_job(), unique_key="report:7", unique_for=60.0)
     [first] = backend.enqueue_many([job], now=T0)
@@ -157,6 +167,7 @@ def test_unique_for_keeps_a_succeeded_job_answering_for_its_key(backend: Backend
     assert after.created and after.id != first.id
 
 
+@pytest.mark.needs("unique")
 def test_without_unique_for_the_key_is_free_once_the_job_finishes(backend: Backend) -> None:
     job = replace(new_job(), unique_key="k")
     [first] = backend.enqueue_many([job], now=T0)
@@ -165,6 +176,7 @@ def test_without_unique_for_the_key_is_free_once_the_job_finishes(backend: Backe
     assert second.created and second.id != first.id
 
 
+@pytest.mark.needs("unique")
 def test_a_dead_job_frees_its_key_even_with_unique_for(backend: Backend) -> None:
     from conveyor.backends.base import ErrorInfo
 
@@ -188,6 +200,7 @@ def _claim_order(backend: Backend, n: int, batch: int = 1, now: float = T0) -> l
     return order
 
 
+@pytest.mark.needs("fair")
 def test_a_small_tenant_is_not_starved_by_a_big_backlog(backend: Backend) -> None:
     big = replace(new_job(args={"t": "A"}), fair_key="tenant-A")
     backend.enqueue_many([big] * 2000, now=T0)
@@ -202,6 +215,7 @@ def test_a_small_tenant_is_not_starved_by_a_big_backlog(backend: Backend) -> Non
     assert tenants[:40].count("tenant-A") >= 18
 
 
+@pytest.mark.needs("fair")
 def test_three_tenants_rotate(backend: Backend) -> None:
     for key in ("a", "b", "c"):
         backend.enqueue_many([replace(new_job(), fair_key=key)] * 30, now=T0)
@@ -210,12 +224,14 @@ def test_three_tenants_rotate(backend: Backend) -> None:
         assert sorted(order[i:i + 3]) == ["a", "b", "c"], order
 
 
+@pytest.mark.needs("fair")
 def test_priority_still_comes_before_fairness(backend: Backend) -> None:
     backend.enqueue_many([replace(new_job(), fair_key="a")] * 5, now=T0)
     urgent = enqueue_one(backend, priority=-1, fair_key="a")
     assert _claim_one(backend).id == urgent
 
 
+@pytest.mark.needs("fair")
 def test_jobs_without_a_fair_key_join_the_current_round(backend: Backend) -> None:
     backend.enqueue_many([replace(new_job(), fair_key="a")] * 50, now=T0)
     _claim_order(backend, 5)
@@ -231,6 +247,7 @@ def test_plain_jobs_stay_first_in_first_out(backend: Backend) -> None:
     assert [j.id for j in _claim_order(backend, 5, batch=2)] == first[1:] + later
 
 
+@pytest.mark.needs("fair")
 def test_a_retried_job_keeps_its_place_in_the_rotation(backend: Backend) -> None:
     from conveyor.backends.base import ErrorInfo
 
@@ -242,6 +259,7 @@ def test_a_retried_job_keeps_its_place_in_the_rotation(backend: Backend) -> None
     assert stored is not None and stored.fair_key == "a"
 
 
+@pytest.mark.needs("fair")
 def test_an_urgent_job_of_a_busy_tenant_does_not_move_the_others_round(backend: Backend) -> None:
     backend.enqueue_many([replace(new_job(), fair_key="A")] * 100, now=T0)
     urgent = enqueue_one(backend, fair_key="A", priority=-1)
@@ -251,6 +269,7 @@ def test_an_urgent_job_of_a_busy_tenant_does_not_move_the_others_round(backend: 
     assert tenants.count("B") == 5, tenants
 
 
+@pytest.mark.needs("fair")
 def test_a_redriven_job_joins_the_current_round(backend: Backend) -> None:
     from conveyor.backends.base import ErrorInfo
 

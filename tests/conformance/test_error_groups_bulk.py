@@ -64,6 +64,7 @@ def run_all(backend: Backend, action: BulkAction, where: JobFilter, *, limit: in
 
 
 # -- error groups ----------------------------------------------------------------------------
+@pytest.mark.needs("listing")
 def test_dead_jobs_group_by_task_type_and_normalised_message(backend: Backend) -> None:
     a1 = dead_job(backend, "KeyError: 'user_1'", at=T0)
     a2 = dead_job(backend, "KeyError: 'user_22'", at=T0 + 10)
@@ -85,6 +86,7 @@ def test_dead_jobs_group_by_task_type_and_normalised_message(backend: Backend) -
     assert backend.error_groups(limit=1).groups == [top]
 
 
+@pytest.mark.needs("listing")
 def test_error_groups_filter_by_queue_and_task(backend: Backend) -> None:
     dead_job(backend, "boom 1", queue="q1")
     dead_job(backend, "boom 2", queue="q2")
@@ -94,6 +96,7 @@ def test_error_groups_filter_by_queue_and_task(backend: Backend) -> None:
     assert backend.error_groups(queue="q1", task="t.other").groups == []
 
 
+@pytest.mark.needs("listing")
 def test_error_groups_of_failed_jobs_waiting_for_a_retry(backend: Backend) -> None:
     f1 = failed_job(backend, "timeout talking to 10.0.0.1")
     f2 = failed_job(backend, "timeout talking to 10.0.0.2")
@@ -105,6 +108,7 @@ def test_error_groups_of_failed_jobs_waiting_for_a_retry(backend: Backend) -> No
         backend.error_groups(state=JobState.RUNNING)
 
 
+@pytest.mark.needs("listing")
 def test_error_groups_look_at_no_more_than_scan_jobs(backend: Backend) -> None:
     for i in range(5):
         dead_job(backend, f"boom {i}", at=T0 + i)
@@ -115,6 +119,7 @@ def test_error_groups_look_at_no_more_than_scan_jobs(backend: Backend) -> None:
 
 
 # -- make_due ---------------------------------------------------------------------------------
+@pytest.mark.needs("pause", "run_now")
 def test_make_due_makes_scheduled_jobs_available_now(backend: Backend) -> None:
     later = enqueue_one(backend, now=T0, delay=3600.0)
     other = enqueue_one(backend, now=T0, delay=3600.0)
@@ -130,6 +135,7 @@ def test_make_due_makes_scheduled_jobs_available_now(backend: Backend) -> None:
 
 
 # -- bulk actions -----------------------------------------------------------------------------
+@pytest.mark.needs("listing")
 def test_bulk_retry_redrives_one_error_group_in_batches(backend: Backend) -> None:
     group = [dead_job(backend, f"KeyError: 'user_{i}'", at=T0 + i) for i in range(5)]
     other = dead_job(backend, "ValueError: nope", etype="ValueError")
@@ -145,6 +151,7 @@ def test_bulk_retry_redrives_one_error_group_in_batches(backend: Backend) -> Non
     assert backend.error_groups().groups[0].count == 1
 
 
+@pytest.mark.needs("listing", "pause")
 def test_bulk_retry_makes_failed_jobs_due_now(backend: Backend) -> None:
     failed = failed_job(backend, "flaky")
     never_failed = enqueue_one(backend, now=T0, delay=600.0)
@@ -155,6 +162,7 @@ def test_bulk_retry_makes_failed_jobs_due_now(backend: Backend) -> None:
     assert get(backend, never_failed).state is JobState.SCHEDULED
 
 
+@pytest.mark.needs("listing", "pause")
 def test_bulk_run_now_on_a_queue(backend: Backend) -> None:
     mine = [enqueue_one(backend, now=T0, queue="q1", delay=600.0) for _ in range(3)]
     theirs = enqueue_one(backend, now=T0, queue="q2", delay=600.0)
@@ -164,6 +172,7 @@ def test_bulk_run_now_on_a_queue(backend: Backend) -> None:
     assert get(backend, theirs).state is JobState.SCHEDULED
 
 
+@pytest.mark.needs("dependencies")
 def test_bulk_cancel_cascades_to_waiting_children(backend: Backend) -> None:
     parent = enqueue_one(backend, now=T0, queue="q1")
     child = enqueue_one(backend, now=T0, queue="q2", after=(parent,))
@@ -177,6 +186,7 @@ def test_bulk_cancel_cascades_to_waiting_children(backend: Backend) -> None:
     assert get(backend, keep).state is JobState.AVAILABLE
 
 
+@pytest.mark.needs("dependencies")
 def test_bulk_cancel_takes_waiting_jobs_too(backend: Backend) -> None:
     parent = enqueue_one(backend, now=T0)
     child = enqueue_one(backend, now=T0, after=(parent,))
@@ -186,6 +196,7 @@ def test_bulk_cancel_takes_waiting_jobs_too(backend: Backend) -> None:
     assert get(backend, parent).state is JobState.AVAILABLE
 
 
+@pytest.mark.needs("cancel")
 def test_bulk_delete_finished_jobs_in_a_time_range(backend: Backend) -> None:
     old = [dead_job(backend, "old", at=T0) for _ in range(3)]
     new = dead_job(backend, "new", at=T0 + 1000)
@@ -201,6 +212,7 @@ def test_bulk_delete_finished_jobs_in_a_time_range(backend: Backend) -> None:
     assert get(backend, unfinished).state is JobState.AVAILABLE
 
 
+@pytest.mark.needs("listing")
 def test_bulk_filters_on_created_at_and_task(backend: Backend) -> None:
     early = enqueue_one(backend, now=T0, task="t.x")
     late = enqueue_one(backend, now=T0 + 100, task="t.x")
@@ -213,6 +225,7 @@ def test_bulk_filters_on_created_at_and_task(backend: Backend) -> None:
     assert get(backend, other).state is JobState.AVAILABLE
 
 
+@pytest.mark.needs("listing")
 def test_bulk_search_text(backend: Backend) -> None:
     from support import new_job
 
@@ -224,6 +237,7 @@ def test_bulk_search_text(backend: Backend) -> None:
     assert get(backend, miss.id).state is JobState.AVAILABLE
 
 
+@pytest.mark.needs("listing")
 def test_bulk_acts_on_what_the_filter_selected_when_it_began(backend: Backend) -> None:
     first = [dead_job(backend, "boom") for _ in range(3)]
     result = backend.bulk(BulkAction.DELETE, JobFilter(state=JobState.DEAD), limit=2)

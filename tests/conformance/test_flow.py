@@ -7,6 +7,7 @@ import threading
 import time
 from typing import Any
 
+import pytest
 from support import running_worker, wait_for_job, wait_until
 
 from conveyor import Conveyor, JobState, Reject, current_job
@@ -30,6 +31,7 @@ def _starts_between(app: Conveyor, task: str, after: float, before: float) -> li
         cursor = page.next_cursor
 
 
+@pytest.mark.needs("lookup")
 def test_high_priority_jobs_overtake_a_10000_job_backlog(app: Conveyor) -> None:
     @app.task(name="slow_low")
     def slow_low(n: int) -> None:
@@ -59,6 +61,7 @@ def test_high_priority_jobs_overtake_a_10000_job_backlog(app: Conveyor) -> None:
     assert backlog.available > 9_000  # the backlog was still there: the urgent jobs jumped it
 
 
+@pytest.mark.needs("lookup")
 def test_strict_queue_order_serves_high_before_a_low_backlog(app: Conveyor) -> None:
     @app.task(name="bulk", queue="low")
     def bulk(n: int) -> None:
@@ -85,6 +88,7 @@ def test_plan_strict_gives_every_slot_to_the_heaviest_queue() -> None:
     assert plan_strict(2, {"a": 1, "b": 1}) == [("a", 2), ("b", 0)]  # ties keep the listed order
 
 
+@pytest.mark.needs("cancel")
 def test_a_sync_task_sees_its_cancellation_and_stops(app: Conveyor) -> None:
     started = threading.Event()
     returned = threading.Event()
@@ -113,6 +117,7 @@ def test_a_sync_task_sees_its_cancellation_and_stops(app: Conveyor) -> None:
     assert checks  # it really ran and polled
 
 
+@pytest.mark.needs("lookup")
 def test_dead_jobs_are_pruned_after_dead_ttl(make_app: object) -> None:
     app: Conveyor = make_app(dead_ttl=0.5, result_ttl=3600)  # type: ignore[operator]
 
@@ -131,6 +136,7 @@ def test_dead_jobs_are_pruned_after_dead_ttl(make_app: object) -> None:
         assert app.get_job(ok.id).state is JobState.SUCCEEDED  # result_ttl not reached: kept
 
 
+@pytest.mark.needs("lookup")
 def test_a_sync_task_past_its_timeout_is_told_to_stop(app: Conveyor) -> None:
     returned = threading.Event()
 
@@ -150,6 +156,7 @@ def test_a_sync_task_past_its_timeout_is_told_to_stop(app: Conveyor) -> None:
     assert done.state is JobState.DEAD and done.errors[-1]["kind"] == "timeout"
 
 
+@pytest.mark.needs("lookup")
 def test_a_failed_claim_on_one_queue_does_not_strand_jobs_claimed_from_another(app: Conveyor) -> None:
     """Fault injection around the real store: the second queue's claim fails once."""
     from conveyor import StoreError

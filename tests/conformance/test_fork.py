@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
+import pytest
 from support import collect, forked
 
 from conveyor import Conveyor, JobState, Task
+from conveyor.backends.base import Backend
 from conveyor.worker import Worker
 
 CHILDREN = 4
@@ -32,6 +35,7 @@ def _use_everything(app: Conveyor) -> None:
     app.backend.wait_for_jobs(["fork-nothing"], 0.01)
 
 
+@pytest.mark.needs("listing")
 def test_forked_children_and_parent_enqueue_at_once(app: Conveyor) -> None:
     note: Task[..., Any] = app.task(name="fork.note")(lambda who, n: None)
     first = note.enqueue("parent", -1).id
@@ -77,6 +81,7 @@ def test_forked_children_and_parent_enqueue_at_once(app: Conveyor) -> None:
     assert len(app.backend.list_jobs(limit=100_000).jobs) == len(every) + 1
 
 
+@pytest.mark.needs("lookup")
 def test_a_forked_child_runs_a_worker(app: Conveyor) -> None:
     done = threading.Event()
     ran: list[int] = []
@@ -116,29 +121,25 @@ def test_a_forked_child_runs_a_worker(app: Conveyor) -> None:
     assert app.backend.wait_for_jobs(["fork-other"], 1.0) is True
 
 
-def test_a_forked_child_never_frees_its_parents_store_locks(store_url: str) -> None:
+@pytest.mark.needs("locks")
+def test_a_forked_child_never_frees_its_parents_store_locks(
+        open_store: Callable[[], Backend]) -> None:
     """A lock the parent holds (the pruner's) is the parent's alone: a child that closes its
     copy of the backend, as any child does on its way out, must not free it (closing the
     PostgreSQL lock's connection would end the parent's session; an unlock with the copied Redis
     token or flock descriptor would free the parent's lock)."""
-    from conveyor.backends import open_backend
+    parent = open_store()
+    other = open_store()
+    held = parent.try_lock("prune", ttl=60)
+    assert held is not None
 
-    parent = open_backend(store_url)
-    other = open_backend(store_url)
-    try:
-        held = parent.try_lock("prune", ttl=60)
-        assert held is not None
-
-        def child() -> bool:
-            parent.close()
-            return True
-
-        assert collect([forked(child)], REPORT_WITHIN_S) == [True]
-        assert other.try_lock("prune", ttl=60) is None  # still the parent's
-        held.release()
-        again = other.try_lock("prune", ttl=60)
-        assert again is not None
-        again.release()
-    finally:
-        other.close()
+    def child() -> bool:
         parent.close()
+        return True
+
+    assert collect([forked(child)], REPORT_WITHIN_S) == [True]
+    assert other.try_lock("prune", ttl=60) is None  # still the parent's
+    held.release()
+    again = other.try_lock("prune", ttl=60)
+    assert again is not None
+    again.release()

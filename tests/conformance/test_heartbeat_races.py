@@ -14,6 +14,7 @@ from support import running_worker, wait_for_job, wait_until
 from conveyor import Conveyor, JobState, Retry
 
 
+@pytest.mark.needs("lookup")
 def test_a_heartbeat_refused_because_the_ack_landed_is_not_a_lost_lease(
     make_app: Callable[..., Conveyor], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -62,6 +63,7 @@ def test_a_heartbeat_refused_because_the_ack_landed_is_not_a_lost_lease(
     assert not [r for r in caplog.records if "lease lost" in r.getMessage() or "lease was lost" in r.getMessage()]
 
 
+@pytest.mark.needs("lookup")
 def test_a_heartbeat_refused_because_the_retry_landed_is_not_a_lost_lease(
     make_app: Callable[..., Conveyor], caplog: pytest.LogCaptureFixture
 ) -> None:

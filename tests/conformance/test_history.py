@@ -12,7 +12,6 @@ import pytest
 from support import T0, new_job, running_worker, wait_until
 
 from conveyor import Conveyor, Retry, RetryPolicy
-from conveyor.backends import open_backend
 from conveyor.backends.base import Backend, HistoryPoint
 from conveyor.backends.history import HOUR, MINUTE, rollup_cutoff
 from conveyor.retention import PRUNE_LOCK, Pruner
@@ -37,8 +36,10 @@ def pt(queue: str, at: int, processed: int = 0, failed: int = 0, dead: int = 0,
                         wait_sum=wait, run_sum=run)
 
 
-def test_additive_upserts_from_two_workers_agree(backend: Backend, store_url: str) -> None:
-    other = open_backend(store_url)
+@pytest.mark.needs("history")
+def test_additive_upserts_from_two_workers_agree(backend: Backend,
+                                                 open_store: Callable[[], Backend]) -> None:
+    other = open_store()
     try:
         def flushes(b: Backend) -> None:
             for i in range(40):
@@ -61,6 +62,7 @@ def test_additive_upserts_from_two_workers_agree(backend: Backend, store_url: st
     assert got == sorted(got, key=lambda p: (p.at, p.queue))
 
 
+@pytest.mark.needs("history")
 def test_one_flush_may_carry_a_minute_twice_and_reads_filter_by_queue_and_range(
         backend: Backend) -> None:
     backend.record_history([pt("a", M0, processed=2), pt("a", M0, processed=3, failed=1),
@@ -76,6 +78,7 @@ def test_one_flush_may_carry_a_minute_twice_and_reads_filter_by_queue_and_range(
         backend.record_history([pt("a", M0 + 1, processed=1)])
 
 
+@pytest.mark.needs("history")
 def test_rollup_keeps_totals_and_leaves_the_last_day_in_minutes(backend: Backend) -> None:
     now = float(M0 + 2 * DAY + 30 * MINUTE)
     old = [pt(q, M0 + i * MINUTE, processed=i, failed=1, dead=i % 2, wait=i * 0.5, run=0.125)
@@ -98,6 +101,7 @@ def test_rollup_keeps_totals_and_leaves_the_last_day_in_minutes(backend: Backend
     assert totals(backend.history(since=0, until=now + DAY)) == before
 
 
+@pytest.mark.needs("history")
 def test_rollup_is_bounded_per_call_and_totals_hold_between_calls(backend: Backend) -> None:
     now = float(M0 + 3 * DAY)
     backend.record_history([pt("a", M0 + i * MINUTE, processed=1) for i in range(30)])
@@ -112,6 +116,7 @@ def test_rollup_is_bounded_per_call_and_totals_hold_between_calls(backend: Backe
     assert [(p.at, p.span) for p in backend.history(since=0, until=now)] == [(M0, HOUR)]
 
 
+@pytest.mark.needs("history")
 def test_a_late_flush_into_a_rolled_hour_is_rolled_up_again(backend: Backend) -> None:
     now = float(M0 + 2 * DAY)
     backend.record_history([pt("a", M0, processed=1)])
@@ -123,6 +128,7 @@ def test_a_late_flush_into_a_rolled_hour_is_rolled_up_again(backend: Backend) ->
         (M0, HOUR, 3)]
 
 
+@pytest.mark.needs("history")
 def test_retention_deletes_hours_past_history_days(backend: Backend) -> None:
     now = float(M0 + 10 * DAY)
     backend.record_history([pt("a", M0 + d * int(DAY), processed=d + 1) for d in range(10)])
@@ -133,6 +139,7 @@ def test_retention_deletes_hours_past_history_days(backend: Backend) -> None:
     assert all(p.at >= now - 7 * DAY for p in kept)
 
 
+@pytest.mark.needs("history")
 def test_the_retention_pass_rolls_up_under_the_prune_lock(backend: Backend) -> None:
     now = float(M0 + 9 * DAY)
     backend.record_history([pt("a", M0, processed=1), pt("a", int(now) - 2 * int(DAY),
@@ -156,6 +163,7 @@ def app(make_app: Callable[..., Conveyor]) -> Conveyor:
     return make_app(retry=RetryPolicy(base=0.01, cap=0.05))
 
 
+@pytest.mark.needs("history")
 def test_a_workers_outcomes_show_up_after_its_flush(app: Conveyor) -> None:
     attempts: Counter[int] = Counter()
 
@@ -193,6 +201,7 @@ def test_a_workers_outcomes_show_up_after_its_flush(app: Conveyor) -> None:
     assert totals(after)["hist"][:3] == (6, 3, 3)
 
 
+@pytest.mark.needs("history")
 def test_a_flush_the_store_refuses_goes_with_the_next(app: Conveyor,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     @app.task(name="ok", queue="hist")
@@ -218,6 +227,7 @@ def test_a_flush_the_store_refuses_goes_with_the_next(app: Conveyor,
     assert totals(got)["hist"][:3] == (1, 0, 0)
 
 
+@pytest.mark.needs("clock")
 def test_reap_names_the_queue_of_each_job_it_takes_back(backend: Backend) -> None:
     backend.enqueue_many([new_job(queue="q-a", max_attempts=1), new_job(queue="q-b")], now=T0)
     claimed = backend.claim("q-a", 1, worker_id="w", lease_s=5, now=T0)
@@ -227,6 +237,7 @@ def test_reap_names_the_queue_of_each_job_it_takes_back(backend: Backend) -> Non
     assert reaped.queues == {reaped.dead[0]: "q-a", reaped.requeued[0]: "q-b"}
 
 
+@pytest.mark.needs("clock")
 def test_a_job_the_reaper_made_dead_is_in_the_history(app: Conveyor) -> None:
     @app.task(name="doomed", queue="hist-reap", max_attempts=1)
     def doomed() -> None:

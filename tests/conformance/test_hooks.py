@@ -25,6 +25,7 @@ def recorder(app: Conveyor, *names: str) -> list[tuple[str, HookEvent, str]]:
     return seen
 
 
+@pytest.mark.needs("lookup")
 def test_sync_hooks_run_on_the_task_thread_before_and_after_it(app: Conveyor) -> None:
     threads: dict[str, str] = {}
     order: list[str] = []
@@ -61,6 +62,7 @@ def test_sync_hooks_run_on_the_task_thread_before_and_after_it(app: Conveyor) ->
     assert start.result is None and start.error is None
 
 
+@pytest.mark.needs("lookup")
 def test_async_hooks_run_on_the_loop_around_an_async_task(app: Conveyor) -> None:
     order: list[tuple[str, str]] = []
     loops: set[int] = set()
@@ -94,6 +96,7 @@ def test_async_hooks_run_on_the_loop_around_an_async_task(app: Conveyor) -> None
     assert len(loops) == 1
 
 
+@pytest.mark.needs("lookup")
 def test_async_hooks_around_a_sync_task_run_on_the_loop_before_and_after_it(
         app: Conveyor) -> None:
     order: list[str] = []
@@ -116,6 +119,7 @@ def test_async_hooks_around_a_sync_task_run_on_the_loop_before_and_after_it(
     assert order == ["started", "task", "succeeded"]
 
 
+@pytest.mark.needs("lookup")
 def test_failed_then_dead(app: Conveyor) -> None:
     seen = recorder(app, "job_started", "job_succeeded", "job_failed", "job_dead")
 
@@ -144,6 +148,7 @@ def test_failed_then_dead(app: Conveyor) -> None:
     assert dead.error is not None and dead.error.kind == "rejected"
 
 
+@pytest.mark.needs("lookup")
 def test_a_job_that_cannot_start_is_dead_without_being_started(app: Conveyor) -> None:
     seen = recorder(app, "job_started", "job_dead")
 
@@ -157,6 +162,7 @@ def test_a_job_that_cannot_start_is_dead_without_being_started(app: Conveyor) ->
     assert [(n, e.error.kind) for n, e, _ in seen] == [("job_dead", "unknown_task")]  # type: ignore[union-attr]
 
 
+@pytest.mark.needs("lookup")
 def test_a_sync_task_past_its_timeout_fails_on_its_thread_when_it_returns(
         app: Conveyor) -> None:
     seen = recorder(app, "job_started", "job_succeeded", "job_dead")
@@ -178,6 +184,7 @@ def test_a_sync_task_past_its_timeout_fails_on_its_thread_when_it_returns(
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.needs("lookup")
 def test_a_failing_hook_is_logged_and_fails_nothing(
         app: Conveyor, caplog: pytest.LogCaptureFixture, kind: str) -> None:
     ran: list[str] = []

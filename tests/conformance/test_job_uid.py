@@ -32,6 +32,7 @@ def _lease(job: Job) -> Lease:
     return Lease(job.id, job.lease_token)
 
 
+@pytest.mark.needs("fair", "unique")
 def test_every_job_gets_a_uid_of_its_own(backend: Backend) -> None:
     batch = [
         new_job(args={"n": 0}),
@@ -57,6 +58,7 @@ def test_every_job_gets_a_uid_of_its_own(backend: Backend) -> None:
     assert {j.id: j.uid for j in claimed} == {r.id: r.uid for r in results if r.id != results[3].id}
 
 
+@pytest.mark.needs("clock")
 def test_the_uid_stays_with_the_job_through_retries_expiry_and_redrive(backend: Backend) -> None:
     [made] = backend.enqueue_many([new_job(max_attempts=3)], now=T0)
     first = _claim_one(backend, now=T0)
@@ -73,6 +75,7 @@ def test_the_uid_stays_with_the_job_through_retries_expiry_and_redrive(backend: 
     assert again.uid == made.uid and backend.get(made.id).uid == made.uid  # type: ignore[union-attr]
 
 
+@pytest.mark.needs("steps")
 def test_a_step_record_names_the_uid_of_its_job(backend: Backend) -> None:
     [made] = backend.enqueue_many([new_job()], now=T0)
     assert backend.record_step(made.id, "charge", '"ch_1"', uid=made.uid) == (True, '"ch_1"')
@@ -86,6 +89,7 @@ def test_a_step_record_names_the_uid_of_its_job(backend: Backend) -> None:
     assert job is not None and job.steps == {"charge": "ch_1"}
 
 
+@pytest.mark.needs("steps")
 def test_a_step_of_a_lost_job_never_reaches_the_job_that_takes_its_id(backend: Backend) -> None:
     """Order A is claimed and charged; the store then loses it and its id counter. Order B
     takes A's id. A's attempt, still running, records a step late and settles: none of it may
@@ -139,6 +143,7 @@ def test_the_task_context_gives_the_uid_for_idempotency_keys(backend: Backend) -
     assert keys == {r.uid for r in made}
 
 
+@pytest.mark.needs("steps")
 def test_a_job_from_before_uids_still_runs_its_steps(backend: Backend) -> None:
     """A PostgreSQL or SQLite store migrated from an earlier version keeps its old rows without
     a uid (NULL), as does a Redis job hash written by an earlier version."""
@@ -162,6 +167,7 @@ def test_a_job_from_before_uids_still_runs_its_steps(backend: Backend) -> None:
     assert done is not None and done.state == "succeeded" and done.steps == {"charge": "ch_1"}
 
 
+@pytest.mark.needs("lookup")
 def test_a_task_builds_its_idempotency_keys_from_the_uid(app: Conveyor) -> None:
     """Through the public API: the enqueued Job carries the uid, and every attempt of the
     task sees the same one (the advice: ``f"{ctx.uid}:{step}"``)."""
@@ -184,6 +190,7 @@ def test_a_task_builds_its_idempotency_keys_from_the_uid(app: Conveyor) -> None:
     assert sorted(keys) == sorted([f"{first.uid}:charge"] * 2 + [f"{second.uid}:charge"] * 2)
 
 
+@pytest.mark.needs("lookup")
 def test_a_job_that_takes_a_running_jobs_id_stays_heartbeated(app: Conveyor) -> None:
     """After a data loss the store can hand a worker a new job under the id of one it still
     runs. When the old one ends, the new one must stay in the worker's heartbeats: dropped, its

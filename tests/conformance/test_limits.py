@@ -8,11 +8,14 @@ import threading
 import time
 from dataclasses import replace
 
+import pytest
 from support import T0, enqueue_one, new_job, running_worker, wait_for_job
 
 from conveyor import Conveyor
 from conveyor.backends.base import Backend, ErrorInfo, Lease, NewJob
 from conveyor.job import Job, JobState
+
+pytestmark = pytest.mark.needs("limits")  # a broker chooses which job runs: no limits
 
 
 def limited(key: str = "K", limit: int = 2, queue: str = "default") -> NewJob:

@@ -19,6 +19,7 @@ def running_in_store(app: Conveyor) -> int:
     return sum(q.running for q in app.backend.stats(finished=False).queues)
 
 
+@pytest.mark.needs("lookup")
 def test_prefetch_runs_every_job_once_and_never_more_than_concurrency(app: Conveyor) -> None:
     lock = threading.Lock()
     now_running = 0
@@ -49,6 +50,7 @@ def test_prefetch_runs_every_job_once_and_never_more_than_concurrency(app: Conve
     assert wt.worker.counters.claimed == 30
 
 
+@pytest.mark.needs("lookup")
 def test_a_stop_releases_the_held_jobs_unrun(app: Conveyor) -> None:
     started = threading.Event()
     go_on = threading.Event()
@@ -83,6 +85,7 @@ def test_a_stop_releases_the_held_jobs_unrun(app: Conveyor) -> None:
     assert wt.worker.counters.released == 3
 
 
+@pytest.mark.needs("cancel", "lookup")
 def test_a_cancelled_held_job_never_runs(app: Conveyor) -> None:
     started = threading.Event()
     go_on = threading.Event()
@@ -123,6 +126,7 @@ def test_prefetch_must_be_a_count(app: Conveyor, bad: object) -> None:
         Worker(app, prefetch=bad)  # type: ignore[arg-type]
 
 
+@pytest.mark.needs("lookup")
 def test_a_job_held_past_prefetch_hold_goes_back_for_an_idle_worker(app: Conveyor) -> None:
     """A long job fills the one slot: the two jobs held beside it go back to the queue unrun
     after prefetch_hold, the worker claims no more while its slot stays busy, and a second
@@ -176,6 +180,7 @@ def test_prefetch_hold_must_be_positive(app: Conveyor, bad: float) -> None:
 
 
 
+@pytest.mark.needs("clock", "lookup")
 def test_a_held_job_that_starts_is_reported_started_soon(app: Conveyor) -> None:
     """A job claimed into the prefetch is not counted as an attempt until the store knows it
     started: once a slot frees and it starts, the worker reports it (a heartbeat of its lease,

@@ -15,7 +15,6 @@ import pytest
 from support import T0, enqueue_one, new_job, running_worker, wait_for_job, wait_until
 
 from conveyor import Conveyor, JobState
-from conveyor.backends import open_backend
 from conveyor.backends.base import Backend, Lease, QueueStats
 from conveyor.job import Job
 
@@ -32,6 +31,7 @@ def queue_stats(backend: Backend, queue: str, now: float | None = None) -> Queue
     return q
 
 
+@pytest.mark.needs("pause")
 def test_pause_and_resume_say_whether_they_changed_anything(backend: Backend) -> None:
     assert backend.paused_queues() == {}
     assert backend.pause_queue("mail", now=T0) is True
@@ -45,6 +45,7 @@ def test_pause_and_resume_say_whether_they_changed_anything(backend: Backend) ->
     assert backend.paused_queues() == {"billing": T0 + 1}
 
 
+@pytest.mark.needs("pause")
 def test_pause_uses_the_store_clock_by_default(backend: Backend) -> None:
     before = backend.now()
     assert backend.pause_queue("mail")
@@ -52,6 +53,7 @@ def test_pause_uses_the_store_clock_by_default(backend: Backend) -> None:
     assert before - 1 <= since <= backend.now() + 1
 
 
+@pytest.mark.needs("pause")
 def test_a_paused_queue_is_not_claimed_and_others_are(backend: Backend) -> None:
     held = enqueue_one(backend, queue="mail")
     free = enqueue_one(backend, queue="other")
@@ -66,6 +68,7 @@ def test_a_paused_queue_is_not_claimed_and_others_are(backend: Backend) -> None:
     assert job.id == held
 
 
+@pytest.mark.needs("pause")
 def test_ack_and_claim_writes_the_acks_and_claims_nothing_paused(backend: Backend) -> None:
     first = enqueue_one(backend, queue="mail")
     second = enqueue_one(backend, queue="mail")
@@ -79,6 +82,7 @@ def test_ack_and_claim_writes_the_acks_and_claims_nothing_paused(backend: Backen
     assert backend.get(second).state is JobState.AVAILABLE  # type: ignore[union-attr]
 
 
+@pytest.mark.needs("limits")
 def test_limited_jobs_of_a_paused_queue_are_not_claimed(backend: Backend) -> None:
     enqueue_one(backend, queue="mail", concurrency_key="smtp", concurrency_limit=2)
     enqueue_one(backend, queue="mail", rate_key="api", rate_limit=5, rate_period=60.0)
@@ -88,6 +92,7 @@ def test_limited_jobs_of_a_paused_queue_are_not_claimed(backend: Backend) -> Non
     assert len(backend.claim("mail", 10, worker_id="w", lease_s=LEASE, now=T0 + 3)) == 2
 
 
+@pytest.mark.needs("pause")
 def test_running_jobs_finish_and_enqueues_and_promotion_go_on(backend: Backend) -> None:
     running_id = enqueue_one(backend, queue="mail")
     [job] = backend.claim("mail", 1, worker_id="w", lease_s=LEASE, now=T0)
@@ -108,6 +113,7 @@ def test_running_jobs_finish_and_enqueues_and_promotion_go_on(backend: Backend) 
     assert q.oldest_available_age == pytest.approx(20.0)  # still measured while paused
 
 
+@pytest.mark.needs("pause")
 def test_stats_show_paused_queues_even_without_jobs(backend: Backend) -> None:
     enqueue_one(backend, queue="busy")
     assert backend.pause_queue("empty", now=T0)
@@ -120,6 +126,7 @@ def test_stats_show_paused_queues_even_without_jobs(backend: Backend) -> None:
     assert "empty" not in {q.queue for q in backend.stats(now=T0 + 3).queues}
 
 
+@pytest.mark.needs("pause")
 def test_an_idle_wait_on_a_paused_queue_does_not_report_its_jobs(backend: Backend) -> None:
     job_id = enqueue_one(backend, queue="mail", now=time.time())
     assert backend.pause_queue("mail")
@@ -135,7 +142,8 @@ def test_an_idle_wait_on_a_paused_queue_does_not_report_its_jobs(backend: Backen
 
 
 @pytest.mark.parametrize("same_connection", [True, False], ids=["same", "other"])
-def test_resume_wakes_an_idle_waiter(backend: Backend, store_url: str,
+@pytest.mark.needs("pause")
+def test_resume_wakes_an_idle_waiter(backend: Backend, open_store: Callable[[], Backend],
                                      same_connection: bool) -> None:
     enqueue_one(backend, queue="mail", now=time.time())
     assert backend.pause_queue("mail")
@@ -151,13 +159,9 @@ def test_resume_wakes_an_idle_waiter(backend: Backend, store_url: str,
     thread = threading.Thread(target=wait, daemon=True)
     thread.start()
     assert started.wait(5)
-    other = backend if same_connection else open_backend(store_url)
-    try:
-        time.sleep(0.2)  # let the waiter settle into its sleep (a resume before it is fine too)
-        assert other.resume_queue("mail")
-    finally:
-        if other is not backend:
-            other.close()
+    other = backend if same_connection else open_store()
+    time.sleep(0.2)  # let the waiter settle into its sleep (a resume before it is fine too)
+    assert other.resume_queue("mail")
     thread.join(20)
     assert out["result"] is True
     assert float(out["elapsed"]) < 15  # type: ignore[arg-type]  # woken, not its 30 s timeout
@@ -166,6 +170,7 @@ def test_resume_wakes_an_idle_waiter(backend: Backend, store_url: str,
 # -- through a real worker -------------------------------------------------------------------
 
 
+@pytest.mark.needs("pause")
 def test_a_worker_runs_nothing_of_a_paused_queue_until_resumed(
         make_app: Callable[..., Conveyor]) -> None:
     app = make_app()
@@ -196,6 +201,7 @@ def test_a_worker_runs_nothing_of_a_paused_queue_until_resumed(
             assert wait_for_job(app, j.id).state is JobState.SUCCEEDED
 
 
+@pytest.mark.needs("pause")
 def test_a_running_job_finishes_after_its_queue_is_paused(
         make_app: Callable[..., Conveyor]) -> None:
     app = make_app()

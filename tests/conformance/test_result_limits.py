@@ -19,6 +19,7 @@ def kinds(job: Any) -> list[str]:
     return [e["kind"] for e in job.errors]
 
 
+@pytest.mark.needs("lookup")
 def test_a_result_over_the_limit_kills_the_job_without_retries(make_app: Callable[..., Conveyor]) -> None:
     app = make_app(max_result_bytes=1000)
 
@@ -39,6 +40,7 @@ def test_a_result_over_the_limit_kills_the_job_without_retries(make_app: Callabl
     assert "max_result_bytes" in err["message"]
 
 
+@pytest.mark.needs("lookup")
 def test_the_default_limit_is_one_mebibyte(app: Conveyor) -> None:
     assert app.max_result_bytes == DEFAULT_MAX_RESULT_BYTES == 1024 * 1024
 
@@ -51,6 +53,7 @@ def test_the_default_limit_is_one_mebibyte(app: Conveyor) -> None:
     assert job.state is JobState.DEAD and kinds(job) == ["result_too_large"] and job.result is None
 
 
+@pytest.mark.needs("lookup")
 def test_a_step_result_over_the_limit_is_not_recorded(make_app: Callable[..., Conveyor]) -> None:
     app = make_app(max_result_bytes=100)
     calls: list[int] = []
@@ -71,6 +74,7 @@ def test_a_step_result_over_the_limit_is_not_recorded(make_app: Callable[..., Co
     assert "step 'big'" in job.errors[0]["message"]
 
 
+@pytest.mark.needs("lookup")
 def test_long_messages_and_tracebacks_are_clipped_visibly(app: Conveyor) -> None:
     def deep(n: int) -> None:
         if n == 0:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import pytest
 from support import T0, new_job
 
 from conveyor import Conveyor
-from conveyor.backends import open_backend
 from conveyor.backends.base import Backend, ErrorInfo, Lease
 from conveyor.retention import PRUNE_LOCK, Pruner, retention_rules
 
@@ -35,6 +35,7 @@ def kept(backend: Backend) -> set[int]:
     return {j.id for j in page.jobs}
 
 
+@pytest.mark.needs("results")
 def test_one_pass_prunes_batches_until_one_comes_back_short(
     backend: Backend, make_app: Callable[..., Conveyor]
 ) -> None:
@@ -49,6 +50,7 @@ def test_one_pass_prunes_batches_until_one_comes_back_short(
     assert kept(backend) == young
 
 
+@pytest.mark.needs("results")
 def test_a_pass_stops_at_its_batch_cap_and_says_there_is_more(
     backend: Backend, make_app: Callable[..., Conveyor]
 ) -> None:
@@ -64,6 +66,7 @@ def test_a_pass_stops_at_its_batch_cap_and_says_there_is_more(
     assert kept(backend) == set()
 
 
+@pytest.mark.needs("results")
 def test_dead_jobs_follow_dead_ttl_in_the_same_pass(
     backend: Backend, make_app: Callable[..., Conveyor]
 ) -> None:
@@ -79,11 +82,12 @@ def test_dead_jobs_follow_dead_ttl_in_the_same_pass(
     assert backend.get(res.id) is None
 
 
+@pytest.mark.needs("locks")
 def test_only_one_pruner_runs_at_a_time_across_connections(
-    backend: Backend, store_url: str, make_app: Callable[..., Conveyor]
+    backend: Backend, open_store: Callable[[], Backend], make_app: Callable[..., Conveyor]
 ) -> None:
     app = make_app(result_ttl=TTL)
-    other = open_backend(store_url)  # another worker's connection to the same store
+    other = open_store()  # another worker's connection to the same store
     try:
         old = finished(backend, 30, at=T0)
         held = other.try_lock(PRUNE_LOCK, ttl=60.0)
@@ -108,8 +112,10 @@ def test_only_one_pruner_runs_at_a_time_across_connections(
         other.close()
 
 
-def test_a_closed_backend_gives_its_lock_back(backend: Backend, store_url: str) -> None:
-    other = open_backend(store_url)
+@pytest.mark.needs("locks")
+def test_a_closed_backend_gives_its_lock_back(backend: Backend,
+                                              open_store: Callable[[], Backend]) -> None:
+    other = open_store()
     try:
         assert other.try_lock(PRUNE_LOCK, ttl=60.0) is not None
     finally:

@@ -32,6 +32,7 @@ def attempt() -> int:
     return ctx.attempt
 
 
+@pytest.mark.needs("lookup")
 def test_retry_on_retries_only_the_listed_exceptions_and_their_subclasses(
         app: Conveyor) -> None:
     @app.task(name="fetch", max_attempts=5, retry_on=(OSError, TimeoutError))
@@ -64,6 +65,7 @@ def test_retry_on_retries_only_the_listed_exceptions_and_their_subclasses(
     assert "Traceback" in e["traceback"]
 
 
+@pytest.mark.needs("lookup")
 def test_dead_on_goes_dead_at_once_even_when_retry_on_lists_it(app: Conveyor) -> None:
     @app.task(name="charge", max_attempts=5, dead_on=(ValueError,))
     def charge(card: str) -> None:
@@ -90,6 +92,7 @@ def test_dead_on_goes_dead_at_once_even_when_retry_on_lists_it(app: Conveyor) ->
     assert [x["kind"] for x in b.errors] == ["exception", "dead_on"]
 
 
+@pytest.mark.needs("lookup")
 def test_an_explicit_retry_is_retried_whatever_the_filters(app: Conveyor) -> None:
     @app.task(name="poll", max_attempts=5, retry_on=(ConnectionError,), dead_on=(Exception,))
     def poll() -> int:
@@ -105,6 +108,7 @@ def test_an_explicit_retry_is_retried_whatever_the_filters(app: Conveyor) -> Non
     assert [e["kind"] for e in job.errors] == ["retry", "retry"]
 
 
+@pytest.mark.needs("lookup")
 def test_a_timeout_counts_as_a_timeout_error(app: Conveyor) -> None:
     seen: list[Any] = []
 

@@ -28,6 +28,7 @@ def _app_with_task(make_app: Callable[..., Conveyor], calls: list[int], **kw: ob
     return app
 
 
+@pytest.mark.needs("lookup")
 def test_signed_jobs_run_and_tampered_ones_go_dead_unrun(make_app: Callable[..., Conveyor]) -> None:
     calls: list[int] = []
     app = _app_with_task(make_app, calls, signing_key=KEY)
@@ -52,6 +53,7 @@ def test_signed_jobs_run_and_tampered_ones_go_dead_unrun(make_app: Callable[...,
         assert job.errors[-1]["kind"] == "bad_signature"
 
 
+@pytest.mark.needs("lookup")
 def test_key_rotation_accepts_the_old_key_while_listed(make_app: Callable[..., Conveyor]) -> None:
     calls: list[int] = []
     old_app = _app_with_task(make_app, calls, signing_key=OLD)
@@ -66,6 +68,7 @@ def test_key_rotation_accepts_the_old_key_while_listed(make_app: Callable[..., C
     assert calls == [5]
 
 
+@pytest.mark.needs("cron")
 def test_cron_jobs_are_signed(make_app: Callable[..., Conveyor]) -> None:
     from conveyor.cron import Scheduler
 

@@ -33,17 +33,20 @@ def gate() -> Iterator[threading.Event]:
         event.set()
 
 
-def test_record_worker_keeps_the_stuck_count(backend: Backend, store_url: str) -> None:
+@pytest.mark.needs("workers")
+def test_record_worker_keeps_the_stuck_count(backend: Backend, store_url: str,
+                                             store_state: str | None) -> None:
     info = WorkerInfo(id="w1", queues=["default"], concurrency=2, host="h", pid=1, started_at=1.0,
                       last_seen=0.0, running=0, stuck=2)
     backend.record_worker(info)
     [seen] = backend.stats().workers
     assert (seen.running, seen.stuck) == (0, 2)
-    shown = CliRunner().invoke(cli, ["--url", store_url, "stats", "--json"])
+    url = ["--url", store_url, *(["--state-url", store_state] if store_state else [])]
+    shown = CliRunner().invoke(cli, [*url, "stats", "--json"])
     assert shown.exit_code == 0, shown.output
     [row] = json.loads(shown.output)["workers"]
     assert (row["running"], row["stuck"]) == (0, 2)
-    table = CliRunner().invoke(cli, ["--url", store_url, "stats"], env={"COLUMNS": "200"})
+    table = CliRunner().invoke(cli, [*url, "stats"], env={"COLUMNS": "200"})
     assert table.exit_code == 0, table.output
     assert re.search(r"┃ running ┃ stuck ┃ concurrency ┃", table.output), table.output
     assert re.search(r"│ w1 +│ default +│ 0 +│ 2 +│ 2 +│", table.output), table.output
@@ -53,6 +56,7 @@ def test_record_worker_keeps_the_stuck_count(backend: Backend, store_url: str) -
     assert (seen.running, seen.stuck) == (1, 0)
 
 
+@pytest.mark.needs("lookup")
 def test_two_hung_sync_tasks_are_two_stuck_slots(app: Conveyor, gate: threading.Event) -> None:
     @app.task(name="hang", timeout=0.2, max_attempts=1)
     def hang() -> None:
@@ -108,6 +112,7 @@ def test_two_hung_sync_tasks_are_two_stuck_slots(app: Conveyor, gate: threading.
     assert notified == ["firing", "resolved"]
 
 
+@pytest.mark.needs("lookup")
 def test_a_worker_with_every_slot_stuck_stops_and_gives_back_only_what_it_holds(
         app: Conveyor, gate: threading.Event) -> None:
     @app.task(name="hang", timeout=0.2, max_attempts=2, priority=-1)  # claimed first

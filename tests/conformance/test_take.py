@@ -41,6 +41,7 @@ def test_take_leases_an_available_job(backend: Backend) -> None:
     assert done is not None and done.state is JobState.SUCCEEDED and done.result == "done"
 
 
+@pytest.mark.needs("lookup")
 def test_take_ignores_run_at(backend: Backend) -> None:
     job_id = enqueue_one(backend, delay=3600)
     assert backend.get(job_id).state is JobState.SCHEDULED  # type: ignore[union-attr]

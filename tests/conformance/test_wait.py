@@ -54,6 +54,7 @@ def finish_later(app: Conveyor, job_id: int, how: str, after: float = 0.3) -> th
     return thread
 
 
+@pytest.mark.needs("lookup")
 def test_wait_returns_the_succeeded_job_with_its_result(app: Conveyor) -> None:
     @app.task(name="add")
     def add(a: int, b: int) -> int:
@@ -66,6 +67,7 @@ def test_wait_returns_the_succeeded_job_with_its_result(app: Conveyor) -> None:
     assert done.is_final and done.finished_at is not None
 
 
+@pytest.mark.needs("lookup")
 def test_wait_returns_the_dead_job_with_its_errors(app: Conveyor) -> None:
     @app.task(name="doomed", max_attempts=3)
     def doomed() -> None:
@@ -79,6 +81,7 @@ def test_wait_returns_the_dead_job_with_its_errors(app: Conveyor) -> None:
     assert "no such customer" in error["message"]
 
 
+@pytest.mark.needs("lookup")
 def test_wait_returns_the_cancelled_job(app: Conveyor) -> None:
     @app.task(name="later")
     def later() -> None: ...
@@ -89,6 +92,7 @@ def test_wait_returns_the_cancelled_job(app: Conveyor) -> None:
     assert (done.id, done.state) == (job.id, JobState.CANCELLED)
 
 
+@pytest.mark.needs("lookup")
 def test_wait_times_out_with_a_timeout_error(app: Conveyor) -> None:
     @app.task(name="idle")
     def idle() -> None: ...
@@ -104,6 +108,7 @@ def test_wait_times_out_with_a_timeout_error(app: Conveyor) -> None:
         job.wait(timeout=0)
 
 
+@pytest.mark.needs("cancel")
 def test_wait_on_an_already_finished_job_returns_at_once(app: Conveyor) -> None:
     @app.task(name="quick")
     def quick() -> None: ...
@@ -115,6 +120,7 @@ def test_wait_on_an_already_finished_job_returns_at_once(app: Conveyor) -> None:
     assert fetched.wait(timeout=0).state == JobState.CANCELLED
 
 
+@pytest.mark.needs("lookup")
 def test_jobs_from_enqueue_many_and_aenqueue_can_wait(app: Conveyor) -> None:
     @app.task(name="noop")
     def noop(n: int) -> int:
@@ -126,6 +132,7 @@ def test_jobs_from_enqueue_many_and_aenqueue_can_wait(app: Conveyor) -> None:
         assert [j.wait(timeout=20).result for j in (*jobs, job3)] == [1, 2, 3]
 
 
+@pytest.mark.needs("lookup")
 def test_wait_async_returns_the_finished_job_and_times_out(app: Conveyor) -> None:
     @app.task(name="mul")
     def mul(a: int, b: int) -> int:
@@ -142,6 +149,7 @@ def test_wait_async_returns_the_finished_job_and_times_out(app: Conveyor) -> Non
     assert (done.id, done.state, done.result) == (job.id, JobState.SUCCEEDED, 42)
 
 
+@pytest.mark.needs("lookup")
 def test_wait_is_woken_by_the_store_when_the_job_succeeds(app: Conveyor,
                                                           never_poll: None) -> None:
     @app.task(name="woken")
@@ -154,6 +162,7 @@ def test_wait_is_woken_by_the_store_when_the_job_succeeds(app: Conveyor,
     assert (done.state, done.result) == (JobState.SUCCEEDED, "done")
 
 
+@pytest.mark.needs("lookup")
 def test_wait_is_woken_by_the_store_when_the_job_is_cancelled(app: Conveyor,
                                                               never_poll: None) -> None:
     @app.task(name="woken")
@@ -166,6 +175,7 @@ def test_wait_is_woken_by_the_store_when_the_job_is_cancelled(app: Conveyor,
     assert done.state == JobState.CANCELLED
 
 
+@pytest.mark.needs("lookup")
 def test_wait_is_woken_by_the_store_when_a_worker_kills_the_job(app: Conveyor,
                                                                 never_poll: None) -> None:
     @app.task(name="dies", max_attempts=1)
@@ -179,6 +189,7 @@ def test_wait_is_woken_by_the_store_when_a_worker_kills_the_job(app: Conveyor,
     assert done.state == JobState.DEAD
 
 
+@pytest.mark.needs("lookup")
 def test_wait_is_woken_by_the_store_when_a_worker_acks_the_job(app: Conveyor,
                                                                never_poll: None) -> None:
     @app.task(name="slow")
@@ -192,6 +203,7 @@ def test_wait_is_woken_by_the_store_when_a_worker_acks_the_job(app: Conveyor,
     assert (done.state, done.result) == (JobState.SUCCEEDED, "ok")
 
 
+@pytest.mark.needs("lookup")
 def test_wait_async_is_woken_by_the_store(app: Conveyor, never_poll: None,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     # One store wait for the whole call: no slice ends early to look again.
@@ -210,6 +222,7 @@ def test_wait_async_is_woken_by_the_store(app: Conveyor, never_poll: None,
     assert asyncio.run(main()).state == JobState.SUCCEEDED
 
 
+@pytest.mark.needs("lookup")
 def test_wait_inside_a_task_is_refused_unless_asked_for(app: Conveyor) -> None:
     seen: list[str] = []
 

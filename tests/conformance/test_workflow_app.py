@@ -22,6 +22,7 @@ def app(make_app: Callable[..., Conveyor]) -> Conveyor:
     return make_app(retry=RetryPolicy(base=0.01, cap=0.05))
 
 
+@pytest.mark.needs("dependencies")
 def test_a_job_after_another_waits_then_runs(app: Conveyor) -> None:
     go = threading.Event()
 
@@ -47,6 +48,7 @@ def test_a_job_after_another_waits_then_runs(app: Conveyor) -> None:
     assert done.result == {str(parent.id): "slow done"}
 
 
+@pytest.mark.needs("dependencies")
 def test_an_unknown_parent_is_refused(app: Conveyor) -> None:
     @app.task(name="noop")
     def noop() -> None:
@@ -56,6 +58,7 @@ def test_an_unknown_parent_is_refused(app: Conveyor) -> None:
         noop.options(after=[987_654_321]).enqueue()
 
 
+@pytest.mark.needs("dependencies")
 def test_a_dead_parent_cancels_or_runs_the_child(app: Conveyor) -> None:
     @app.task(name="fails", max_attempts=1)
     def fails() -> None:
@@ -75,6 +78,7 @@ def test_a_dead_parent_cancels_or_runs_the_child(app: Conveyor) -> None:
     assert err is not None and err["kind"] == "parent_failed"
 
 
+@pytest.mark.needs("dependencies")
 def test_a_chain_runs_in_order_and_the_last_job_gives_the_result(app: Conveyor) -> None:
     order: list[str] = []
 
@@ -91,6 +95,7 @@ def test_a_chain_runs_in_order_and_the_last_job_gives_the_result(app: Conveyor) 
     assert order == ["a", "b", "c"]
 
 
+@pytest.mark.needs("dependencies")
 def test_a_chain_with_a_group_and_pass_result(app: Conveyor) -> None:
     @app.task(name="numbers")
     def numbers(n: int) -> list[int]:
@@ -112,6 +117,7 @@ def test_a_chain_with_a_group_and_pass_result(app: Conveyor) -> None:
     assert last.result == "sum=66"  # (0+1+2+3) * 1 + (0+1+2+3) * 10
 
 
+@pytest.mark.needs("dependencies")
 def test_a_failed_step_cancels_the_rest_of_the_chain(app: Conveyor) -> None:
     @app.task(name="boom", max_attempts=1)
     def boom() -> None:
@@ -128,6 +134,7 @@ def test_a_failed_step_cancels_the_rest_of_the_chain(app: Conveyor) -> None:
         JobState.DEAD, JobState.CANCELLED, JobState.CANCELLED]
 
 
+@pytest.mark.needs("dependencies")
 def test_a_batch_runs_on_success_once_with_its_id(app: Conveyor) -> None:
     calls: list[tuple[str, str]] = []
 
@@ -167,6 +174,7 @@ def test_a_batch_runs_on_success_once_with_its_id(app: Conveyor) -> None:
     assert (info.on_success, info.on_complete) == (ok.id, done.id)
 
 
+@pytest.mark.needs("dependencies")
 def test_a_failed_member_cancels_on_success_and_runs_on_complete(app: Conveyor) -> None:
     @app.task(name="member", max_attempts=1)
     def member(fail: bool) -> str | None:
@@ -192,6 +200,7 @@ def test_a_failed_member_cancels_on_success_and_runs_on_complete(app: Conveyor) 
     assert info is not None and (info.succeeded, info.dead) == (1, 1)
 
 
+@pytest.mark.needs("dependencies")
 def test_a_nested_batch_and_a_chain_inside_a_batch(app: Conveyor) -> None:
     @app.task(name="step")
     def step(n: int) -> int:
@@ -216,6 +225,7 @@ def test_a_nested_batch_and_a_chain_inside_a_batch(app: Conveyor) -> None:
     assert outer_info is not None and outer_info.total == 5 and outer_info.succeeded == 5
 
 
+@pytest.mark.needs("dependencies")
 def test_an_empty_batch_runs_its_callback_at_once(app: Conveyor) -> None:
     @app.task(name="noop")
     def noop(batch_id: str) -> str:
@@ -230,6 +240,7 @@ def test_an_empty_batch_runs_its_callback_at_once(app: Conveyor) -> None:
     assert info is not None and info.total == 0
 
 
+@pytest.mark.needs("dependencies")
 def test_a_batch_whose_block_raises_writes_nothing(app: Conveyor) -> None:
     @app.task(name="noop")
     def noop() -> None:
@@ -242,6 +253,7 @@ def test_a_batch_whose_block_raises_writes_nothing(app: Conveyor) -> None:
     assert app.backend.list_jobs(limit=10).jobs == []
 
 
+@pytest.mark.needs("dependencies")
 def test_a_waiting_job_is_listed_and_counted(app: Conveyor) -> None:
     @app.task(name="noop")
     def noop() -> None:
@@ -255,6 +267,7 @@ def test_a_waiting_job_is_listed_and_counted(app: Conveyor) -> None:
     assert (q.waiting, q.available) == (1, 1)
 
 
+@pytest.mark.needs("dependencies")
 def test_pass_result_on_a_signed_app(make_app: Callable[..., Conveyor]) -> None:
     """The stored arguments leave the first parameter out and are signed so; the worker checks
     the signature before it fills that parameter with the parent's result."""

@@ -59,6 +59,7 @@ def enqueue(backend: Backend, *, now: float = T0, **kw: object) -> int:
 # -- the waiting state ------------------------------------------------------------------------
 
 
+@pytest.mark.needs("dependencies")
 def test_a_child_waits_until_its_parent_succeeds(backend: Backend) -> None:
     parent = enqueue(backend)
     child = enqueue(backend, after=(parent,))
@@ -76,6 +77,7 @@ def test_a_child_waits_until_its_parent_succeeds(backend: Backend) -> None:
     assert again.id == child
 
 
+@pytest.mark.needs("dependencies")
 def test_waiting_jobs_are_counted_apart_from_depth(backend: Backend) -> None:
     parent = enqueue(backend)
     for _ in range(3):
@@ -88,6 +90,7 @@ def test_waiting_jobs_are_counted_apart_from_depth(backend: Backend) -> None:
     assert len(listed.jobs) == 3
 
 
+@pytest.mark.needs("dependencies")
 def test_a_chain_written_at_once_refers_to_earlier_positions(backend: Backend) -> None:
     res = backend.enqueue_many([
         new_job(args={"step": 1}),
@@ -105,6 +108,7 @@ def test_a_chain_written_at_once_refers_to_earlier_positions(backend: Backend) -
     assert state(backend, c) is JobState.AVAILABLE
 
 
+@pytest.mark.needs("dependencies")
 def test_a_child_of_many_parents_leaves_waiting_with_the_last(backend: Backend) -> None:
     parents = [enqueue(backend) for _ in range(3)]
     child = enqueue(backend, after=tuple(parents))
@@ -116,6 +120,7 @@ def test_a_child_of_many_parents_leaves_waiting_with_the_last(backend: Backend) 
     assert state(backend, child) is JobState.AVAILABLE
 
 
+@pytest.mark.needs("dependencies")
 def test_a_delayed_child_becomes_scheduled_not_available(backend: Backend) -> None:
     parent = enqueue(backend)
     child = enqueue(backend, after=(parent,), delay=600.0)
@@ -128,6 +133,7 @@ def test_a_delayed_child_becomes_scheduled_not_available(backend: Backend) -> No
 # -- refusals -----------------------------------------------------------------------------------
 
 
+@pytest.mark.needs("dependencies")
 def test_an_unknown_parent_is_refused_and_nothing_is_written(backend: Backend) -> None:
     with pytest.raises(UnknownParent):
         backend.enqueue_many([new_job(), new_job(after=(987_654_321,))], now=T0)
@@ -135,6 +141,7 @@ def test_an_unknown_parent_is_refused_and_nothing_is_written(backend: Backend) -
 
 
 @pytest.mark.parametrize("refs", [(0,), (1,), (-1,)])
+@pytest.mark.needs("dependencies")
 def test_a_reference_to_itself_or_a_later_job_is_refused(backend: Backend,
                                                         refs: tuple[int, ...]) -> None:
     with pytest.raises(UnknownParent):
@@ -145,6 +152,7 @@ def test_a_reference_to_itself_or_a_later_job_is_refused(backend: Backend,
 # -- parents that finished before the child was written ---------------------------------------
 
 
+@pytest.mark.needs("dependencies", "lookup")
 def test_a_parent_already_succeeded_counts_as_done(backend: Backend) -> None:
     parent = enqueue(backend)
     succeed(backend, parent)
@@ -155,6 +163,7 @@ def test_a_parent_already_succeeded_counts_as_done(backend: Backend) -> None:
 
 @pytest.mark.parametrize("mode, expected", [("cancel", JobState.CANCELLED),
                                             ("run", JobState.AVAILABLE)])
+@pytest.mark.needs("dependencies", "lookup")
 def test_a_parent_already_dead(backend: Backend, mode: str, expected: JobState) -> None:
     parent = enqueue(backend)
     kill(backend, parent)
@@ -165,6 +174,7 @@ def test_a_parent_already_dead(backend: Backend, mode: str, expected: JobState) 
 # -- failure: cancel or run, and the cascade ---------------------------------------------------
 
 
+@pytest.mark.needs("dependencies")
 def test_a_dead_parent_cancels_its_descendants(backend: Backend) -> None:
     a = enqueue(backend)
     b = enqueue(backend, after=(a,))
@@ -181,6 +191,7 @@ def test_a_dead_parent_cancels_its_descendants(backend: Backend) -> None:
     assert get(backend, b).finished_at is not None
 
 
+@pytest.mark.needs("dependencies")
 def test_a_child_that_runs_on_parent_failure_waits_for_every_parent(backend: Backend) -> None:
     failing = enqueue(backend)
     slow = enqueue(backend)
@@ -193,6 +204,7 @@ def test_a_child_that_runs_on_parent_failure_waits_for_every_parent(backend: Bac
     assert state(backend, grandchild) is JobState.WAITING
 
 
+@pytest.mark.needs("dependencies")
 def test_retries_used_up_count_as_a_dead_parent(backend: Backend) -> None:
     parent = enqueue(backend, max_attempts=1)
     child = enqueue(backend, after=(parent,))
@@ -202,6 +214,7 @@ def test_retries_used_up_count_as_a_dead_parent(backend: Backend) -> None:
     assert state(backend, child) is JobState.CANCELLED
 
 
+@pytest.mark.needs("dependencies")
 def test_a_retry_with_attempts_left_keeps_the_child_waiting(backend: Backend) -> None:
     parent = enqueue(backend, max_attempts=3)
     child = enqueue(backend, after=(parent,))
@@ -209,6 +222,7 @@ def test_a_retry_with_attempts_left_keeps_the_child_waiting(backend: Backend) ->
     assert state(backend, child) is JobState.WAITING
 
 
+@pytest.mark.needs("dependencies")
 def test_a_lease_that_expires_for_good_settles_the_children(backend: Backend) -> None:
     parent = enqueue(backend, max_attempts=1)
     child = enqueue(backend, after=(parent,), on_parent_failure="run")
@@ -220,6 +234,7 @@ def test_a_lease_that_expires_for_good_settles_the_children(backend: Backend) ->
     assert state(backend, child) is JobState.AVAILABLE
 
 
+@pytest.mark.needs("dependencies")
 def test_cancelling_a_parent_cancels_its_children(backend: Backend) -> None:
     parent = enqueue(backend)
     child = enqueue(backend, after=(parent,))
@@ -229,6 +244,7 @@ def test_cancelling_a_parent_cancels_its_children(backend: Backend) -> None:
     assert state(backend, runs_anyway) is JobState.AVAILABLE
 
 
+@pytest.mark.needs("dependencies")
 def test_cancelling_a_waiting_job_cascades_to_its_children(backend: Backend) -> None:
     parent = enqueue(backend)
     child = enqueue(backend, after=(parent,))
@@ -239,6 +255,7 @@ def test_cancelling_a_waiting_job_cascades_to_its_children(backend: Backend) -> 
     assert state(backend, parent) is JobState.AVAILABLE
 
 
+@pytest.mark.needs("dependencies")
 def test_redrive_of_a_dead_parent_does_not_revive_cancelled_children(backend: Backend) -> None:
     parent = enqueue(backend)
     child = enqueue(backend, after=(parent,))
@@ -248,6 +265,7 @@ def test_redrive_of_a_dead_parent_does_not_revive_cancelled_children(backend: Ba
     assert state(backend, child) is JobState.CANCELLED
 
 
+@pytest.mark.needs("dependencies")
 def test_a_long_chain_cancels_to_its_end(backend: Backend) -> None:
     res = backend.enqueue_many(
         [new_job()] + [new_job(after_refs=(i,)) for i in range(200)], now=T0)
@@ -259,6 +277,7 @@ def test_a_long_chain_cancels_to_its_end(backend: Backend) -> None:
 # -- every finishing path settles children -------------------------------------------------------
 
 
+@pytest.mark.needs("dependencies")
 def test_ack_many_and_ack_and_claim_release_children(backend: Backend) -> None:
     p1, p2, p3 = (enqueue(backend) for _ in range(3))
     c12 = enqueue(backend, after=(p1, p2))
@@ -273,6 +292,7 @@ def test_ack_many_and_ack_and_claim_release_children(backend: Backend) -> None:
     assert state(backend, c3) is JobState.AVAILABLE
 
 
+@pytest.mark.needs("dependencies")
 def test_concurrent_parents_release_their_child_exactly_once(backend: Backend) -> None:
     parents = [enqueue(backend) for _ in range(40)]
     child = enqueue(backend, after=tuple(parents), queue="children")
@@ -301,6 +321,7 @@ def test_concurrent_parents_release_their_child_exactly_once(backend: Backend) -
     assert backend.claim("children", 10, worker_id="w", lease_s=LEASE, now=T0 + 3) == []
 
 
+@pytest.mark.needs("dependencies", "lookup")
 def test_a_child_written_while_its_parent_finishes_is_never_stranded(backend: Backend) -> None:
     for round_ in range(30):
         parent = enqueue(backend, queue=f"race{round_}")
@@ -339,6 +360,7 @@ def write_batch(backend: Backend, members: int, *, batch_id: str = "b-1",
     return ids[:members], ids[-2], ids[-1]
 
 
+@pytest.mark.needs("dependencies")
 def test_a_batch_counts_its_members_and_names_its_callbacks(backend: Backend) -> None:
     members, on_success, on_complete = write_batch(backend, 4)
     info = backend.get_batch("b-1")
@@ -363,6 +385,7 @@ def test_a_batch_counts_its_members_and_names_its_callbacks(backend: Backend) ->
     assert set(get(backend, on_success).parents) == set(members)
 
 
+@pytest.mark.needs("dependencies")
 def test_a_dead_member_cancels_on_success_and_runs_on_complete(backend: Backend) -> None:
     members, on_success, on_complete = write_batch(backend, 3)
     kill(backend, members[0])
@@ -375,6 +398,7 @@ def test_a_dead_member_cancels_on_success_and_runs_on_complete(backend: Backend)
     assert info is not None and (info.succeeded, info.dead, info.is_finished) == (2, 1, True)
 
 
+@pytest.mark.needs("dependencies")
 def test_a_nested_batch_counts_in_its_outer_batch(backend: Backend) -> None:
     outer_members = [r.id for r in backend.enqueue_many(
         [new_job(batch_id="outer"), new_job(batch_id="outer")], now=T0,
@@ -395,10 +419,12 @@ def test_a_nested_batch_counts_in_its_outer_batch(backend: Backend) -> None:
     assert outer.pending == 2  # the inner callbacks are available now
 
 
+@pytest.mark.needs("dependencies")
 def test_an_unknown_batch_is_none(backend: Backend) -> None:
     assert backend.get_batch("no-such-batch") is None
 
 
+@pytest.mark.needs("dependencies", "unique")
 def test_a_unique_job_already_there_is_the_parent_a_reference_names(backend: Backend) -> None:
     existing = enqueue(backend, unique_key="only-one")
     res = backend.enqueue_many([new_job(unique_key="only-one"), new_job(after_refs=(0,))],
@@ -412,6 +438,7 @@ def test_a_unique_job_already_there_is_the_parent_a_reference_names(backend: Bac
 # -- retention ---------------------------------------------------------------------------------
 
 
+@pytest.mark.needs("dependencies")
 def test_prune_keeps_a_finished_parent_while_a_child_is_unfinished(backend: Backend) -> None:
     parent = enqueue(backend)
     other = enqueue(backend)
@@ -428,6 +455,7 @@ def test_prune_keeps_a_finished_parent_while_a_child_is_unfinished(backend: Back
     assert [backend.get(i) for i in (parent, slow_parent, child)] == [None, None, None]
 
 
+@pytest.mark.needs("dependencies")
 def test_a_batch_record_goes_with_its_last_member(backend: Backend) -> None:
     members, on_success, on_complete = write_batch(backend, 2)
     for m in members:
@@ -439,6 +467,7 @@ def test_a_batch_record_goes_with_its_last_member(backend: Backend) -> None:
     assert backend.get_batch("b-1") is None
 
 
+@pytest.mark.needs("dependencies")
 def test_a_waiting_job_holds_its_unique_key(backend: Backend) -> None:
     parent = enqueue(backend)
     child = enqueue(backend, after=(parent,), unique_key="report:7")
@@ -449,6 +478,7 @@ def test_a_waiting_job_holds_its_unique_key(backend: Backend) -> None:
     assert fresh.created and fresh.id != child
 
 
+@pytest.mark.needs("dependencies")
 def test_purge_of_a_dead_parent_leaves_no_trace_of_its_links(backend: Backend) -> None:
     parent = enqueue(backend)
     child = enqueue(backend, after=(parent,), on_parent_failure="run")

@@ -73,7 +73,8 @@ from .transport import Delivery, Outgoing, Transport
 
 log = logging.getLogger("conveyor.broker")
 
-MISSING_WITH_STATE = frozenset({"limits", "fair", "pause", "dependencies"})
+MISSING_WITH_STATE = frozenset({"limits", "fair", "pause", "dependencies", "clock", "run_now",
+                                "ordering"})
 
 
 class CompanionBackend(BrokerBackend):
@@ -431,7 +432,7 @@ class CompanionBackend(BrokerBackend):
         return self.state.cancel_many(job_ids, now=now)
 
     def make_due(self, job_ids: Sequence[int], *, now: float | None = None) -> int:
-        raise self._unsupported("pause")  # the broker holds the delay; it cannot be shortened
+        raise self._unsupported("run_now")  # the broker holds the delay: it cannot be shortened
 
     # -- what the store keeps ----------------------------------------------------------------
     def paused_queues(self) -> dict[str, float]:

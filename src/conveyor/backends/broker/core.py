@@ -38,9 +38,17 @@ import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
-from ...errors import ConfigurationError, LeaseLost, QueueFull, Unsupported
+from ...errors import ConfigurationError, LeaseLost, Unsupported
 from ...job import Job, JobState
-from ..base import Backend, check_claim_id, new_claim_id, new_uids
+from ..base import (
+    Backend,
+    BatchInfo,
+    HistoryPoint,
+    check_claim_id,
+    new_claim_id,
+    new_uids,
+    queue_full,
+)
 from ..types import (
     CronState,
     EnqueueResult,
@@ -62,7 +70,8 @@ log = logging.getLogger("conveyor.broker")
 # What a store on a broker alone cannot do (Backend.missing); the hint says where it can.
 MISSING = frozenset({
     "lookup", "listing", "results", "steps", "unique", "cron", "limits", "pause", "dependencies",
-    "history", "workers", "cancel", "fair",
+    "history", "workers", "cancel", "fair", "clock", "locks", "run_now", "depth",
+    "ordering",
 })
 _WHY = {
     "lookup": "look up a job by id",
@@ -78,9 +87,23 @@ _WHY = {
     "workers": "list workers",
     "cancel": "cancel a job by id",
     "fair": "share a queue fairly between fair_key tenants",
+    # Never raised: a caller's now= stamps the records, but what is due and which lease ran
+    # out is the broker's to say, in real time (the tests that move a clock need a store).
+    "clock": "run delays and leases on the caller's clock (now=)",
+    # Never raised either: try_lock never refuses (Backend's default), so every worker prunes,
+    # which costs nothing here (a broker keeps no finished jobs).
+    "locks": "hold a lock shared by every worker (one pruner at a time)",
+    "run_now": "make a delayed job due now (the broker holds the delay)",
+    # Never raised: max_depth is held to the broker's count (_check_depth), which racing
+    # producers pass together and which RabbitMQ's delayed messages are not in.
+    "depth": "hold a queue to max_depth exactly",
+    # Never raised: a claim takes lane by lane (the nearest priority level), each in the order
+    # the broker received its messages, not by (priority, run_at, id).
+    "ordering": "hand jobs out in (priority, run_at, id) order",
 }
 # What the companion store (broker/companion.py) cannot add either: the claim must choose.
-NEEDS_A_STORE = frozenset({"limits", "pause", "dependencies", "fair"})
+NEEDS_A_STORE = frozenset({"limits", "pause", "dependencies", "fair", "clock", "run_now",
+                           "ordering"})
 HINT_STATE = ("name a companion store that keeps the job records: Conveyor(url, "
               "state='postgresql://...'), $CONVEYOR_STATE_URL or --state-url (docs/backends.md, "
               "the capability table)")
@@ -218,8 +241,7 @@ class BrokerBackend(Backend):
             depth = sum(d.ready + (d.delayed or 0)
                         for d in (self.transport.depth(ln) for ln in self.lanes(queue)))
             if depth + n > limit[queue]:
-                raise QueueFull(f"queue {queue!r} holds {depth} waiting jobs; its max_depth "
-                                f"is {limit[queue]}: nothing was written")
+                raise queue_full(queue, depth, limit[queue])
 
     # -- worker (fenced) ----------------------------------------------------------------
     def claim(
@@ -469,7 +491,11 @@ class BrokerBackend(Backend):
     def prune(self, *, older_than: float, states: Sequence[JobState] = (JobState.SUCCEEDED,),
               limit: int = 1000, now: float | None = None) -> int:
         # Finished jobs are not kept (acked messages are gone); dead ones stay in the dead lane
-        # until purged or redriven.
+        # until purged or redriven. The states are checked as a store checks them, so a caller's
+        # mistake shows here too.
+        for state in states:
+            if not JobState(state).is_final:
+                raise ValueError(f"prune only deletes finished jobs, not {state}")
         return 0
 
     # -- inspection and administration ------------------------------------------------------
@@ -573,6 +599,9 @@ class BrokerBackend(Backend):
     def cancel(self, job_id: int, *, now: float | None = None) -> bool:
         raise self._unsupported("cancel")
 
+    def make_due(self, job_ids: Sequence[int], *, now: float | None = None) -> int:
+        raise self._unsupported("run_now")
+
     # -- waiting -------------------------------------------------------------------------
     def wait_for_jobs(self, queues: Sequence[str], timeout: float, *, verify: bool = True) -> bool:
         lanes = [ln for q in queues for ln in self.lanes(q)]
@@ -611,6 +640,20 @@ class BrokerBackend(Backend):
     def record_step(self, job_id: int, step: str, result: str | None, *,
                     uid: str | None) -> tuple[bool, str | None]:
         raise self._unsupported("steps")
+
+    def get_batch(self, batch_id: str) -> BatchInfo | None:
+        raise self._unsupported("dependencies")
+
+    def record_history(self, points: Sequence[HistoryPoint]) -> None:
+        raise self._unsupported("history")
+
+    def history(self, *, queue: str | None = None, since: float,
+                until: float) -> list[HistoryPoint]:
+        raise self._unsupported("history")
+
+    def rollup_history(self, *, keep_days: float, limit: int = 1000,
+                       now: float | None = None) -> int:
+        raise self._unsupported("history")
 
     def close(self) -> None:
         self.transport.close()
