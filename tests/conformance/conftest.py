@@ -6,8 +6,9 @@ companion.MISSING_WITH_STATE with a companion store); a test that needs one is m
 ``@pytest.mark.needs(...)`` and deselected on such a param (tests/conftest.py counts them).
 
 Not every broker param runs every file (``FILES``), to keep the suite's time in CI's budget:
-each broker alone and RabbitMQ with SQLite run them all (but test_take.py: ``take`` is the
-interface a store offers a broker, which a broker does not offer; and alone, most tests are
+each broker alone and RabbitMQ with SQLite run them all (but test_take.py and test_outbox.py:
+``take`` and the outbox are the interfaces a store offers a broker's companion, which a broker
+does not offer; and alone, most tests are
 deselected anyway); the other params run ``CORE``, the files
 whose tests go through the broker's own code with the store (enqueue, claim, leases, retries,
 fencing, the worker, waits). The companion's records are the store's, whose conformance the
@@ -84,7 +85,8 @@ BROKERS = [_broker(name) for name in ("rabbitmq+sqlite", "rabbitmq+postgres", "r
                                       "sqs+sqlite", "rabbitmq", "sqs")]
 
 
-ALL_BUT_TAKE = None  # every file but test_take.py
+ALL_BUT_TAKE = None  # every file but the store's side of a companion (STORE_SIDE)
+STORE_SIDE = frozenset({"test_take.py", "test_outbox.py"})
 CORE = frozenset({
     "test_ack_and_claim.py", "test_attempts_started.py", "test_backend_concurrency.py",
     "test_backend_enqueue_claim.py", "test_backend_leases.py", "test_app_worker.py",
@@ -100,7 +102,7 @@ def _runs(param: StoreParam, file: str) -> bool:
     if param in STORES:
         return True
     files = FILES[param.name]
-    return file != "test_take.py" if files is None else file in files
+    return file not in STORE_SIDE if files is None else file in files
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -91,6 +91,38 @@ def parse_levels(text: str, url: str) -> tuple[int, ...]:
     return levels
 
 
+class _SharedLock:
+    """The connection's lock (reentrant), for threads that take turns on one connection. A
+    waiter serves the connection in short slices under it and takes it again at once: Python's
+    locks are not fair, so a thread blocked on it (an enqueue, an ack) could wait for seconds
+    behind a loop that releases and re-acquires. The waiter steps aside between slices while
+    anyone is queued (``let_others_in``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._count = threading.Lock()
+        self._queued = 0
+
+    def __enter__(self) -> bool:
+        with self._count:
+            self._queued += 1
+        try:
+            return self._lock.acquire()
+        finally:
+            with self._count:
+                self._queued -= 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+    def let_others_in(self) -> None:
+        """Called without the lock: wait (briefly) until the threads queued for it got it."""
+        for _ in range(50):
+            if not self._queued:
+                return
+            time.sleep(0.0005)
+
+
 class RabbitTransport:
     kind = "RabbitMQ"
     max_delay = STEP_MS * 2 ** (STEPS - 1) / 1000
@@ -104,7 +136,7 @@ class RabbitTransport:
         self.prefix = prefix
         self.delivery_limit = delivery_limit
         self.expires_ms = expires_ms
-        self._lock = threading.RLock()
+        self._lock = _SharedLock()
         self._conn: Any = None
         self._ch: Any = None
         self._pub: ConfirmingPublisher | None = None  # a second channel, for publishes
@@ -135,7 +167,7 @@ class RabbitTransport:
         not in this process."""
         forking.keep_inherited(self._conn, self._ch, self._pub)
         self._conn = self._ch = self._pub = None
-        self._lock = threading.RLock()
+        self._lock = _SharedLock()
         self.epoch += 1  # a delivery the parent held is not this process's to settle
         self._declared = set()
         self._consumers = {}
@@ -460,6 +492,7 @@ class RabbitTransport:
                 return True
             if time.monotonic() >= deadline:
                 return False
+            self._lock.let_others_in()
 
     def depth(self, lane: Lane) -> LaneDepth:
         ready = self._call(f"counting {self.name(lane)}", lambda ch: self._declare(ch, lane),
