@@ -170,3 +170,25 @@ def test_a_job_claimed_before_the_consumers_stop_keeps_its_lease(
     assert all(acks(b, running))
     rest = claim_until(b, broker, ids - {j.id for j in running})
     assert sorted(j.id for j in [*running, *rest]) == sorted(ids)
+
+
+@rabbitmq
+def test_the_first_enqueue_to_a_queue_makes_every_lane_of_it(
+        open_broker: Open, broker: Broker) -> None:
+    """A worker consuming a lane another connection is still creating crashes its connection
+    in RabbitMQ (the quorum queue has no leader yet: 541 INTERNAL_ERROR), and with it go the
+    messages it held. So an enqueue makes all of its queue's lanes, not only the one it uses:
+    the lanes the workers consume exist before the first job does."""
+    import pika
+
+    b = open_broker()
+    b.enqueue_many([job(0)])  # priority 0: lane p0
+    transport = b.transport  # type: ignore[attr-defined]
+    conn = pika.BlockingConnection(transport.params)
+    try:
+        ch = conn.channel()
+        for level in transport.levels:
+            # passive: fails (closing the channel) if the queue does not exist
+            ch.queue_declare(transport.name(Lane("q", level)), passive=True)
+    finally:
+        conn.close()

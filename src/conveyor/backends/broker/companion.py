@@ -224,17 +224,23 @@ class CompanionBackend(BrokerBackend):
             self.transport.settle(done)
 
     def ack(self, lease: Lease, result: str | None, *, now: float | None = None) -> None:
+        self._final(lease, lambda: self.state.ack(lease, result, now=now))
+
+    def _final(self, lease: Lease, record: Callable[[], object]) -> None:
+        """End the delivery of ``lease`` with a final outcome: ``record`` writes it in the
+        store, then the message is settled. A store that refuses the lease decides by the
+        record whether the message goes back (``_let_go``); one that did not answer leaves it
+        unknown whether the outcome was recorded, so the broker keeps the message, whose next
+        hand-out the record decides on."""
         held = self._drop(lease)
         if held is None:
             raise LeaseLost(lease.job_id)
         try:
-            self.state.ack(lease, result, now=now)
+            record()
         except LeaseLost:
             self._let_go([(held, self._lapsed(lease.job_id, lease.token))])
             raise
         except BaseException:
-            # Unknown whether the success was recorded: the broker keeps the message, whose
-            # next hand-out the record decides on.
             self.transport.give_back([held.delivery])
             raise
         self.transport.settle([held.delivery])
@@ -285,18 +291,7 @@ class CompanionBackend(BrokerBackend):
         return state
 
     def kill(self, lease: Lease, error: ErrorInfo, *, now: float | None = None) -> None:
-        held = self._drop(lease)
-        if held is None:
-            raise LeaseLost(lease.job_id)
-        try:
-            self.state.kill(lease, error, now=now)
-        except LeaseLost:
-            self._let_go([(held, self._lapsed(lease.job_id, lease.token))])
-            raise
-        except BaseException:
-            self.transport.give_back([held.delivery])
-            raise
-        self.transport.settle([held.delivery])
+        self._final(lease, lambda: self.state.kill(lease, error, now=now))
 
     def release(self, leases: Sequence[Lease], *, now: float | None = None) -> list[int]:
         released = []

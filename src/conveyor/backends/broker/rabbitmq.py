@@ -130,8 +130,9 @@ class RabbitTransport:
 
     def __init__(self, url: str, *, prefix: str = "conveyor", delivery_limit: int = 20,
                  expires_ms: int | None = None, heartbeat_s: float = 1.0,
-                 prefetch: int | None = None) -> None:
+                 prefetch: int | None = None, levels: Sequence[int] = (0,)) -> None:
         self.where = redact_url(url)
+        self.levels = tuple(levels)
         self.params = pika.URLParameters(url)
         self.prefix = prefix
         self.delivery_limit = delivery_limit
@@ -305,8 +306,18 @@ class RabbitTransport:
         return int(frame.method.message_count)
 
     def _ensure(self, ch: Any, lane: Lane) -> None:
-        if self.name(lane) not in self._declared:
-            self._declare(ch, lane)
+        """Declare ``lane`` if this channel has not. A job lane's siblings (every level of its
+        queue) are declared with it: RabbitMQ answers a declare of a quorum queue another
+        connection is creating before the queue has a leader, and a ``basic.consume`` on it
+        then crashes the channel and closes the whole connection (541 INTERNAL_ERROR), which
+        hands back every message the connection held. Declaring a queue's lanes at its first
+        enqueue means workers consume lanes that are long made."""
+        if self.name(lane) in self._declared:
+            return
+        siblings = [] if lane.dead else [Lane(lane.queue, lv) for lv in self.levels]
+        for other in [*siblings, lane]:
+            if self.name(other) not in self._declared:
+                self._declare(ch, other)
 
     def _delay_queue(self, ch: Any, step: int) -> str:
         ms = STEP_MS * 2 ** step
@@ -548,16 +559,16 @@ def open_rabbitmq(url: str, *, state: Backend | None = None) -> BrokerBackend:
     if not any(k == "heartbeat" for k, _ in rest):
         rest.append(("heartbeat", "5"))
     pika_url = parts._replace(query=urlencode(rest)).geturl()
+    levels = parse_levels(ours.get("levels", "-1,0,1"), url)
     try:
         transport = RabbitTransport(
-            pika_url, prefix=ours.get("prefix", "conveyor"),
+            pika_url, prefix=ours.get("prefix", "conveyor"), levels=levels,
             delivery_limit=int(ours.get("delivery_limit", 20)),
             expires_ms=int(ours["expires"]) if "expires" in ours else None,
             prefetch=int(ours["prefetch"]) if "prefetch" in ours else None,
         )
     except (ValueError, TypeError) as exc:
         raise ConfigurationError(f"{redact_url(url)!r}: {exc}") from None
-    levels = parse_levels(ours.get("levels", "-1,0,1"), url)
     if state is not None:
         return CompanionBackend(url, transport, levels, state)
     return BrokerBackend(url, transport, levels)
