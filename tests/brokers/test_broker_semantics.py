@@ -138,6 +138,24 @@ def test_kill_list_redrive_purge(open_broker: Open, broker: Broker) -> None:
     wait_for(lambda: b.list_jobs(state=JobState.DEAD, queue="q").jobs == [])
 
 
+def test_the_dead_count_holds_across_listings_and_redrives(open_broker: Open,
+                                                          broker: Broker) -> None:
+    """Listing the dead lane takes its messages and gives them back; a count read right after
+    (the dashboard lists, then reads stats) must still count them. RabbitMQ applies a give-back
+    after it answers the next count, so the give-back waits until the count holds them."""
+    b = open_broker()
+    b.enqueue_many([job(args=json.dumps({"n": i})) for i in range(4)])
+    got = claim_soon(b, broker, 4)
+    for j in got:
+        b.kill(lease(j), ErrorInfo("rejected", "no"))
+    wait_for(lambda: b.stats().queues[0].dead == 4)
+    for _ in range(15):
+        assert len(b.list_jobs(state=JobState.DEAD, queue="q").jobs) == 4
+        assert b.stats().queues[0].dead == 4
+    assert b.redrive([got[0].id], queue="q") == 1
+    assert b.stats().queues[0].dead == 3
+
+
 def test_a_holder_that_lost_the_message_is_fenced(open_broker: Open, broker: Broker) -> None:
     zombie, successor = open_broker(), open_broker()
     zombie.enqueue_many([job(max_attempts=5)])

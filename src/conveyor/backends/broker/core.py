@@ -530,7 +530,7 @@ class BrokerBackend(Backend):
                     break
                 got.extend(more)
         finally:
-            self.transport.give_back(got)
+            self.transport.give_back(got, counted=True)
         bodies = []
         for d in got:
             try:
@@ -587,7 +587,7 @@ class BrokerBackend(Backend):
                 if wanted is not None and moved == len(wanted):
                     break
         finally:
-            self.transport.give_back(keep)
+            self.transport.give_back(keep, counted=True)
         return moved
 
     def purge(self, *, state: JobState = JobState.DEAD, queue: str | None = None,

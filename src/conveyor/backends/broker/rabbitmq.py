@@ -68,6 +68,7 @@ STEP_MS = 100  # the shortest delay step
 STEPS = 21  # 100 ms .. 100 ms * 2**20 (29 hours)
 RETRY_BUDGET = 10.0  # seconds a call keeps trying to reach the broker
 WAIT_SLICE = 0.02  # seconds an idle wait serves the connection while holding the lock
+COUNT_SETTLE_S = 2.0  # the longest a counted give-back waits for the counts to hold it
 # Seconds without a claim or wait after which the consumers' unclaimed messages go back to the
 # queue. A worker waits or claims continuously while it has free slots, so only a stopped
 # worker (or an app that runs none) goes this long; short, so another worker is not kept
@@ -471,15 +472,41 @@ class RabbitTransport:
                     self._drop()
             return [self._ours(d) for d in deliveries]
 
-    def give_back(self, deliveries: Sequence[Delivery]) -> None:
+    def give_back(self, deliveries: Sequence[Delivery], *, counted: bool = False) -> None:
         with self._lock:
-            for d in deliveries:
-                if self._ours(d):
-                    try:
-                        self._ch.basic_nack(d.handle[1], requeue=True)
-                    except _GONE:
-                        self._drop()
-                        return
+            mine = [d for d in deliveries if self._ours(d)]
+            lanes: dict[str, tuple[Lane, int]] = {}
+            try:
+                if counted:  # the counts before, which the give-back must add to
+                    for d in mine:
+                        name = self.name(d.lane)
+                        if name not in lanes:
+                            lanes[name] = (d.lane, self._declare(self._ch, d.lane))
+                for d in mine:
+                    self._ch.basic_nack(d.handle[1], requeue=True)
+            except _GONE:
+                self._drop()
+                return
+        if lanes:
+            self._until_counted(lanes, collections.Counter(self.name(d.lane) for d in mine))
+
+    def _until_counted(self, lanes: dict[str, tuple[Lane, int]],
+                       given: collections.Counter[str]) -> None:
+        """Wait (briefly, bounded) until each lane's count holds what was given back to it. A
+        quorum queue applies a nack through its log and answers a count from what it applied,
+        so a count read right after a give-back can miss the messages: a dead-lane listing
+        then stats read the dead jobs as gone. A count may also fall for a reason of its own
+        (another listing holds them): then the wait ends at its bound."""
+        deadline = time.monotonic() + COUNT_SETTLE_S
+        for name, (lane, before) in lanes.items():
+            while time.monotonic() < deadline:
+                try:
+                    now = self.depth(lane).ready
+                except StoreUnavailable:
+                    return
+                if now >= before + given[name]:
+                    break
+                time.sleep(0.01)
 
     def wait(self, lanes: Sequence[Lane], timeout: float) -> bool:
         """Serve the connection in short slices (the lock is free between them, for acks and

@@ -412,7 +412,8 @@ class SqsTransport:
             d.handle.drop()
         return result
 
-    def give_back(self, deliveries: Sequence[Delivery]) -> None:
+    def give_back(self, deliveries: Sequence[Delivery], *, counted: bool = False) -> None:
+        # ``counted`` asks nothing more of SQS: its counts are approximate by definition.
         try:
             self._change(deliveries, 0, "giving messages back")
         except StoreError as exc:

@@ -82,9 +82,11 @@ class Transport(Protocol):
 
     def extend(self, deliveries: Sequence[Delivery], *, lease_s: float) -> list[bool]: ...
 
-    def give_back(self, deliveries: Sequence[Delivery]) -> None:
+    def give_back(self, deliveries: Sequence[Delivery], *, counted: bool = False) -> None:
         """Make held messages receivable again at once (the core peeks at the dead lane this
-        way). The broker may count it as a delivery."""
+        way). The broker may count it as a delivery. ``counted``: return once the lanes'
+        counts (``depth``) hold them again, as far as the broker's counts can say (a listing
+        followed by stats must not read them as gone)."""
         ...
 
     def wait(self, lanes: Sequence[Lane], timeout: float) -> bool:
