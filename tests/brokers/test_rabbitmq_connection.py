@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from brokerkit import PARAMS, RABBITMQ_URL, Broker, wait_for
+from brokerstores import rabbitmq_prefix
 from support import collect, forked
 
 from conveyor import StoreError, StoreUnavailable
@@ -124,3 +125,32 @@ def test_a_batch_with_a_message_no_queue_takes_fails(open_broker: Open, broker: 
         b.enqueue_many(batch)
     # The transport goes on: the next batch is taken whole.
     assert len(b.enqueue_many([job(n) for n in range(7, 10)])) == 3
+
+
+def test_the_dead_lane_has_no_delivery_limit_on_rabbitmq_4() -> None:
+    """RabbitMQ 4 gives a quorum queue a delivery limit of 20 unless told otherwise, and every
+    dead-lane listing gives its messages back (a delivery): without ``-1`` the 21st listing
+    drops every dead job. RabbitMQ 3 has no default limit and reads -1 as "drop at the first
+    give-back", so the argument goes to 4 only. Job lanes keep their own limit on both."""
+    t = rabbitmq.RabbitTransport(RABBITMQ_URL, prefix="ctver")  # never connects
+    try:
+        dead, lane = Lane("q", None), Lane("q", 0)
+        t.server_major = 4
+        assert t._lane_args(dead)["x-delivery-limit"] == -1
+        assert t._lane_args(lane)["x-delivery-limit"] == t.delivery_limit
+        t.server_major = 3
+        assert "x-delivery-limit" not in t._lane_args(dead)
+        assert t._lane_args(lane)["x-delivery-limit"] == t.delivery_limit
+    finally:
+        t.close()
+
+
+def test_the_version_is_read_at_the_handshake() -> None:
+    with rabbitmq_prefix() as prefix:
+        t = rabbitmq.RabbitTransport(RABBITMQ_URL, prefix=prefix)
+        try:
+            assert t.server_major == 0  # not connected yet
+            assert t.depth(Lane("q", None)).ready == 0  # declares the dead lane: connected
+            assert t.server_major >= 3  # the queues are quorum queues: 3.8 or later
+        finally:
+            t.close()

@@ -124,6 +124,15 @@ class _SharedLock:
             time.sleep(0.0005)
 
 
+def _announced_major(conn: Any) -> int:
+    """The major version the broker announced at the handshake (0 if it did not say)."""
+    version = conn._impl.server_properties.get("version", b"")
+    if isinstance(version, bytes):
+        version = version.decode("ascii", "replace")
+    head = str(version).split(".", 1)[0]
+    return int(head) if head.isdigit() else 0
+
+
 class RabbitTransport:
     kind = "RabbitMQ"
     max_delay = STEP_MS * 2 ** (STEPS - 1) / 1000
@@ -155,6 +164,7 @@ class RabbitTransport:
         self._pump = self._new_pump()
         self._pump_started = False
         self._active = time.monotonic()  # the last claim or wait on a job lane
+        self.server_major = 0  # RabbitMQ's major version, known once connected
         forking.register(self)
 
     def _new_pump(self) -> threading.Thread:
@@ -192,6 +202,13 @@ class RabbitTransport:
 
     def _lane_args(self, lane: Lane) -> dict[str, Any]:
         args = self._common_args()
+        if lane.level is None and self.server_major >= 4:
+            # RabbitMQ 4 gives a quorum queue a delivery limit of 20 when none is set, and a
+            # dead lane dead-letters nowhere: each listing or redrive peek gives its messages
+            # back (a delivery), so the 21st listing would drop every dead job. -1 is "no
+            # limit" from 4.0 on; RabbitMQ 3 reads it as a limit below zero and drops a
+            # message at its first give-back, so it is sent to 4 only.
+            args["x-delivery-limit"] = -1
         if lane.level is not None:
             args.update({
                 "x-delivery-limit": self.delivery_limit,
@@ -211,6 +228,7 @@ class RabbitTransport:
             return self._ch
         self._drop()
         self._conn = pika.BlockingConnection(self.params)
+        self.server_major = _announced_major(self._conn)
         ch = self._conn.channel()
         ch.confirm_delivery()
         self._ch = ch
