@@ -230,13 +230,32 @@ def test_an_idle_waiters_claims_come_back_with_the_wake_up(backend: RedisBackend
     assert stats["cmdstat_evalsha"]["calls"] == 2, stats
 
 
-def test_a_stale_wake_up_comes_back_woken_with_nothing_claimed(backend: RedisBackend, private_redis: RedisServer) -> None:
-    thread, out = _claiming_waiter(backend, ["default"], 10, [("default", 2)])
+def _blocked_clients(c: redis.Redis) -> int:
+    return int(c.info("clients")["blocked_clients"])
+
+
+def test_a_stale_wake_up_does_not_end_the_wait_and_the_next_job_comes_with_its_wake_up(
+    backend: RedisBackend, private_redis: RedisServer
+) -> None:
+    """A marker whose job is gone (a neighbour took it, or this worker's own last claim did:
+    under a steady load the wake list holds up to WAKE_MAX of those) wakes the claims behind
+    the pop to nothing. The waiter then blocks again with its claims behind the next pop, so
+    the next job still comes back with its wake-up rather than after a verified wait, a hop to
+    the loop and a claim of its own."""
+    backend.enqueue_many([job("other")])  # loads the enqueue script
+    thread, out = _claiming_waiter(backend, ["default"], 30, [("default", 2)])
     c = private_redis.client()
     c.lpush(backend.keys.queue("default", "wake"), "1")  # a marker, no job (a neighbour took it)
-    c.close()
+    deadline = time.monotonic() + 10
+    # The marker is popped, and the waiter goes on waiting: blocked again, not returned.
+    while c.llen(backend.keys.queue("default", "wake")) or not _blocked_clients(c):
+        assert thread.is_alive(), f"the stale marker ended the wait: {out}"
+        assert time.monotonic() < deadline, "the waiter did not block again"
+        time.sleep(0.01)
+    [res] = backend.enqueue_many([job()])
     thread.join(5)
-    assert out["woken"] is True and out["jobs"] == []
+    c.close()
+    assert out["woken"] is True and [j.id for j in out["jobs"]] == [res.id]
 
 
 def test_claims_that_could_not_run_behind_the_pop_are_left_to_the_caller(backend: RedisBackend) -> None:

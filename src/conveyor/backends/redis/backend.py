@@ -295,9 +295,10 @@ class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin, Redi
     ) -> tuple[bool, list[Job] | None]:
         """The idle wait with the claims sent in the same write as its blocking pop: Redis holds
         them behind the pop and runs them the moment it returns (a wake-up marker, or its
-        timeout), so the jobs come back with the wake-up instead of a round trip after it. A
-        worker killed while it waits takes the claims with it unrun (Redis drops a closed
-        client's pending commands)."""
+        timeout), so the jobs come back with the wake-up instead of a round trip after it; a
+        stale marker, whose claims take nothing, does not end the wait. A worker killed while
+        it waits takes the claims with it unrun (Redis drops a closed client's pending
+        commands)."""
         claims = [(q, n) for q, n in claims if n > 0]
         if not claims:
             return super().wait_and_claim(queues, timeout, claims, worker_id=worker_id,
@@ -320,9 +321,14 @@ class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin, Redi
                 raise
             if jobs is None:  # no claim ran: the caller claims
                 return woken, None
-            if woken or jobs:
+            if jobs:
                 return True, jobs
-            return None  # the pop timed out and the claims found nothing: wait on
+            # The claims found nothing: the pop timed out, or its marker was stale (a neighbour,
+            # or this worker's own last claim, took the job; under a steady load the wake list
+            # holds a few such). Wait on, claims behind the next pop: returning would leave the
+            # next job to a wait without claims, a hop to the loop and a claim of its own. The
+            # look before that pop (peek) still ends the wait for jobs that limits hold back.
+            return None
 
         return self._wait(queues, timeout, pop)
 
