@@ -81,6 +81,14 @@ def enqueue_one(backend: Backend, *, now: float = T0, **kw: Any) -> int:
     return res.id
 
 
+def claims_in_order(backend: Backend) -> bool:
+    """Whether ``backend`` hands jobs out in (priority, run_at, id) order (the stores). A
+    message broker hands them out lane by lane, each roughly in arrival order: a job that went
+    to a consumer ahead of a claim's ``basic.get``, or came back to its queue, is taken out of
+    that order, so which of a lane's jobs one claim takes, and in what order, is the broker's."""
+    return "ordering" not in backend.missing
+
+
 class WorkerThread:
     """A Worker running ``run()`` on a background thread. ``stop()`` is idempotent: a second
     ``Worker.stop()`` would mean "hurry" (release running jobs), which tests must ask for explicitly."""
