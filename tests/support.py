@@ -83,9 +83,10 @@ def enqueue_one(backend: Backend, *, now: float = T0, **kw: Any) -> int:
 
 def claims_in_order(backend: Backend) -> bool:
     """Whether ``backend`` hands jobs out in (priority, run_at, id) order (the stores). A
-    message broker hands them out lane by lane, each roughly in arrival order: a job that went
-    to a consumer ahead of a claim's ``basic.get``, or came back to its queue, is taken out of
-    that order, so which of a lane's jobs one claim takes, and in what order, is the broker's."""
+    message broker hands them out lane by lane, each only roughly in arrival order (capability
+    ``ordering``): a message given back (a failed claim's, an idle app's consumer's) goes to
+    the back of its lane, and SQS's standard queues promise no order at all. So which of a
+    lane's jobs one claim takes, and in what order, is the broker's."""
     return "ordering" not in backend.missing
 
 
