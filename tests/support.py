@@ -81,6 +81,15 @@ def enqueue_one(backend: Backend, *, now: float = T0, **kw: Any) -> int:
     return res.id
 
 
+def claims_in_order(backend: Backend) -> bool:
+    """Whether ``backend`` hands jobs out in (priority, run_at, id) order (the stores). A
+    message broker hands them out lane by lane, each only roughly in arrival order (capability
+    ``ordering``): a message given back (a failed claim's, an idle app's consumer's) goes to
+    the back of its lane, and SQS's standard queues promise no order at all. So which of a
+    lane's jobs one claim takes, and in what order, is the broker's."""
+    return "ordering" not in backend.missing
+
+
 class WorkerThread:
     """A Worker running ``run()`` on a background thread. ``stop()`` is idempotent: a second
     ``Worker.stop()`` would mean "hurry" (release running jobs), which tests must ask for explicitly."""

@@ -6,6 +6,7 @@ each companion store (the claim is the core's either way)."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 
 import pytest
@@ -13,6 +14,7 @@ from brokerkit import PARAMS, Broker, wait_for
 
 from conveyor import StoreUnavailable
 from conveyor.backends.base import Backend, Lease, NewJob
+from conveyor.backends.broker.message import decode
 from conveyor.backends.broker.transport import Lane
 
 Open = Callable[[], Backend]
@@ -192,3 +194,43 @@ def test_the_first_enqueue_to_a_queue_makes_every_lane_of_it(
             ch.queue_declare(transport.name(Lane("q", level)), passive=True)
     finally:
         conn.close()
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+@pytest.mark.parametrize("broker", ["rabbitmq"], indirect=True)
+def test_a_claim_takes_a_lanes_messages_in_the_order_they_came(
+        open_broker: Open, broker: Broker, limit: int) -> None:
+    """A message the queue pushed to the consumer whose delivery comes in only after the claim
+    looked at the consumer's buffer (here: it looked a moment too early) is ahead, in the lane,
+    of what the claim's ``basic.get`` takes: the claim returns it first, and a claim with room
+    for one returns it, not the get's (seen under load: a claim of 8 took job 4 before job 3,
+    after an ack had freed the consumer's prefetch slot)."""
+    b = open_broker()
+    ids = [r.id for r in b.enqueue_many([job(n) for n in range(3)])]
+    transport = b.transport  # type: ignore[attr-defined]
+    lane = Lane("q", 0)
+    looked: list[float] = []
+    with transport._lock:  # the pump thread would serve the connection meanwhile
+        ch = transport._channel()
+        transport.prefetch = 1
+        transport._consume(ch, lane, 1)  # the queue pushes the first job to the consumer
+        conn = transport._conn
+        serve = conn.process_data_events
+
+        def too_early(time_limit: float = 0) -> None:
+            if looked:
+                serve(time_limit)
+            else:  # the first look finds nothing: the push is still on its way
+                looked.append(time_limit)
+                time.sleep(0.3)
+
+        conn.process_data_events = too_early
+        try:
+            got = transport.receive(lane, limit, lease_s=broker.lease_s)
+        finally:
+            conn.process_data_events = serve
+    assert looked
+    assert [decode(d.body).id for d in got] == ids[:limit]
+    rest = transport.receive(lane, 3, lease_s=broker.lease_s)
+    assert [decode(d.body).id for d in rest] == ids[limit:]
+    assert transport.settle([*got, *rest]) == [True] * 3

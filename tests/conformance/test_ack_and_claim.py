@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from support import T0, enqueue_one
+from support import T0, claims_in_order, enqueue_one
 
 from conveyor import JobState
 from conveyor.backends.base import Backend, Lease
@@ -52,7 +52,10 @@ def test_a_refused_ack_changes_nothing_and_does_not_stop_the_rest(backend: Backe
 
     assert held == [True, False]
     assert backend.get(stale.job_id) == before  # still running under its real lease
-    assert [j.id for j in claimed] == ids[2:]
+    if claims_in_order(backend):
+        assert [j.id for j in claimed] == ids[2:]
+    else:  # a broker's first claim may have taken any two of the four
+        assert sorted(j.id for j in claimed) == sorted(set(ids) - {j.id for j in jobs})
 
 
 @pytest.mark.needs("lookup")

@@ -64,7 +64,9 @@ def test_a_stop_releases_the_held_jobs_unrun(app: Conveyor) -> None:
             go_on.wait(10)
         return i
 
-    first = first_blocks.enqueue(0)
+    # A higher priority, so it runs first on a broker too (its own lane, claimed first),
+    # where jobs of one lane are not handed out by id.
+    first = first_blocks.options(priority=-1).enqueue(0)
     held = first_blocks.enqueue_many([(i,) for i in (1, 2, 3)])
     wt = WorkerThread(app, concurrency=1, prefetch=3, prefetch_hold=60).start()
     try:
@@ -105,7 +107,7 @@ def test_a_cancelled_held_job_never_runs(app: Conveyor) -> None:
     def after() -> None:
         ran.append("after")
 
-    first = blocker.enqueue()
+    first = blocker.options(priority=-1).enqueue()  # claimed first, on a broker too
     doomed = victim.enqueue()
     with running_worker(app, concurrency=1, prefetch=1, prefetch_hold=60, visibility_timeout=0.6) as wt:
         assert started.wait(10)
@@ -143,7 +145,7 @@ def test_a_job_held_past_prefetch_hold_goes_back_for_an_idle_worker(app: Conveyo
             go_on.wait(20)
         return i
 
-    first = first_is_long.enqueue(0)
+    first = first_is_long.options(priority=-1).enqueue(0)  # claimed first, on a broker too
     held = first_is_long.enqueue_many([(1,), (2,)])
     hoarder = WorkerThread(app, concurrency=1, prefetch=2, prefetch_hold=0.3, visibility_timeout=5.0).start()
     try:

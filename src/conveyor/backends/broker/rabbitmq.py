@@ -395,17 +395,25 @@ class RabbitTransport:
             if len(buf) < limit:
                 self._conn.process_data_events(0)  # what arrived since
             out = [buf.popleft() for _ in range(min(limit, len(buf)))]
+            if len(out) == limit:
+                return out
             # The consumer pushes at most its prefetch (the first claim's limit), and only
             # some time after it starts: the rest of what the lane has is taken directly, so a
             # claim returns what is there up to its own limit.
             out += self._get_some(ch, lane, limit - len(out))
-            if len(out) < limit:
-                # A message the queue gave the consumer before the get is not in the queue
-                # for the get: its delivery came in ahead of the get's reply, and pika
-                # dispatches it only now. Without it a lower lane's job could be left for
-                # after a higher lane's.
-                self._conn.process_data_events(0)
-                out += [buf.popleft() for _ in range(min(limit - len(out), len(buf)))]
+            # A message the queue gave the consumer before the get is not in the queue for
+            # the get: its delivery came in ahead of the get's reply, and pika dispatches it
+            # only now. It is ahead of the get's messages in the lane, and the channel's
+            # delivery tags count in the order the queue handed messages out, so the claim
+            # takes the lane's first ``limit`` by tag and leaves the rest for the next one.
+            # Without it a lower lane's job could be left for after a higher lane's, and a
+            # lane's jobs went out of the order they came (a claim took 4 before 3).
+            self._conn.process_data_events(0)
+            if buf:
+                out = sorted([*out, *buf], key=lambda d: d.handle[1])
+                buf.clear()
+                buf.extend(out[limit:])
+                out = out[:limit]
             return out
 
         # Safe to try again: what a lost channel held goes back to the broker.
