@@ -14,6 +14,7 @@ from brokerkit import PARAMS, Broker, wait_for
 
 from conveyor import StoreUnavailable
 from conveyor.backends.base import Backend, Lease, NewJob
+from conveyor.backends.broker import rabbitmq as rabbitmq_module
 from conveyor.backends.broker.message import decode
 from conveyor.backends.broker.transport import Lane
 
@@ -172,6 +173,35 @@ def test_a_job_claimed_before_the_consumers_stop_keeps_its_lease(
     assert all(acks(b, running))
     rest = claim_until(b, broker, ids - {j.id for j in running})
     assert sorted(j.id for j in [*running, *rest]) == sorted(ids)
+
+
+@rabbitmq
+def test_a_claim_longer_than_the_idle_bound_keeps_its_consumers(
+        open_broker: Open, broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A companion's claim writes each job it hands out to the store, so a claim of many jobs
+    can take longer than ``UNCLAIMED_S``. The app is claiming all that time: its consumers must
+    not be cancelled mid-claim (that republishes every message they pushed and no claim took
+    yet, once per long claim)."""
+    b = open_broker()
+    ids = {r.id for r in b.enqueue_many([job(n) for n in range(6)])}
+    transport = b.transport  # type: ignore[attr-defined]
+    assert b.wait_for_jobs(["q"], 5.0)  # consuming
+    stops: list[float] = []
+    stop = transport._stop_consuming
+    monkeypatch.setattr(transport, "_stop_consuming", lambda: (stops.append(1.0), stop()))
+    hand_out = b._hand_out  # type: ignore[attr-defined]
+    slow = [True]
+
+    def slow_hand_out(*args: object, **kw: object) -> object:
+        if slow and slow.pop():  # the first hand-out takes as long as a big claim's would
+            time.sleep(rabbitmq_module.UNCLAIMED_S + 2.5 * transport._heartbeat_s)
+        return hand_out(*args, **kw)
+
+    monkeypatch.setattr(b, "_hand_out", slow_hand_out)
+    got = claim(b, broker, 6)
+    assert stops == []
+    assert all(acks(b, got))
+    claim_until(b, broker, ids - {j.id for j in got})
 
 
 @rabbitmq

@@ -250,6 +250,13 @@ class BrokerBackend(Backend):
     ) -> list[Job]:
         claim_id = new_claim_id() if claim_id is None else check_claim_id(claim_id)
         self._seen.add(queue)
+        claiming = getattr(self.transport, "claiming", None)
+        with claiming() if claiming is not None else contextlib.nullcontext():
+            return self._claim(queue, limit, worker_id=worker_id, lease_s=lease_s,
+                               claim_id=claim_id)
+
+    def _claim(self, queue: str, limit: int, *, worker_id: str, lease_s: float,
+               claim_id: str) -> list[Job]:
         jobs: list[Job] = []
         pending: list[Delivery] = []  # received, not yet handed out or dealt with
         try:

@@ -41,7 +41,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
@@ -164,6 +164,8 @@ class RabbitTransport:
         self._pump = self._new_pump()
         self._pump_started = False
         self._active = time.monotonic()  # the last claim or wait on a job lane
+        self._claims = 0  # claims in progress (the app is not idle while one runs)
+        self._claims_lock = threading.Lock()
         self.server_major = 0  # RabbitMQ's major version, known once connected
         forking.register(self)
 
@@ -180,6 +182,7 @@ class RabbitTransport:
         forking.keep_inherited(self._conn, self._ch, self._pub)
         self._conn = self._ch = self._pub = None
         self._lock = _SharedLock()
+        self._claims, self._claims_lock = 0, threading.Lock()  # the parent's claims, not ours
         self.epoch += 1  # a delivery the parent held is not this process's to settle
         self._declared = set()
         self._consumers = {}
@@ -261,7 +264,8 @@ class RabbitTransport:
                     continue
                 try:
                     self._conn.process_data_events(0)
-                    if self._consumers and time.monotonic() - self._active > UNCLAIMED_S:
+                    if (self._consumers and not self._claims
+                            and time.monotonic() - self._active > UNCLAIMED_S):
                         self._stop_consuming()
                 except _GONE as exc:
                     log.warning("RabbitMQ at %s: connection lost (%s); its messages go back "
@@ -418,6 +422,21 @@ class RabbitTransport:
 
         # Safe to try again: what a lost channel held goes back to the broker.
         return self._call(f"receiving from {self.name(lane)}", take, safe=True)
+
+    @contextlib.contextmanager
+    def claiming(self) -> Iterator[None]:
+        """Held by the core for a whole claim: between two receives a companion writes each
+        job it hands out to its store, which for a big claim can take longer than
+        ``UNCLAIMED_S``, and the pump must not take the app for idle then (cancelling the
+        consumers republishes all they pushed that no claim took yet)."""
+        with self._claims_lock:
+            self._claims += 1
+        try:
+            yield
+        finally:
+            with self._claims_lock:
+                self._claims -= 1
+                self._active = time.monotonic()
 
     def _consume(self, ch: Any, lane: Lane, limit: int | None) -> None:
         """Consume ``lane`` on this channel from now on, with manual acks and at most
