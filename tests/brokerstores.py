@@ -89,9 +89,20 @@ def delete_prefix(prefix: str, queues: set[str]) -> None:
 
 
 START_TIMEOUT = 30.0
+# moto takes any credentials; these keep boto3 from looking for the machine's own (and from
+# signing with them). A test process and the worker processes it starts both get them.
+AWS_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "conveyor-test", "AWS_SECRET_ACCESS_KEY": "conveyor-test"}
+AWS_UNSET = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_SQS")
 
 
-def _free_port() -> int:
+def aws_env(home: Path) -> dict[str, str]:
+    """The AWS variables of a process that talks to a test's moto server (and unset
+    AWS_UNSET)."""
+    return {**AWS_CREDENTIALS, "AWS_CONFIG_FILE": str(home / "no-config"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(home / "no-credentials")}
+
+
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -103,11 +114,9 @@ def _answers(port: int) -> bool:
     return False
 
 
-@contextlib.contextmanager
-def moto_server(log_dir: Path) -> Iterator[str]:
-    """A moto server on a free loopback port; yields ``host:port``."""
-    port = _free_port()
-    log_path = log_dir / "moto_server.log"
+def start_moto(port: int, log_path: Path) -> subprocess.Popen[bytes]:
+    """``python -m moto.server`` on ``127.0.0.1:port``, returned once it answers there; its
+    output in ``log_path``. BackendUnavailable if it does not (the process is ended first)."""
     with open(log_path, "wb") as log:
         try:
             proc = subprocess.Popen(
@@ -115,38 +124,48 @@ def moto_server(log_dir: Path) -> Iterator[str]:
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         except OSError as exc:
             raise BackendUnavailable(f"cannot start moto's server: {exc}") from exc
+    deadline = time.monotonic() + START_TIMEOUT
+    while not _answers(port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            code = proc.poll()
+            stop_moto(proc)
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise BackendUnavailable(f"moto's server did not start on 127.0.0.1:{port} "
+                                     f"(exit code {code}): {tail}")
+        time.sleep(0.05)
+    return proc
+
+
+def stop_moto(proc: subprocess.Popen[bytes]) -> None:
+    """End the server ``start_moto`` started (its pid alone), if it still runs."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+@contextlib.contextmanager
+def moto_server(log_dir: Path) -> Iterator[str]:
+    """A moto server on a free loopback port; yields ``host:port``."""
+    port = free_port()
+    proc = start_moto(port, log_dir / "moto_server.log")
     try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while not _answers(port):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                tail = log_path.read_text(errors="replace")[-2000:]
-                raise BackendUnavailable(
-                    f"moto's server did not start on 127.0.0.1:{port} "
-                    f"(exit code {proc.poll()}): {tail}")
-            time.sleep(0.05)
         yield f"127.0.0.1:{port}"
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        stop_moto(proc)
 
 
 @pytest.fixture(scope="session")
 def sqs_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``host:port`` of the session's SQS server. moto takes any credentials; these keep boto3
-    from looking for the machine's own (and from signing with them)."""
+    """``host:port`` of the session's SQS server, with the AWS variables for it (aws_env)."""
     home = tmp_path_factory.mktemp("sqs")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AWS_ACCESS_KEY_ID", "conveyor-test")
-        mp.setenv("AWS_SECRET_ACCESS_KEY", "conveyor-test")
-        mp.setenv("AWS_CONFIG_FILE", str(home / "no-config"))
-        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", str(home / "no-credentials"))
-        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
-                     "AWS_ENDPOINT_URL_SQS"):
+        for k, v in aws_env(home).items():
+            mp.setenv(k, v)
+        for name in AWS_UNSET:
             mp.delenv(name, raising=False)
         with contextlib.ExitStack() as stack:
             try:

@@ -34,12 +34,14 @@ import random
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench_split_clock import read_split
 from sqlite_bench import GAP_S, Proc, running, wait_until
 
+from harness.broker_systems import System
 from harness.common import Row, latency_row, load_note, na, paced, rotate, running_all, say
 from harness.rabbitmq_systems import (
     CAVEATS,
@@ -48,7 +50,6 @@ from harness.rabbitmq_systems import (
     ConveyorSystem,
     ProbeListener,
     RawPublish,
-    System,
     broker_pid,
     cpu_seconds,
 )
@@ -116,14 +117,24 @@ def left_note(s: System) -> str:
     return "; queue empty after the worker stopped (every message acked)"
 
 
-def drain(s: System, a: argparse.Namespace, tmp: Path, pid: int | None) -> Row:
+def drain(
+    s: System,
+    a: argparse.Namespace,
+    tmp: Path,
+    pid: int | None,
+    server: str = "RabbitMQ server",
+    cpu_key: str = "broker_cpu_ms_per_job",
+    timeout: Callable[[int], float] = timeout_for,
+) -> Row:
+    """``server`` names the process ``pid`` in the note, ``cpu_key`` its CPU per job in the
+    row's extra; ``timeout(n)``: how long ``n`` jobs may take."""
     n = s.backlog()  # the bulk enqueue's, or the one-by-one enqueue's (N + 1)
     done = tmp / f"{s.name}-drain.json"
     done.unlink(missing_ok=True)
     env = {**s.worker_env(), "BENCH_EXPECT": str(n), "BENCH_DONE": str(done)}
     cpu0 = cpu_seconds(pid)
     with running(Proc(f"{s.name}-drain", s.worker_argv(), tmp, env=env)) as worker:
-        wait_until(f"{n} {s.name} jobs to run", done.exists, timeout_for(n), (worker,))
+        wait_until(f"{n} {s.name} jobs to run", done.exists, timeout(n), (worker,))
         cpu1 = cpu_seconds(pid)
     clock = json.loads(done.read_text())
     window = clock["last_end"] - clock["first_start"]
@@ -131,9 +142,9 @@ def drain(s: System, a: argparse.Namespace, tmp: Path, pid: int | None) -> Row:
     note = f"wall clock in the worker; worker CPU {worker_ms:.3f} ms/job"
     extra: dict[str, Any] = {"worker_cpu_ms_per_job": worker_ms}
     if cpu0 is not None and cpu1 is not None:
-        # From the worker's start to the last body: the broker's share of the whole drain.
-        extra["broker_cpu_ms_per_job"] = (cpu1 - cpu0) / n * 1000
-        note += f"; RabbitMQ server CPU {extra['broker_cpu_ms_per_job']:.3f} ms/job"
+        # From the worker's start to the last body: the server's share of the whole drain.
+        extra[cpu_key] = (cpu1 - cpu0) / n * 1000
+        note += f"; {server} CPU {extra[cpu_key]:.3f} ms/job"
     note += left_note(s)
     s.reset()
     return Row(s.name, "drain", n, n / window, note=note, extra=extra)

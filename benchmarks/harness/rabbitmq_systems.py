@@ -25,6 +25,9 @@ import pika
 import pika.exceptions as pex
 from sqlite_bench import BATCH, Proc
 
+from harness import broker_systems
+from harness.broker_systems import ConveyorCalls
+
 CAVEATS = {
     "conveyor": "quorum-queue lanes, one per priority level (-1, 0, 1); persistent messages; every "
     "publish waits for its confirm, one at a time (pika's blocking channel), enqueue_many too. "
@@ -189,63 +192,22 @@ class ProbeListener:
 
 
 # -- the systems ---------------------------------------------------------------------------
-class System:
-    """One job system under its own prefix: producer calls, queues, worker command."""
+class System(broker_systems.System):
+    """A system on the broker: its queues and exchanges are deleted at the end."""
 
-    name: str
-    has_bulk = False
-    bulk_na = ""
+    admin: Admin
 
     def __init__(self, a: argparse.Namespace, admin: Admin, tag: str, probe_addr: str) -> None:
-        self.a = a
-        self.admin = admin
-        self.prefix = f"benchrmq-{tag}-{self.name}"
-        self.env = {
+        prefix = f"benchrmq-{tag}-{self.name}"
+        env = {
             "BENCH_AMQP_URL": a.amqp,
-            "BENCH_RABBITMQ_PREFIX": self.prefix,
+            "BENCH_RABBITMQ_PREFIX": prefix,
             "BENCH_PROBE_ADDR": probe_addr,
         }
-        os.environ.update(self.env)  # the peers' modules read them at import, here too
-
-    # names
-    def queues(self) -> list[str]:
-        raise NotImplementedError
+        super().__init__(a, admin, prefix, env)
 
     def exchanges(self) -> list[str]:
         return []
-
-    def job_queues(self) -> list[str]:
-        """The queues a job waits in (their messages are the backlog)."""
-        return self.queues()[:1]
-
-    # producer
-    def enqueue_n(self, start: int, n: int) -> None:
-        raise NotImplementedError
-
-    def enqueue_bulk(self, start: int, n: int) -> None:
-        raise NotImplementedError
-
-    def send_probe(self, token: str) -> float:
-        """Enqueue probe ``token``; returns the wall-clock time just before the call."""
-        raise NotImplementedError
-
-    def warm(self) -> None:
-        """Open the producer's connection (declaring what it declares) outside the timing."""
-
-    def backlog(self) -> int:
-        return sum(self.admin.count(q) or 0 for q in self.job_queues())
-
-    # worker
-    def worker_argv(self, k: int = 0) -> list[str]:
-        raise NotImplementedError
-
-    def worker_env(self) -> dict[str, str]:
-        return dict(self.env)
-
-    # housekeeping
-    def reset(self) -> None:
-        for q in self.queues():
-            self.admin.purge(q)
 
     def close_producer(self) -> None:
         pass
@@ -262,7 +224,7 @@ def with_query(url: str, **params: str) -> str:
     return url + ("&" if "?" in url else "?") + extra
 
 
-class ConveyorSystem(System):
+class ConveyorSystem(ConveyorCalls, System):
     name = "conveyor"
     has_bulk = True
 
@@ -279,20 +241,6 @@ class ConveyorSystem(System):
 
     def job_queues(self) -> list[str]:
         return self._queues[:-1]  # the lanes, not the dead one
-
-    def enqueue_n(self, start: int, n: int) -> None:
-        enqueue = self.noop.enqueue
-        for i in range(start, start + n):
-            enqueue(i)
-
-    def enqueue_bulk(self, start: int, n: int) -> None:
-        for s in range(start, start + n, BATCH):
-            self.noop.enqueue_many([(i,) for i in range(s, min(start + n, s + BATCH))])
-
-    def send_probe(self, token: str) -> float:
-        sent = time.time()
-        self.probe.enqueue(token)
-        return sent
 
     def warm(self) -> None:
         # Connects and declares the lanes (stats reads each lane's count). Not wait_for_jobs:

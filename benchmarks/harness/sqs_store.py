@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import random
 import tempfile
 import uuid
@@ -32,8 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sqlite_bench import Proc, running, wait_until
-
+from harness import rabbitmq_store
 from harness.common import Row, rotate, say
 from harness.rabbitmq_store import (
     bulk,
@@ -41,7 +39,6 @@ from harness.rabbitmq_store import (
     enqueue,
     latency,
     latency_load,
-    left_note,
 )
 from harness.rabbitmq_systems import ProbeListener, cpu_seconds
 from harness.sqs_systems import (
@@ -103,27 +100,10 @@ def raw_rows(
 
 
 def drain(s: System, a: argparse.Namespace, tmp: Path, pid: int) -> Row:
-    n = s.backlog()  # the bulk enqueue's, or the one-by-one enqueue's (N + 1)
-    done = tmp / f"{s.name}-drain.json"
-    done.unlink(missing_ok=True)
-    env = {**s.worker_env(), "BENCH_EXPECT": str(n), "BENCH_DONE": str(done)}
-    cpu0 = cpu_seconds(pid)
-    with running(Proc(f"{s.name}-drain", s.worker_argv(), tmp, env=env)) as worker:
-        # Celery with kombu's default polling runs about 8 jobs a second here: a longer wait.
-        wait_until(f"{n} {s.name} jobs to run", done.exists, max(300.0, n / 2), (worker,))
-        cpu1 = cpu_seconds(pid)
-    clock = json.loads(done.read_text())
-    window = clock["last_end"] - clock["first_start"]
-    worker_ms = (clock["cpu_last"] - clock["cpu_first"]) / n * 1000
-    note = f"wall clock in the worker; worker CPU {worker_ms:.3f} ms/job"
-    extra: dict[str, Any] = {"worker_cpu_ms_per_job": worker_ms}
-    if cpu0 is not None and cpu1 is not None:
-        # From the worker's start to the last body: the server's share of the whole drain.
-        extra["server_cpu_ms_per_job"] = (cpu1 - cpu0) / n * 1000
-        note += f"; moto CPU {extra['server_cpu_ms_per_job']:.3f} ms/job"
-    note += left_note(s)
-    s.reset()
-    return Row(s.name, "drain", n, n / window, note=note, extra=extra)
+    # Celery with kombu's default polling runs about 8 jobs a second here: a longer wait.
+    return rabbitmq_store.drain(
+        s, a, tmp, pid, "moto", "server_cpu_ms_per_job", lambda n: max(300.0, n / 2)
+    )
 
 
 def run(

@@ -4,7 +4,7 @@ The server is moto's (``python -m moto.server``), started by the driver for the 
 free loopback port, with dummy AWS credentials in the environment (and no AWS config files), and
 stopped at the end by its own pid: every queue goes with it. Each system still names its queues
 under a prefix of its own (``bsqs<6 hex>_<system>``), which the driver purges between phases.
-The systems' interface is the RabbitMQ driver's (``harness/rabbitmq_systems.System``), so the
+The systems' interface is the broker drivers' (``harness/broker_systems.System``), so the
 scenarios are the same functions (``harness/rabbitmq_store``).
 """
 
@@ -21,7 +21,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sqlite_bench import BATCH, Proc
+from sqlite_bench import Proc
+
+from harness import broker_systems
+from harness.broker_systems import ConveyorCalls
 
 CAVEATS = {
     "conveyor": "Conveyor's SQS transport as it ships (boto3): one standard queue per priority "
@@ -179,65 +182,24 @@ class Admin:
 
 
 # -- the systems ---------------------------------------------------------------------------
-class System:
-    """One job system under its own prefix: producer calls, queues, worker command."""
+class System(broker_systems.System):
+    """A system on the run's moto server (its queues go with the server at the end)."""
 
-    name: str
-    has_bulk = False
-    bulk_na = ""
+    admin: Admin
 
     def __init__(
         self, a: argparse.Namespace, admin: Admin, endpoint: str, tag: str, probe_addr: str
     ) -> None:
-        self.a = a
-        self.admin = admin
         self.endpoint = endpoint
-        self.prefix = f"bsqs{tag}_{self.name}"
-        self.env = {
+        env = {
             "BENCH_SQS_ENDPOINT": endpoint,
             "BENCH_SQS_PREFIX": f"bsqs{tag}",
             "BENCH_PROBE_ADDR": probe_addr,
         }
-        os.environ.update(self.env)  # the peers' modules read them at import, here too
-
-    def queues(self) -> list[str]:
-        raise NotImplementedError
-
-    def job_queues(self) -> list[str]:
-        """The queues a job waits in (their messages are the backlog)."""
-        return self.queues()[:1]
-
-    def enqueue_n(self, start: int, n: int) -> None:
-        raise NotImplementedError
-
-    def enqueue_bulk(self, start: int, n: int) -> None:
-        raise NotImplementedError
-
-    def send_probe(self, token: str) -> float:
-        """Enqueue probe ``token``; returns the wall-clock time just before the call."""
-        raise NotImplementedError
-
-    def warm(self) -> None:
-        """Open the producer's client (making its queues) outside the timing."""
-
-    def backlog(self) -> int:
-        return sum(self.admin.count(q) or 0 for q in self.job_queues())
-
-    def worker_argv(self, k: int = 0) -> list[str]:
-        raise NotImplementedError
-
-    def worker_env(self) -> dict[str, str]:
-        return dict(self.env)
-
-    def reset(self) -> None:
-        for q in self.queues():
-            self.admin.purge(q)
-
-    def close(self) -> None:
-        pass
+        super().__init__(a, admin, f"bsqs{tag}_{self.name}", env)
 
 
-class ConveyorSystem(System):
+class ConveyorSystem(ConveyorCalls, System):
     name = "conveyor"
     has_bulk = True
 
@@ -251,20 +213,6 @@ class ConveyorSystem(System):
 
     def queues(self) -> list[str]:
         return self._queues
-
-    def enqueue_n(self, start: int, n: int) -> None:
-        enqueue = self.noop.enqueue
-        for i in range(start, start + n):
-            enqueue(i)
-
-    def enqueue_bulk(self, start: int, n: int) -> None:
-        for s in range(start, start + n, BATCH):
-            self.noop.enqueue_many([(i,) for i in range(s, min(start + n, s + BATCH))])
-
-    def send_probe(self, token: str) -> float:
-        sent = time.time()
-        self.probe.enqueue(token)
-        return sent
 
     def warm(self) -> None:
         self.app.backend.stats()  # opens the clients and looks the lanes up

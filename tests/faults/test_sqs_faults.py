@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from brokerstores import AWS_UNSET, aws_env
 from harness import (
     Cluster,
     History,
@@ -78,7 +79,7 @@ from harness import (
 )
 from processrig import wait_until
 from proxy import Proxy
-from sqsrig import UNSET, MotoServer, aws_env
+from sqsrig import MotoServer
 from stores import BackendUnavailable, _unavailable, also_ran
 
 from conveyor import Conveyor, ConveyorError, JobState
@@ -126,7 +127,7 @@ def sqs_rig(request: pytest.FixtureRequest, tmp_path: Path,
     home.mkdir()
     for k, v in aws_env(home).items():
         monkeypatch.setenv(k, v)
-    for k in UNSET:
+    for k in AWS_UNSET:
         monkeypatch.delenv(k, raising=False)
     state = None
     if request.param == "sqs+sqlite":

@@ -118,21 +118,27 @@ class Runner:
             w.metrics.lag_seconds.labels(job.queue).observe(max(0.0, job.attempted_at - job.run_at))
         running.started = time.perf_counter()
 
-    async def _run(self, running: Running) -> None:
+    async def _run(self, running: Running, outcome: Outcome | None = None,
+                   slot_freed: bool = False) -> None:
+        """The job's Task: runs its task and writes its outcome. Given ``outcome``, a _SyncRun's
+        other than success (its thread ran the task; _finishing, whose answer is ``slot_freed``,
+        and _timed are done), it only writes it: one wrapper for both paths, where a cancel
+        while stopping or after a lost lease ends the run quietly."""
         execution = running.execution
         if execution is None:
             execution = self._execution(running.job)
             running.execution = execution
-        self._begin(running)
-        # Its slot went back when the task finished, before the outcome landed.
-        slot_freed = False
+        if outcome is None:
+            self._begin(running)
         try:
-            outcome = await execution.run()
-            slot_freed = self._finishing(running, execution)
-            self._timed(running)
-            if outcome.kind is OutcomeKind.SUCCEEDED:
-                self._succeeded(running, outcome)
-                return
+            if outcome is None:
+                outcome = await execution.run()
+                # True: its slot went back as the task finished, before the outcome landed.
+                slot_freed = self._finishing(running, execution)
+                self._timed(running)
+                if outcome.kind is OutcomeKind.SUCCEEDED:
+                    self._succeeded(running, outcome)
+                    return
             await self._write(running, outcome)
         except asyncio.CancelledError:
             if not running.lost and not self.w.stopping:
@@ -177,19 +183,6 @@ class Runner:
             assert_never(kind)
         # Before anything else runs: no heartbeat may count it lost now.
         running.move(RunPhase.SETTLED)
-
-    async def _write_rest(self, running: Running, execution: Execution, outcome: Outcome,
-                          slot_freed: bool) -> None:
-        """A _SyncRun's outcome other than success: written as _run writes it."""
-        try:
-            await self._write(running, outcome)
-        except asyncio.CancelledError:
-            if not running.lost and not self.w.stopping:
-                raise
-        except Exception:
-            log.exception("job %d: unexpected error in the worker", running.job.id)
-        finally:
-            self._end(running, execution, slot_freed)
 
     def _end(self, running: Running, execution: Execution, slot_freed: bool) -> None:
         """The run is over (its outcome queued or written, or the run dropped)."""
@@ -244,7 +237,7 @@ class _SyncRun(asyncio.Future[None]):
             if outcome.kind is not OutcomeKind.SUCCEEDED:
                 loop = self.get_loop()
                 self._rest = loop.create_task(
-                    runner._write_rest(running, execution, outcome, slot_freed),
+                    runner._run(running, outcome, slot_freed),
                     name=f"conveyor-job-{running.job.id}")
                 self._rest.add_done_callback(self._rest_done)
                 return
