@@ -3,8 +3,9 @@ and processes.
 
 Each transition is one ``BEGIN IMMEDIATE`` transaction, so writers queue on SQLite's lock
 (with a busy timeout) instead of failing, taking turns across processes (turns.py). Workers in
-this process are woken by an in-process signal; workers in other processes notice commits
-through ``PRAGMA data_version``.
+this process are woken by an in-process signal; workers in other processes by the file's
+writes (filewatch.py, inotify) or a poll, and they check for commits through ``PRAGMA
+data_version``.
 """
 
 from __future__ import annotations
