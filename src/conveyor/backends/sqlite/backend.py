@@ -3,8 +3,9 @@ and processes.
 
 Each transition is one ``BEGIN IMMEDIATE`` transaction, so writers queue on SQLite's lock
 (with a busy timeout) instead of failing, taking turns across processes (turns.py). Workers in
-this process are woken by an in-process signal; workers in other processes notice commits
-through ``PRAGMA data_version``.
+this process are woken by an in-process signal; workers in other processes by the file's
+writes (filewatch.py, inotify) or a poll, and they check for commits through ``PRAGMA
+data_version``.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ KEEP_ERRORS = 20  # failed attempts a job keeps in its errors list (the newest)
 
 class SqliteBackend(SqliteHistory, SqliteOutbox, Backend):
     poll_step = 0.002  # seconds between cross-process change checks while idle
+    # The same where other processes' writes wake the waiter (filewatch.py): only a safety net.
+    watched_poll_step = 0.05
     due_check_interval = 0.05  # how often an idle waiter looks for scheduled jobs coming due
 
     def schema_version(self) -> int:
@@ -611,9 +614,12 @@ class SqliteBackend(SqliteHistory, SqliteOutbox, Backend):
         )
         # A look first, then naps between looks: a job that came in since the caller's last
         # claim (under a steady load, often one) is reported at once, not after a nap.
+        signal = self._signal
+        nap = self.watched_poll_step if self._watching() else self.poll_step
         while True:
             if self._closed:
                 return True  # closed under us: a wake-up (the next call says it is closed)
+            changes = signal.changes  # a write after this is looked at, not slept through
             try:
                 with self._using() as conn:
                     current = (conn, conn.execute("PRAGMA data_version").fetchone()[0])
@@ -632,11 +638,12 @@ class SqliteBackend(SqliteHistory, SqliteOutbox, Backend):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            with self._signal.cond:
-                if self._signal.generation != generation:
+            with signal.cond:
+                if signal.generation != generation:
                     return True
-                self._signal.cond.wait(min(remaining, self.poll_step))
-                if self._signal.generation != generation:
+                if signal.changes == changes:
+                    signal.cond.wait(min(remaining, nap))
+                if signal.generation != generation:
                     return True
 
     # -- pausing queues ---------------------------------------------------------------

@@ -12,7 +12,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +22,7 @@ from ...errors import ConfigurationError, StorageFull, StoreError
 from .. import forking
 from ..base import EnqueueResult, NewBatch, NewJob, StoreLock, check_lock_name
 from ..sql import load_queries
+from .filewatch import FileWatch
 from .migrate import migrate
 from .turns import WriteTurns
 
@@ -45,9 +46,17 @@ class _Signal:
     finish_cond: threading.Condition = field(default_factory=threading.Condition)
     finishes: int = 0  # bumped by every wake-up of finish_cond: a waiter misses none
 
+    # Bumped when the file was written, by any process (filewatch.py): idle waiters look.
+    changes: int = 0
+
     def fire(self) -> None:
         with self.cond:
             self.generation += 1
+            self.cond.notify_all()
+
+    def nudge(self) -> None:
+        with self.cond:
+            self.changes += 1
             self.cond.notify_all()
 
     def finished(self, job_ids: Iterable[int]) -> None:
@@ -130,6 +139,20 @@ def parse_sqlite_url(url: str) -> tuple[str, dict[str, str]]:
 
 
 
+def _nudger(backend: SqliteConnections) -> Callable[[], None]:
+    """What a file watch calls: the backend's signal, looked up at each call (after a fork the
+    child has one of its own), through a weak reference (the watch's thread must not keep a
+    backend nobody closed alive)."""
+    ref = weakref.ref(backend)
+
+    def nudge() -> None:
+        b = ref()
+        if b is not None:
+            b._signal.nudge()
+
+    return nudge
+
+
 class SqliteConnections:
     """The files and connections of one SQLite store; SqliteBackend adds the job operations."""
 
@@ -160,6 +183,10 @@ class SqliteConnections:
         self._group: EnqueueGroup | None = None  # enqueues waiting for the write lock
         self._group_lock = threading.Lock()
         self._signal = _signal_for(self.path)
+        # Tells idle waiters of other processes' writes (filewatch.py): made by the first idle
+        # wait, stopped at close; None until then, or where the file cannot be watched.
+        self._watch: FileWatch | None = None
+        self._watch_tried = False
         self._locks: set[_FileLock] = set()  # store-wide locks this backend holds (try_lock)
         # Writers of other processes take fair turns; half the busy timeout at most, so a turn
         # held by a stopped process leaves SQLite's own wait its time within the bound.
@@ -263,10 +290,28 @@ class SqliteConnections:
         self._calls, self._forking = 0, False
         self._group, self._group_lock = None, threading.Lock()
         self._signal = _signal_for(self.path)
+        if self._watch is not None:  # its thread is the parent's: not in this process
+            self._watch.forget()
+        self._watch, self._watch_tried = None, False
 
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def _watching(self) -> bool:
+        """Whether other processes' writes to the file wake this process's idle waiters (the
+        watch is made on the first call)."""
+        if not self._watch_tried:
+            with self._lock:
+                if not self._watch_tried and not self._closed:
+                    self._watch_tried = True
+                    self._watch = FileWatch.start(self.path, _nudger(self))
+                    if self._watch is not None:
+                        # A backend nobody closed ends its watch when it is collected: each
+                        # watch holds an inotify instance (128 per user by default).
+                        weakref.finalize(self, self._watch.stop)
+        watch = self._watch
+        return watch is not None and watch.alive
 
     @contextmanager
     def _using(self) -> Iterator[sqlite3.Connection]:
@@ -341,6 +386,9 @@ class SqliteConnections:
         for held in locks:
             held.release()
         self._turns.close()
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.stop()
         for conn in idle:
             with suppress(sqlite3.Error):
                 conn.close()

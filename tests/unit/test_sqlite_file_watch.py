@@ -1,0 +1,143 @@
+"""SQLite: another process's write wakes an idle waiter; it does not wait for a poll.
+
+An idle worker learns of a job another process enqueued by looking at the file. Polling it
+every 2 ms costs an idle worker 500 wake-ups a second and adds up to 2 ms to each pick-up;
+on Linux the file is watched (inotify) and the write itself wakes the waiter. Here the
+polling is made so slow (a minute a nap) that only the watch can end the wait in time; the
+bounds below are hang detectors, not measurements.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from support import collect, forked, new_job
+
+from conveyor.backends.sqlite import SqliteBackend, filewatch
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify is Linux's")
+SLOW_NAP = 60.0
+HANG_S = 30.0  # far below SLOW_NAP: a wait that ends sooner was woken, not timed out
+
+ENQUEUE = """
+import sys
+from conveyor.backends.sqlite import SqliteBackend
+from conveyor.backends.base import NewJob
+b = SqliteBackend(sys.argv[1])
+b.enqueue_many([NewJob(task="t.x", queue="default", args="{}", max_attempts=3, timeout=30.0)])
+b.close()
+"""
+
+
+def _slow(backend: SqliteBackend) -> SqliteBackend:
+    backend.poll_step = SLOW_NAP
+    backend.watched_poll_step = SLOW_NAP
+    backend.due_check_interval = SLOW_NAP
+    return backend
+
+
+def _wait_in_thread(backend: SqliteBackend) -> tuple[threading.Thread, list[bool]]:
+    result: list[bool] = []
+    t = threading.Thread(target=lambda: result.append(backend.wait_for_jobs(["default"], 120.0)),
+                         daemon=True)
+    t.start()
+    return t, result
+
+
+def _enqueue_elsewhere(url: str) -> None:
+    subprocess.run([sys.executable, "-c", ENQUEUE, url], check=True, timeout=HANG_S)
+
+
+@linux
+def test_a_write_by_another_process_wakes_the_idle_waiter(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    worker = _slow(SqliteBackend(url))
+    try:
+        assert worker.wait_for_jobs(["default"], 0.01) is False  # idle; the watch is made
+        assert worker._watching()
+        t, result = _wait_in_thread(worker)
+        _enqueue_elsewhere(url)
+        t.join(HANG_S)
+        assert not t.is_alive(), "the waiter slept through another process's enqueue"
+        assert result == [True]
+        assert worker.claim("default", 1, worker_id="w", lease_s=30)
+    finally:
+        worker.close()
+
+
+@linux
+def test_writes_that_make_no_job_do_not_end_the_wait(tmp_path: Path) -> None:
+    """The watch only makes the waiter look: a write that makes nothing claimable (another
+    queue's job) is looked at and slept on, not reported."""
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    worker = _slow(SqliteBackend(url))
+    try:
+        assert worker.wait_for_jobs(["default"], 0.01) is False
+        changes = worker._signal.changes
+        other = SqliteBackend(url)
+        other.enqueue_many([new_job(queue="elsewhere")])
+        other.close()
+        # The watch saw it (nudged), and a short wait still says nothing is there.
+        deadline = threading.Event()
+        for _ in range(300):
+            if worker._signal.changes != changes:
+                break
+            deadline.wait(0.01)
+        assert worker._signal.changes != changes
+        assert worker.wait_for_jobs(["default"], 0.05) is False
+    finally:
+        worker.close()
+
+
+def test_without_inotify_the_waiter_polls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(filewatch, "_libc", lambda: None)
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    worker = SqliteBackend(url)
+    try:
+        assert worker.wait_for_jobs(["default"], 0.01) is False
+        assert not worker._watching()
+        t, result = _wait_in_thread(worker)  # polls every poll_step (2 ms)
+        _enqueue_elsewhere(url)
+        t.join(HANG_S)
+        assert result == [True]
+    finally:
+        worker.close()
+
+
+@linux
+def test_a_forked_child_watches_the_file_itself(tmp_path: Path) -> None:
+    """The watch's thread is the parent's: a child makes its own, and its waits are woken by
+    writes the parent makes."""
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    parent = SqliteBackend(url)
+    try:
+        assert parent.wait_for_jobs(["default"], 0.01) is False
+        assert parent._watching()
+
+        def child() -> list[object]:
+            b = _slow(parent)
+            made_anew = b._watch is None
+            return [made_anew, b.wait_for_jobs(["default"], 120.0)]
+
+        kid = forked(child)
+        threading.Event().wait(0.5)  # the child is waiting (if not yet, it finds the job)
+        _enqueue_elsewhere(url)
+        assert collect([kid], HANG_S) == [[True, True]]
+        assert parent._watching()  # the parent's watch is untouched by the child
+    finally:
+        parent.close()
+
+
+@linux
+def test_close_stops_the_watch(tmp_path: Path) -> None:
+    worker = SqliteBackend(f"sqlite:///{tmp_path / 'jobs.db'}")
+    worker.wait_for_jobs(["default"], 0.01)
+    watch = worker._watch
+    assert watch is not None and watch.alive
+    worker.close()
+    assert not watch.alive
+    assert watch._thread not in threading.enumerate()
