@@ -273,7 +273,9 @@ class _PushesAfterTheGet:
     written out only after the get's reply. A later synchronous method's reply comes after
     them (one channel's frames keep their order)."""
 
-    _ASYNC = frozenset({"basic_get", "basic_ack", "basic_nack", "basic_reject", "basic_publish"})
+    # The get itself, and methods with no reply: none of them brings the deliveries in.
+    _NO_REPLY_AFTER = frozenset({"basic_get", "basic_ack", "basic_nack", "basic_reject",
+                                 "basic_publish"})
 
     def __init__(self, ch: object, on_the_way: list[Callable[[], None]]) -> None:
         self._ch, self._on_the_way, self._got_empty = ch, on_the_way, False
@@ -287,7 +289,7 @@ class _PushesAfterTheGet:
             out = real(*args, **kw)
             if name == "basic_get" and out[0] is None:
                 self._got_empty = True
-            elif name not in self._ASYNC and self._got_empty:
+            elif name not in self._NO_REPLY_AFTER and self._got_empty:
                 while self._on_the_way:  # in ahead of this reply
                     self._on_the_way.pop(0)()
             return out
