@@ -405,6 +405,15 @@ class RabbitTransport:
             # some time after it starts: the rest of what the lane has is taken directly, so a
             # claim returns what is there up to its own limit.
             out += self._get_some(ch, lane, limit - len(out))
+            if len(out) < limit:
+                # The get found the lane empty: what the queue handed the consumer before it
+                # (an ack had freed prefetch slots) is out of the queue but may not be here
+                # yet. RabbitMQ's channel waits in a get for the queue's answer and writes out
+                # the deliveries the queue sent it meanwhile only after the get's reply, and a
+                # later method's reply after them: this round trip (restating the prefetch,
+                # which changes nothing) brings them in, so a claim does not come back empty
+                # while the lane's messages are on their way to this very consumer.
+                ch.basic_qos(prefetch_count=self.prefetch)
             # A message the queue gave the consumer before the get is not in the queue for
             # the get: its delivery came in ahead of the get's reply, and pika dispatches it
             # only now. It is ahead of the get's messages in the lane, and the channel's
