@@ -451,10 +451,12 @@ def test_hurried_stop_releases_the_running_job(app: Conveyor) -> None:
 def test_heartbeat_keeps_a_long_job_leased(app: Conveyor) -> None:
     @app.task(name="longer_than_lease")
     def longer_than_lease() -> str:
-        time.sleep(1.6)  # well past the lease below
+        time.sleep(3.2)  # well past the lease below
         return "kept"
 
-    with running_worker(app, visibility_timeout=1.0):
+    # A 2 s lease, heartbeated every third of it: a 1 s lease left a loaded machine's
+    # scheduler 0.64 s between two beats to stall in (it failed once, under a loaded run).
+    with running_worker(app, visibility_timeout=2.0):
         job = wait_for_job(app, longer_than_lease.enqueue().id)
 
     assert job.state is JobState.SUCCEEDED
