@@ -67,6 +67,7 @@ from ..base import (
     Stats,
     StoreLock,
     WorkerInfo,
+    check_filters,
 )
 from .backend import RedisBackend
 from .keys import ID_STRIDE
@@ -92,7 +93,14 @@ def partitions_of(url: str) -> tuple[int, str]:
 
 def queue_partition(queue: str, partitions: int) -> int:
     """The partition of ``queue``: its slot (Redis's rule: the part in braces, if any) mod N."""
-    return int(key_slot(queue.encode())) % partitions if partitions > 1 else 0
+    if partitions <= 1:
+        return 0
+    try:
+        raw = queue.encode()
+    except UnicodeEncodeError:  # a lone surrogate: PayloadError, as every store says
+        check_filters(queue=queue)
+        raise
+    return int(key_slot(raw)) % partitions
 
 
 def id_partition(job_id: int) -> int:
