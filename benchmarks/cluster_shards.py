@@ -34,7 +34,6 @@ from clusterrig import LocalCluster  # noqa: E402
 from conveyor.backends.redis.partitions import queue_partition  # noqa: E402
 
 
-
 def master_cpu(cluster: LocalCluster) -> dict[str, float]:
     out = {}
     for node in cluster.nodes:
