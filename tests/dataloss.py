@@ -19,6 +19,10 @@ from conveyor.backends.base import Backend
 def lose_everything(backend: Backend) -> None:
     backend = getattr(backend, "state", backend)
     kind = type(backend).__name__
+    if kind == "PartitionedRedis":  # every partition loses everything
+        for part in backend.parts:  # type: ignore[attr-defined]
+            lose_everything(part)
+        return
     if kind == "RedisBackend":
         client: Any = backend._transport.r  # type: ignore[attr-defined]
         keys = list(client.scan_iter(match=backend.keys.p + "*", count=1000))  # type: ignore[attr-defined]
@@ -37,6 +41,8 @@ def lose_everything(backend: Backend) -> None:
 def forget_uid(backend: Backend, job_id: int) -> None:
     """Make the job look like one written before the store had uids."""
     backend = getattr(backend, "state", backend)
+    if type(backend).__name__ == "PartitionedRedis":
+        backend = backend.of_job(job_id)  # type: ignore[attr-defined]
     kind = type(backend).__name__
     if kind == "RedisBackend":
         backend._transport.r.hdel(backend.keys.job(job_id), "uid")  # type: ignore[attr-defined]

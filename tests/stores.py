@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -37,6 +38,8 @@ class BackendSpec:
     # Yields the URL of a fresh store with no jobs (its schema may be there already: see
     # postgres_migrated_store); cleans it up afterwards.
     store: StoreFactory
+    # The capabilities its backend lacks (Backend.missing): tests that need one are deselected.
+    missing: frozenset[str] = frozenset()
 
 
 @contextlib.contextmanager
@@ -115,8 +118,9 @@ REDIS_URL = os.environ.get("CONVEYOR_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"
 
 
 @contextlib.contextmanager
-def redis_store(tmp_path: Path) -> Iterator[str]:
-    """A fresh key prefix per test in the machine's Redis; its keys are deleted afterwards."""
+def redis_store(tmp_path: Path, partitions: int = 1) -> Iterator[str]:
+    """A fresh key prefix per test in the machine's Redis; its keys are deleted afterwards.
+    With ``partitions``, an app of that many partitions (backends/redis/partitions.py)."""
     import uuid
 
     import redis
@@ -130,10 +134,12 @@ def redis_store(tmp_path: Path) -> Iterator[str]:
         raise BackendUnavailable(f"cannot connect to {REDIS_URL}: {exc}") from exc
     sep = "&" if "?" in REDIS_URL else "?"
     try:
-        yield f"{REDIS_URL}{sep}prefix={prefix}"
+        yield f"{REDIS_URL}{sep}prefix={prefix}" + (
+            f"&partitions={partitions}" if partitions > 1 else "")
     finally:
-        # Only this test's keys; the server is shared. The pattern has no glob characters but *.
-        keys = list(client.scan_iter(match=f"{{{prefix}}}*", count=1000))
+        # Only this test's keys ({prefix}... and a partitioned app's {prefix#p}...); the server
+        # is shared. The pattern has no glob characters but *.
+        keys = list(client.scan_iter(match=f"{{{prefix}*", count=1000))
         for start in range(0, len(keys), 500):
             client.delete(*keys[start:start + 500])
         client.close()
@@ -192,6 +198,10 @@ BACKENDS: list[BackendSpec] = [
     BackendSpec("postgres", postgres_migrated_store),
     BackendSpec("redis", redis_store),
     *([BackendSpec("redis-cluster", redis_cluster_store)] if REDIS_CLUSTER_URL else []),
+    # One app over four partitions on the same server: the router (partitions.py) under every
+    # conformance test; tests/redis/on_cluster runs it on a real cluster's shards.
+    BackendSpec("redis-partitioned", functools.partial(redis_store, partitions=4),
+                missing=frozenset({"cross_queue"})),
 ]
 
 

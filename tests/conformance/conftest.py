@@ -80,7 +80,7 @@ def _broker(name: str) -> StoreParam:
     return StoreParam(name, open_, MISSING_WITH_STATE if state else MISSING)
 
 
-STORES = [StoreParam(spec.name, _plain(spec.store)) for spec in BACKENDS]
+STORES = [StoreParam(spec.name, _plain(spec.store), spec.missing) for spec in BACKENDS]
 BROKERS = [_broker(name) for name in ("rabbitmq+sqlite", "rabbitmq+postgres", "rabbitmq+redis",
                                       "sqs+sqlite", "rabbitmq", "sqs")]
 

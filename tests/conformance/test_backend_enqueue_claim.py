@@ -38,6 +38,7 @@ def test_enqueue_many_returns_ids_in_order(backend: Backend) -> None:
 
 
 @pytest.mark.needs("limits")
+@pytest.mark.needs("cross_queue")
 def test_enqueue_many_keeps_every_field_of_a_mixed_batch(backend: Backend) -> None:
     """A batch of jobs without unique or fair keys (PostgreSQL writes it in one statement):
     each job keeps its own queue, priority, timing, limits and meta, in batch order."""
@@ -67,6 +68,7 @@ def test_enqueue_many_keeps_every_field_of_a_mixed_batch(backend: Backend) -> No
 
 
 @pytest.mark.needs("lookup")
+@pytest.mark.needs("cross_queue")
 def test_enqueue_many_keeps_order_across_runs_of_alike_jobs(backend: Backend) -> None:
     """Consecutive jobs that differ only in their args (PostgreSQL sends each such run's shared
     values once): runs that come back to an earlier kind still keep batch order and fields."""

@@ -31,6 +31,7 @@ def test_enqueue_past_max_depth_is_refused_and_writes_nothing(backend: Backend) 
     assert _waiting(backend) == 2
 
 
+@pytest.mark.needs("cross_queue")
 def test_a_batch_that_would_overflow_is_refused_whole(backend: Backend) -> None:
     limited = replace(new_job(), max_depth=3)
     other = new_job(queue="other")

@@ -49,6 +49,7 @@ def default(backend: Backend) -> Callable[..., list[int]]:
 
 @pytest.mark.parametrize("version", [own, default], ids=["own", "default"])
 @pytest.mark.needs("dependencies", "unique")
+@pytest.mark.needs("cross_queue")
 def test_cancel_many_cancels_unfinished_jobs_and_skips_the_rest(
         backend: Backend, version: Callable[[Backend], Callable[..., list[int]]]) -> None:
     available = enqueue_one(backend, now=T0, unique_key="u-1")
@@ -91,6 +92,7 @@ def test_cancel_many_cancels_unfinished_jobs_and_skips_the_rest(
 
 
 @pytest.mark.needs("dependencies")
+@pytest.mark.needs("cross_queue")
 def test_a_parent_and_its_child_in_one_call_are_both_cancelled_by_it(backend: Backend) -> None:
     """The stores cancel the call's jobs together, then cascade: a child named in the call is
     cancelled by the call (and counted), its own children by the cascade."""
@@ -108,6 +110,7 @@ def test_a_parent_and_its_child_in_one_call_are_both_cancelled_by_it(backend: Ba
 
 
 @pytest.mark.needs("dependencies")
+@pytest.mark.needs("cross_queue")
 def test_a_call_spread_over_many_queues_from_a_client_that_knows_none(
         backend: Backend, open_store: Callable[[], Backend]) -> None:
     """Redis finds each job's queue (and its children's) as cancel does; every store writes
@@ -119,6 +122,7 @@ def test_a_call_spread_over_many_queues_from_a_client_that_knows_none(
 
 
 @pytest.mark.needs("dependencies")
+@pytest.mark.needs("cross_queue")
 def test_cancel_many_wakes_job_wait(backend: Backend) -> None:
     """Waiters on a job the call cancels and on one its cascade cancels are woken by the
     store, not found by polling (the poll is set to ten minutes)."""
@@ -146,6 +150,7 @@ def test_cancel_many_wakes_job_wait(backend: Backend) -> None:
 
 
 @pytest.mark.needs("cancel")
+@pytest.mark.needs("cross_queue")
 def test_bulk_cancel_writes_each_batch_with_one_cancel_many(
         backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
     ids = [enqueue_one(backend, now=T0, queue=f"q{i % 3}") for i in range(7)]

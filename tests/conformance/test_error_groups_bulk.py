@@ -173,6 +173,7 @@ def test_bulk_run_now_on_a_queue(backend: Backend) -> None:
 
 
 @pytest.mark.needs("dependencies")
+@pytest.mark.needs("cross_queue")
 def test_bulk_cancel_cascades_to_waiting_children(backend: Backend) -> None:
     parent = enqueue_one(backend, now=T0, queue="q1")
     child = enqueue_one(backend, now=T0, queue="q2", after=(parent,))

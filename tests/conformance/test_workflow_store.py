@@ -293,6 +293,7 @@ def test_ack_many_and_ack_and_claim_release_children(backend: Backend) -> None:
 
 
 @pytest.mark.needs("dependencies")
+@pytest.mark.needs("cross_queue")
 def test_concurrent_parents_release_their_child_exactly_once(backend: Backend) -> None:
     parents = [enqueue(backend) for _ in range(40)]
     child = enqueue(backend, after=tuple(parents), queue="children")
@@ -322,6 +323,7 @@ def test_concurrent_parents_release_their_child_exactly_once(backend: Backend) -
 
 
 @pytest.mark.needs("dependencies", "lookup")
+@pytest.mark.needs("cross_queue")
 def test_a_child_written_while_its_parent_finishes_is_never_stranded(backend: Backend) -> None:
     for round_ in range(30):
         parent = enqueue(backend, queue=f"race{round_}")

@@ -48,6 +48,7 @@ import conveyor
 from conveyor import Conveyor
 from conveyor import cli as cli_mod
 from conveyor.backends.base import ErrorInfo, Lease, NewJob
+from conveyor.backends.redis.keys import ID_STRIDE
 from conveyor.dashboard import create_app
 from conveyor.errors import ConveyorError, InvalidName, StoreError
 from conveyor.job import JobState
@@ -110,7 +111,8 @@ def snapshot(url: str) -> dict[str, Any]:
     client = redis.Redis.from_url(url.split("?")[0])
     try:
         out = {}
-        for key in sorted(client.scan_iter(match=f"{{{prefix}}}*", count=1000)):
+        # {prefix}... and a partitioned app's {prefix#p}...
+        for key in sorted(client.scan_iter(match=f"{{{prefix}*", count=1000)):
             dumped = client.dump(key) or b""
             out[key.decode()] = (client.type(key).decode(), hashlib.sha256(dumped).hexdigest())
         return out
@@ -405,11 +407,14 @@ def write_errors_raw(url: str, job_id: int, errors: list[dict[str, Any]], result
     else:
         import redis
 
-        prefix = parse_qs(urlsplit(url).query)["prefix"][0]
+        query = parse_qs(urlsplit(url).query)
+        tag = query["prefix"][0]
+        if "partitions" in query:  # a partitioned app: the job's partition's tag
+            tag = f"{tag}#{job_id % ID_STRIDE}"
         client = redis.Redis.from_url(url.split("?")[0])
         try:
-            client.rpush(f"{{{prefix}}}:errors:{job_id}", *[json.dumps(e) for e in errors])
-            client.hset(f"{{{prefix}}}:job:{job_id}", "result", json.dumps(result))
+            client.rpush(f"{{{tag}}}:errors:{job_id}", *[json.dumps(e) for e in errors])
+            client.hset(f"{{{tag}}}:job:{job_id}", "result", json.dumps(result))
         finally:
             client.close()
 

@@ -29,6 +29,10 @@ def open_backend(url: str, *, pool_size: int | None = None, state: str | None = 
     if scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
         _require("redis", "redis")
         from .redis import RedisBackend
+        from .redis.partitions import PartitionedRedis, partitions_of
+
+        if partitions_of(url)[0] > 1:
+            return PartitionedRedis(url)
 
         return RedisBackend(url)
     if scheme in ("amqp", "amqps"):

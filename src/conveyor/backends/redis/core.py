@@ -27,9 +27,11 @@ MAX_CACHED_QUEUES = 100_000
 
 
 class RedisCore(Backend):
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, partition: int | None = None) -> None:
         self.url = url
         self.prefix, redis_url, timeouts = parse_redis_url(url)
+        if partition is not None:  # one partition of a partitioned app (partitions.py)
+            self.prefix = f"{self.prefix}#{partition}"
         self._redis_url = redis_url
         self._transport = Transport(url, redis_url, timeouts, slot=slot_of(self.prefix))
         self._where = self._transport.where

@@ -104,6 +104,10 @@ HISTORY_KEYS: dict[str, str] = {
 }
 
 
+# A partitioned app (partitions.py): partition p, hash tag {prefix#p}, makes the job ids
+# n * ID_STRIDE + p (new_id in lua/_core.lua reads p from the tag), so an id names its partition.
+ID_STRIDE = 1024
+
 _MAX_BLOCKS = 1024  # queues whose blocks Keys keeps made (more are made again as needed)
 
 
@@ -195,6 +199,7 @@ def lua_layout(store: Sequence[str], queue: Sequence[str] = ()) -> str:
         "-- Generated from keys.py at load: which of KEYS each name is (see there).",
         f"local K = {{{_lua_names(store, '')}}}",
         "local STATES = {" + ", ".join(f"'{s}'" for s in STATES) + "}",
+        f"local ID_STRIDE = {ID_STRIDE}",
     ]
     if queue:
         index = {name: i for i, name in enumerate(store, 1)}

@@ -155,6 +155,10 @@ def parse_redis_url(url: str) -> tuple[str, str, dict[str, float]]:
     for key, value in parse_qsl(parts.query, keep_blank_values=True):
         if key == "prefix":
             prefix = value
+        elif key == "partitions":  # open_backend's (partitions.py): one is a plain app
+            if value != "1":
+                raise ConfigurationError(f"{_redact(url)!r}: partitions={value} is opened by "
+                                         "open_backend (a PartitionedRedis), not a RedisBackend")
         elif key == "wait_replicas":
             if not value.isdigit():
                 raise ConfigurationError(

@@ -13,6 +13,16 @@ local function clock(s)
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
 
+-- A new job's id, from the app's counter (P:ids). A partition of a partitioned app (hash tag
+-- {prefix#p}: partitions.py) makes n * ID_STRIDE + p, so an id says where its job is; a plain
+-- app makes 1, 2, 3...
+local function new_id(ids_key)
+  local n = redis.call('INCR', ids_key)
+  local p = string.match(ids_key, '^{[^}]*#(%d+)}')
+  if p then return string.format('%d', n * ID_STRIDE + tonumber(p)) end
+  return tostring(n)
+end
+
 -- Lua's own number-to-string keeps 14 digits, which would shift times by up to 0.1 ms;
 -- 17 significant digits give back the very same double in Python.
 local function num(x) return string.format('%.17g', x) end

@@ -234,7 +234,7 @@ while i <= #ARGV do
     out[#out + 1] = holder
     out[#out + 1] = 0
   else
-    local id = tostring(redis.call('INCR', K_IDS))
+    local id = new_id(K_IDS)
     ids_at[n] = id
     local key = P_JOB .. id
     local q = Q[qn]

@@ -22,7 +22,7 @@ local t = num(now)
 -- (tags.take in _common.lua). Nothing raises that time while the inbox holds jobs: a claim
 -- folds them first.
 local tag = tonumber(redis.call('HGET', Q_FAIR, 'v:' .. pkey(prio)) or 0) + 1
-local id = tostring(redis.call('INCR', K_IDS))
+local id = new_id(K_IDS)
 local m = member(tag, now, id)
 redis.call('HSET', P_JOB .. id, 'task', task, 'queue', qn, 'args', args, 'priority', prio,
   'run_at', t, 'attempt', 0, 'max_attempts', maxa, 'timeout_s', timeout, 'meta', meta,

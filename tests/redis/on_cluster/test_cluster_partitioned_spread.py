@@ -1,0 +1,41 @@
+"""One app of six partitions on the local cluster: its partitions are served by several
+masters, and a worker on queues of every partition runs them all (each partition's scripts
+on its own node)."""
+
+from __future__ import annotations
+
+from clusterrig import LocalCluster
+from partitioned import store_url  # noqa: F401 - the fixture these tests run on
+from support import running_worker, wait_for_job
+
+from conveyor import Conveyor, JobState
+from conveyor.backends.redis.partitions import queue_partition
+
+
+def test_the_partitions_are_served_by_several_masters_and_all_run(
+        store_url: str, redis_cluster: LocalCluster) -> None:  # noqa: F811
+    app = Conveyor(store_url)
+    backend = app.backend
+    n = backend.n  # type: ignore[attr-defined]
+    prefix = backend.prefix  # type: ignore[attr-defined]
+    owners = {redis_cluster.owner(redis_cluster.slot_of(f"{prefix}#{p}")).addr for p in range(n)}
+    assert len(owners) >= 2, owners  # six slots on three masters: spread, not one shard
+    queues: dict[int, str] = {}
+    i = 0
+    while len(queues) < n:
+        queues.setdefault(queue_partition(f"q{i}", n), f"q{i}")
+        i += 1
+
+    @app.task(name="echo")
+    def echo(x: int) -> int:
+        return x
+
+    try:
+        jobs = [echo.options(queue=q).enqueue(k) for k in range(5) for q in queues.values()]
+        with running_worker(app, queues=list(queues.values()), concurrency=4):
+            for job in jobs:
+                assert wait_for_job(app, job.id, timeout=30).state is JobState.SUCCEEDED
+        for q in queues.values():
+            assert [s.succeeded for s in app.backend.stats().queues if s.queue == q] == [5], q
+    finally:
+        app.close()

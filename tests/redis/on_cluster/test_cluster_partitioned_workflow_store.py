@@ -1,0 +1,7 @@
+"""tests/conformance/test_workflow_store.py on one app of six partitions over the local cluster's shards
+(partitioned.py here)."""
+
+from conformance import conformance
+from partitioned import store_url  # noqa: F401 - the fixture these tests run on
+
+globals().update(conformance("test_workflow_store"))
