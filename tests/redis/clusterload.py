@@ -22,13 +22,19 @@ QUEUE = "default"  # the task's, the only one the worker takes from
 
 
 class Load:
+    """``queues``: the producers enqueue to them in turn and the worker takes from all (a
+    partitioned app's queues, in partitions on different masters)."""
+
     def __init__(self, worker_url: str, *producer_urls: str, concurrency: int = 4,
-                 lease: float = 5.0) -> None:
+                 lease: float = 5.0, queues: tuple[str, ...] = (QUEUE,)) -> None:
         self.runs: collections.Counter[int] = collections.Counter()
         self._lock = threading.Lock()
+        self.queues = queues
         self.worker_app = self._app(worker_url)
-        self.producers = [Producer(self._app(url), k) for k, url in enumerate(producer_urls)]
-        self.worker = WorkerThread(self.worker_app, concurrency=concurrency, poll_interval=0.1,
+        self.producers = [Producer(self._app(url), k, queues)
+                          for k, url in enumerate(producer_urls)]
+        self.worker = WorkerThread(self.worker_app, queues=list(queues),
+                                   concurrency=concurrency, poll_interval=0.1,
                                    maintenance_interval=0.2, visibility_timeout=lease,
                                    grace_period=10.0)
 
@@ -63,12 +69,12 @@ class Load:
         failover may have lost some)."""
         for p in self.producers:
             p.stop()
-        backend = self.backend(self.worker_app)
+        backend = self.worker_app.backend
 
         def drained() -> bool:
             stats = backend.stats()
             busy = sum(q.available + q.scheduled + q.running + q.waiting
-                       for q in stats.queues if q.queue == QUEUE)
+                       for q in stats.queues if q.queue in self.queues)
             return busy == 0 and (lost_ok or not self.unrun())
 
         try:
@@ -108,10 +114,11 @@ class Load:
         return b
 
     def redirects(self) -> collections.Counter[str]:
-        """The cluster redirections every backend of this load met."""
+        """The cluster redirections every backend of this load met (every partition's)."""
         total: collections.Counter[str] = collections.Counter()
         for app in [self.worker_app, *[p.app for p in self.producers]]:
-            total.update(self.backend(app)._transport.redirects)
+            for part in getattr(app.backend, "parts", [app.backend]):
+                total.update(part._transport.redirects)
         return total
 
     def close(self) -> None:
@@ -127,8 +134,8 @@ class Producer:
     """One job at a time, numbered from ``k * 1_000_000``: an enqueue refused before it was sent
     ("nothing was done") is sent again; one whose reply was lost is counted unsure."""
 
-    def __init__(self, app: Conveyor, k: int) -> None:
-        self.app, self.k = app, k
+    def __init__(self, app: Conveyor, k: int, queues: tuple[str, ...] = (QUEUE,)) -> None:
+        self.app, self.k, self.queues = app, k, queues
         self.acked: dict[int, int] = {}  # job number -> id
         self.unsure: list[int] = []
         self.errors: list[str] = []
@@ -145,10 +152,11 @@ class Producer:
 
     def _run(self) -> None:
         task: Any = self.app.tasks[TASK]
+        calls = [task.options(queue=q) for q in self.queues]
         n = self.k * 1_000_000
         while not self._stop.is_set():
             try:
-                job = task.enqueue(n)
+                job = calls[n % len(calls)].enqueue(n)
             except StoreUnavailable as exc:
                 self.errors.append(str(exc))
                 if "nothing was done" not in str(exc):

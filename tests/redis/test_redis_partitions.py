@@ -27,6 +27,7 @@ from conveyor.backends.redis.partitions import (
 )
 from conveyor.errors import ConfigurationError, UnknownParent
 from conveyor.job import JobState
+from conveyor.testing import temporary_store
 
 N = 4
 
@@ -207,3 +208,18 @@ def test_an_idle_worker_on_queues_of_several_partitions_is_woken_by_each(url: st
                 assert done.state is JobState.SUCCEEDED and done.result == q
     finally:
         app.close()
+
+
+def test_a_temporary_partitioned_store_leaves_no_key(tmp_path: Path) -> None:
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        with temporary_store(f"{REDIS_URL}?partitions={N}", tmp_path) as url:
+            b = open_backend(url)
+            assert isinstance(b, PartitionedRedis)
+            b.enqueue_many([new_job(queue=q) for q in queues_in(N, distinct=True)])
+            b.close()
+            pattern = "{" + b.prefix + "#*"
+            assert len(list(client.scan_iter(match=pattern))) > N
+        assert list(client.scan_iter(match=pattern)) == []
+    finally:
+        client.close()

@@ -13,6 +13,7 @@ import contextlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from ..app import Conveyor
@@ -75,17 +76,23 @@ def _postgres_schema(base_url: str, schema: str) -> Iterator[str]:
 def _redis_prefix(base_url: str, prefix: str) -> Iterator[str]:
     import redis
 
-    client = redis.Redis.from_url(_with_query(base_url), socket_timeout=5,
-                                  socket_connect_timeout=5)
+    from ..backends.redis.partitions import partitions_of
+    from ..backends.redis.transport import parse_redis_url
+
+    # The server's URL without our own options (prefix, partitions, timeouts), for redis-py.
+    client = redis.Redis.from_url(parse_redis_url(partitions_of(base_url)[1])[1],
+                                  socket_timeout=5, socket_connect_timeout=5)
     try:
         client.ping()
         yield _with_query(base_url, prefix=prefix)
     finally:
         try:
-            # Every key of a store is named {prefix}...: only this test's keys go.
-            keys = list(client.scan_iter(match=f"{{{prefix}}}*", count=1000))
-            for start in range(0, len(keys), 500):
-                client.delete(*keys[start:start + 500])
+            # Every key of a store is named {prefix}... ({prefix#p}... in a partitioned app's
+            # partition p): only this test's keys go.
+            for pattern in (f"{{{prefix}}}*", f"{{{prefix}#*"):
+                keys = list(client.scan_iter(match=pattern, count=1000))
+                for start in range(0, len(keys), 500):
+                    client.delete(*keys[start:start + 500])
         finally:
             client.close()
 
@@ -99,22 +106,26 @@ def _redis_cluster_prefix(base_url: str, prefix: str) -> Iterator[str]:
 
     url = _with_query(base_url, prefix=prefix)
     backend = open_backend(url)
-    assert isinstance(backend, RedisBackend)
+    # A partitioned app (partitions=N) is N apps of the plain layout, each in its own slot.
+    parts = getattr(backend, "parts", [backend])
+    assert all(isinstance(part, RedisBackend) for part in parts)
     try:
         backend.now()  # reachable: StoreUnavailable if not
         yield url
     finally:
-        t = backend._transport
-
-        def delete() -> None:
-            # Every key of the store carries its hash tag: one slot, so one node, the one the
-            # backend's connections go to (SCAN has no key to be redirected by).
-            keys = list(t.r.scan_iter(match=f"{{{prefix}}}*", count=1000))
-            for start in range(0, len(keys), 500):
-                t.r.delete(*keys[start:start + 500])
-
         try:
-            t.call("delete the store", delete, safe=True)
+            for part in parts:
+                t = part._transport
+                tag = "{" + part.prefix + "}"
+
+                def delete(t: Any = t, tag: str = tag) -> None:
+                    # Every key of the app carries its hash tag: one slot, so one node, the one
+                    # its connections go to (SCAN has no key to be redirected by).
+                    keys = list(t.r.scan_iter(match=f"{tag}*", count=1000))
+                    for start in range(0, len(keys), 500):
+                        t.r.delete(*keys[start:start + 500])
+
+                t.call("delete the store", delete, safe=True)
         finally:
             backend.close()
 

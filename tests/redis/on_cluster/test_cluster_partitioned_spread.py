@@ -4,12 +4,16 @@ on its own node)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from clusterrig import LocalCluster
 from partitioned import store_url  # noqa: F401 - the fixture these tests run on
 from support import running_worker, wait_for_job
 
 from conveyor import Conveyor, JobState
+from conveyor.backends.base import NewJob
 from conveyor.backends.redis.partitions import queue_partition
+from conveyor.testing import temporary_store
 
 
 def test_the_partitions_are_served_by_several_masters_and_all_run(
@@ -39,3 +43,28 @@ def test_the_partitions_are_served_by_several_masters_and_all_run(
             assert [s.succeeded for s in app.backend.stats().queues if s.queue == q] == [5], q
     finally:
         app.close()
+
+
+def test_a_temporary_partitioned_store_leaves_no_key_on_any_master(
+        redis_cluster: LocalCluster, tmp_path: Path) -> None:
+    base = redis_cluster.url("ignored").split("?")[0] + "?partitions=6"
+    with temporary_store(base, tmp_path) as url:
+        app = Conveyor(url)
+        try:
+            for i in range(12):
+                app.backend.enqueue_many([NewJob(task="t", queue=f"q{i}", args="{}",
+                                                 max_attempts=1, timeout=5)])
+            prefix = app.backend.prefix  # type: ignore[attr-defined]
+        finally:
+            app.close()
+        assert sum(len(keys_of(redis_cluster, prefix, p)) for p in range(6)) > 12
+    assert sum(len(keys_of(redis_cluster, prefix, p)) for p in range(6)) == 0
+
+
+def keys_of(cluster: LocalCluster, prefix: str, p: int) -> list[bytes]:
+    tag = f"{prefix}#{p}"
+    client = cluster.owner(cluster.slot_of(tag)).client()
+    try:
+        return list(client.scan_iter(match="{" + tag + "}*", count=1000))
+    finally:
+        client.close()
