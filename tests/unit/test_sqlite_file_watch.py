@@ -9,6 +9,7 @@ bounds below are hang detectors, not measurements.
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import threading
@@ -120,7 +121,7 @@ def test_a_forked_child_watches_the_file_itself(tmp_path: Path) -> None:
 
         def child() -> list[object]:
             b = _slow(parent)
-            made_anew = b._watch is None
+            made_anew = b._watch_use is None and b._signal.watch is None
             return [made_anew, b.wait_for_jobs(["default"], 120.0)]
 
         kid = forked(child)
@@ -136,8 +137,60 @@ def test_a_forked_child_watches_the_file_itself(tmp_path: Path) -> None:
 def test_close_stops_the_watch(tmp_path: Path) -> None:
     worker = SqliteBackend(f"sqlite:///{tmp_path / 'jobs.db'}")
     worker.wait_for_jobs(["default"], 0.01)
-    watch = worker._watch
+    watch = worker._signal.watch
     assert watch is not None and watch.alive
     worker.close()
     assert not watch.alive
     assert watch._thread not in threading.enumerate()
+
+
+def _watch_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "conveyor-sqlite-watch"]
+
+
+@linux
+def test_backends_on_one_file_share_one_watch(tmp_path: Path) -> None:
+    """A process with many backends on one file (a web server's app per thread, a test suite's
+    fixtures) makes one watch, not one each: each would hold a thread and an inotify instance,
+    of which a user has 128 by default, so past that the waiters fell back to polling. The
+    watch runs until the last of them lets go."""
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    before = len(_watch_threads())
+    backends = [SqliteBackend(url) for _ in range(200)]
+    try:
+        for b in backends:
+            assert b.wait_for_jobs(["default"], 0.001) is False
+            assert b._watching()
+        assert len(_watch_threads()) == before + 1
+        watch = backends[0]._signal.watch
+        assert watch is not None and all(b._signal.watch is watch for b in backends)
+        for b in backends[:-1]:
+            b.close()
+        assert watch.alive and backends[-1]._watching()
+        # The last one still hears another process's write.
+        t, result = _wait_in_thread(_slow(backends[-1]))
+        _enqueue_elsewhere(url)
+        t.join(HANG_S)
+        assert result == [True]
+    finally:
+        for b in backends:
+            b.close()
+    assert not watch.alive and len(_watch_threads()) == before
+
+
+@linux
+def test_a_backend_nobody_closed_lets_go_of_the_watch(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    kept = SqliteBackend(url)
+    dropped = SqliteBackend(url)
+    try:
+        kept.wait_for_jobs(["default"], 0.001)
+        dropped.wait_for_jobs(["default"], 0.001)
+        signal = kept._signal
+        assert signal.watch_users == 2
+        del dropped
+        gc.collect()
+        assert signal.watch_users == 1 and signal.watched
+    finally:
+        kept.close()
+    assert signal.watch_users == 0 and signal.watch is None
