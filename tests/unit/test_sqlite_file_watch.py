@@ -194,3 +194,32 @@ def test_a_backend_nobody_closed_lets_go_of_the_watch(tmp_path: Path) -> None:
     finally:
         kept.close()
     assert signal.watch_users == 0 and signal.watch is None
+
+
+@linux
+def test_a_write_seen_before_its_commit_shows_is_looked_at_until_it_does(tmp_path: Path) -> None:
+    """With synchronous=FULL a commit writes the WAL, then syncs it, and only then shows (in the
+    -shm index, written through a mapping inotify does not report): the watch's nudge comes
+    before the commit can be seen. The waiter then looks at the short step until it shows; it
+    napped the watched step (50 ms) instead, which made every idle pick-up on the default
+    durability 51 ms (benchmark of 7 December). Here the nudge is made by hand and the watch's
+    own ones are cut, so only the short step can see the commit a subprocess makes after it."""
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    worker = _slow(SqliteBackend(url))
+    worker.poll_step = 0.002
+    worker.commit_settle = SLOW_NAP  # the subprocess's start fits in it
+    try:
+        assert worker.wait_for_jobs(["default"], 0.01) is False
+        watch = worker._signal.watch
+        assert watch is not None
+        watch._on_change = lambda: None  # real writes nudge no more
+        t, result = _wait_in_thread(worker)
+        threading.Event().wait(0.2)  # the waiter is napping the watched step (a minute)
+        worker._signal.nudge()  # a WAL write of a commit that does not show yet
+        threading.Event().wait(0.2)  # looked, saw no commit
+        _enqueue_elsewhere(url)
+        t.join(HANG_S)
+        assert not t.is_alive(), "the waiter napped the watched step through the commit"
+        assert result == [True]
+    finally:
+        worker.close()
