@@ -63,6 +63,9 @@ class SqliteBackend(SqliteHistory, SqliteOutbox, Backend):
     poll_step = 0.002  # seconds between cross-process change checks while idle
     # The same where other processes' writes wake the waiter (filewatch.py): only a safety net.
     watched_poll_step = 0.05
+    # After a watched write that shows no new commit yet, how long to look at poll_step for
+    # the commit to show (an fsync's time, with synchronous=FULL) before napping again.
+    commit_settle = 0.25
     due_check_interval = 0.05  # how often an idle waiter looks for scheduled jobs coming due
 
     def schema_version(self) -> int:
@@ -615,15 +618,26 @@ class SqliteBackend(SqliteHistory, SqliteOutbox, Backend):
         # A look first, then naps between looks: a job that came in since the caller's last
         # claim (under a steady load, often one) is reported at once, not after a nap.
         signal = self._signal
-        nap = self.watched_poll_step if self._watching() else self.poll_step
+        self._watching()  # (made by the first idle wait)
+        last_changes = signal.changes
+        settle_until = 0.0
         while True:
             if self._closed:
                 return True  # closed under us: a wake-up (the next call says it is closed)
             changes = signal.changes  # a write after this is looked at, not slept through
+            nudged, last_changes = changes != last_changes, changes
             try:
                 with self._using() as conn:
                     current = (conn, conn.execute("PRAGMA data_version").fetchone()[0])
                     tick = time.monotonic()
+                    if current != seen:
+                        settle_until = 0.0
+                    elif nudged:
+                        # The file was written and no commit shows yet: a commit on its way (a
+                        # WAL write comes before its fsync and before the commit is published in
+                        # the -shm index, which is written through a mapping inotify does not
+                        # see). Look at the short step until it shows, or for commit_settle.
+                        settle_until = tick + self.commit_settle
                     if current != seen or tick >= next_due_check:
                         # Another process committed something (or time passed): look before
                         # claiming, so idle workers don't take the write lock for nothing.
@@ -638,6 +652,8 @@ class SqliteBackend(SqliteHistory, SqliteOutbox, Backend):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
+            watched = signal.watched and time.monotonic() >= settle_until
+            nap = self.watched_poll_step if watched else self.poll_step
             with signal.cond:
                 if signal.generation != generation:
                     return True

@@ -12,7 +12,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +48,13 @@ class _Signal:
 
     # Bumped when the file was written, by any process (filewatch.py): idle waiters look.
     changes: int = 0
+    # The file's watch (filewatch.py): one per file and process, shared by every backend on
+    # the file that has waited idle (a _WatchUse each), stopped when the last lets go. One per
+    # backend would spend a thread and an inotify instance (128 per user by default) on each.
+    watch: FileWatch | None = None
+    watch_users: int = 0
+    watch_tried: bool = False  # (a start that failed is not tried again while users remain)
+    watch_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def fire(self) -> None:
         with self.cond:
@@ -59,6 +66,29 @@ class _Signal:
             self.changes += 1
             self.cond.notify_all()
 
+    def use_watch(self, path: str) -> _WatchUse:
+        """Count one more user of the file's watch, starting it if none runs."""
+        with self.watch_lock:
+            self.watch_users += 1
+            if self.watch is None and not self.watch_tried:
+                self.watch_tried = True
+                self.watch = FileWatch.start(path, self.nudge)
+        return _WatchUse(self)
+
+    def _unwatch(self) -> None:
+        with self.watch_lock:
+            self.watch_users -= 1
+            if self.watch_users > 0:
+                return
+            watch, self.watch, self.watch_tried = self.watch, None, False
+        if watch is not None:
+            watch.stop()
+
+    @property
+    def watched(self) -> bool:
+        watch = self.watch
+        return watch is not None and watch.alive
+
     def finished(self, job_ids: Iterable[int]) -> None:
         """Jobs of this file reached a final state in this process: wake their waiters."""
         waited = self.waited
@@ -66,6 +96,19 @@ class _Signal:
             with self.finish_cond:
                 self.finishes += 1
                 self.finish_cond.notify_all()
+
+
+class _WatchUse:
+    """One backend's use of its file's watch: let go once, at close or when the backend is
+    collected unclosed, whichever comes first."""
+
+    def __init__(self, signal: _Signal) -> None:
+        self._signal: _Signal | None = signal
+
+    def release(self) -> None:
+        signal, self._signal = self._signal, None
+        if signal is not None:
+            signal._unwatch()
 
 
 @dataclass
@@ -91,8 +134,12 @@ def _signal_for(path: str) -> _Signal:
 
 def _fresh_signals() -> None:
     # A forked child's copies may be held (a writer of the parent's, mid-transaction) by a
-    # thread that does not exist here: it would wait on them for ever.
+    # thread that does not exist here: it would wait on them for ever. Their watches' threads
+    # are the parent's: the child closes its copies of their descriptors.
     global _signals, _signals_lock
+    for signal in _signals.values():
+        if signal.watch is not None:
+            signal.watch.forget()
     _signals, _signals_lock = {}, threading.Lock()
 
 
@@ -139,20 +186,6 @@ def parse_sqlite_url(url: str) -> tuple[str, dict[str, str]]:
 
 
 
-def _nudger(backend: SqliteConnections) -> Callable[[], None]:
-    """What a file watch calls: the backend's signal, looked up at each call (after a fork the
-    child has one of its own), through a weak reference (the watch's thread must not keep a
-    backend nobody closed alive)."""
-    ref = weakref.ref(backend)
-
-    def nudge() -> None:
-        b = ref()
-        if b is not None:
-            b._signal.nudge()
-
-    return nudge
-
-
 class SqliteConnections:
     """The files and connections of one SQLite store; SqliteBackend adds the job operations."""
 
@@ -183,10 +216,9 @@ class SqliteConnections:
         self._group: EnqueueGroup | None = None  # enqueues waiting for the write lock
         self._group_lock = threading.Lock()
         self._signal = _signal_for(self.path)
-        # Tells idle waiters of other processes' writes (filewatch.py): made by the first idle
-        # wait, stopped at close; None until then, or where the file cannot be watched.
-        self._watch: FileWatch | None = None
-        self._watch_tried = False
+        # This backend's use of the file's watch (_Signal.use_watch), which tells idle waiters
+        # of other processes' writes: taken by the first idle wait, let go at close.
+        self._watch_use: _WatchUse | None = None
         self._locks: set[_FileLock] = set()  # store-wide locks this backend holds (try_lock)
         # Writers of other processes take fair turns; half the busy timeout at most, so a turn
         # held by a stopped process leaves SQLite's own wait its time within the bound.
@@ -290,9 +322,9 @@ class SqliteConnections:
         self._calls, self._forking = 0, False
         self._group, self._group_lock = None, threading.Lock()
         self._signal = _signal_for(self.path)
-        if self._watch is not None:  # its thread is the parent's: not in this process
-            self._watch.forget()
-        self._watch, self._watch_tried = None, False
+        # Its use was of the parent's signal (whose watch _fresh_signals forgot): a new wait
+        # uses the child's own.
+        self._watch_use = None
 
     @property
     def closed(self) -> bool:
@@ -301,17 +333,13 @@ class SqliteConnections:
     def _watching(self) -> bool:
         """Whether other processes' writes to the file wake this process's idle waiters (the
         watch is made on the first call)."""
-        if not self._watch_tried:
+        if self._watch_use is None and not self._closed:
             with self._lock:
-                if not self._watch_tried and not self._closed:
-                    self._watch_tried = True
-                    self._watch = FileWatch.start(self.path, _nudger(self))
-                    if self._watch is not None:
-                        # A backend nobody closed ends its watch when it is collected: each
-                        # watch holds an inotify instance (128 per user by default).
-                        weakref.finalize(self, self._watch.stop)
-        watch = self._watch
-        return watch is not None and watch.alive
+                if self._watch_use is None and not self._closed:
+                    use = self._watch_use = self._signal.use_watch(self.path)
+                    # A backend nobody closed lets go of the watch when it is collected.
+                    weakref.finalize(self, use.release)
+        return self._signal.watched
 
     @contextmanager
     def _using(self) -> Iterator[sqlite3.Connection]:
@@ -386,9 +414,9 @@ class SqliteConnections:
         for held in locks:
             held.release()
         self._turns.close()
-        watch, self._watch = self._watch, None
-        if watch is not None:
-            watch.stop()
+        use, self._watch_use = self._watch_use, None
+        if use is not None:
+            use.release()
         for conn in idle:
             with suppress(sqlite3.Error):
                 conn.close()
