@@ -170,6 +170,9 @@ def test_the_number_of_partitions_is_fixed_at_first_use(url: str) -> None:
     try:
         with pytest.raises(ConfigurationError, match=f"partitions={N}"):
             enqueue_one(other, now=T0)
+        for read in (other.stats, other.list_jobs):  # an admin's reads refuse it too
+            with pytest.raises(ConfigurationError, match=f"partitions={N}"):
+                read()
     finally:
         other.close()
         first.close()

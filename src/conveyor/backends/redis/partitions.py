@@ -335,6 +335,7 @@ class PartitionedRedis(Backend):
 
     def list_jobs(self, *, state: JobState | None = None, queue: str | None = None,
                   task: str | None = None, cursor: int | None = None, limit: int = 50) -> Page:
+        self._check_count()  # (an admin reading with another N would misread)
         if queue is not None:
             return self.of_queue(queue).list_jobs(state=state, queue=queue, task=task,
                                                   cursor=cursor, limit=limit)
@@ -352,6 +353,7 @@ class PartitionedRedis(Backend):
 
     def stats(self, *, now: float | None = None, worker_ttl: float = 60.0,
               finished: bool = True) -> Stats:
+        self._check_count()
         each = [part.stats(now=now, worker_ttl=worker_ttl, finished=finished)
                 for part in self.parts]
         queues = sorted((q for s in each for q in s.queues), key=lambda q: q.queue)
@@ -360,6 +362,7 @@ class PartitionedRedis(Backend):
 
     def redrive(self, job_ids: Sequence[int] | None = None, *, queue: str | None = None,
                 now: float | None = None) -> int:
+        self._check_count()
         if job_ids is not None:
             ids = list(job_ids)
             return sum(self.parts[p].redrive([ids[i] for i in at], queue=queue, now=now)
@@ -370,6 +373,7 @@ class PartitionedRedis(Backend):
 
     def purge(self, *, state: JobState = JobState.DEAD, queue: str | None = None,
               job_ids: Sequence[int] | None = None) -> int:
+        self._check_count()
         if job_ids is not None:
             ids = list(job_ids)
             return sum(self.parts[p].purge(state=state, queue=queue,
