@@ -223,3 +223,28 @@ def test_a_write_seen_before_its_commit_shows_is_looked_at_until_it_does(tmp_pat
         assert result == [True]
     finally:
         worker.close()
+
+
+@linux
+def test_a_write_seen_between_two_waits_is_looked_for_by_the_next(tmp_path: Path) -> None:
+    """The nudge of a commit on its way can come while the worker is between waits (its claim
+    came back empty): the next wait must not take the file as seen and nap. It made the idle
+    pick-up's p99 51 ms at synchronous=FULL (9 of 300 probes past 40 ms; 0-1 after)."""
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    worker = _slow(SqliteBackend(url))
+    worker.poll_step = 0.002
+    worker.commit_settle = SLOW_NAP
+    try:
+        assert worker.wait_for_jobs(["default"], 0.01) is False
+        watch = worker._signal.watch
+        assert watch is not None
+        watch._on_change = lambda: None
+        worker._signal.nudge()  # between two waits
+        t, result = _wait_in_thread(worker)
+        threading.Event().wait(0.2)
+        _enqueue_elsewhere(url)
+        t.join(HANG_S)
+        assert not t.is_alive(), "the wait took the write as seen and napped"
+        assert result == [True]
+    finally:
+        worker.close()

@@ -66,6 +66,7 @@ class SqliteBackend(SqliteHistory, SqliteOutbox, Backend):
     # After a watched write that shows no new commit yet, how long to look at poll_step for
     # the commit to show (an fsync's time, with synchronous=FULL) before napping again.
     commit_settle = 0.25
+    _looked_changes = -1  # the file watch's count at this backend's last idle look (_wait)
     due_check_interval = 0.05  # how often an idle waiter looks for scheduled jobs coming due
 
     def schema_version(self) -> int:
@@ -619,13 +620,16 @@ class SqliteBackend(SqliteHistory, SqliteOutbox, Backend):
         # claim (under a steady load, often one) is reported at once, not after a nap.
         signal = self._signal
         self._watching()  # (made by the first idle wait)
-        last_changes = signal.changes
+        # Writes since this backend's last look count as unseen: one that came between the
+        # caller's empty claim and this wait (a commit on its way) is looked for, not napped on.
+        last_changes = self._looked_changes if self._looked_changes >= 0 else signal.changes
         settle_until = 0.0
         while True:
             if self._closed:
                 return True  # closed under us: a wake-up (the next call says it is closed)
             changes = signal.changes  # a write after this is looked at, not slept through
             nudged, last_changes = changes != last_changes, changes
+            self._looked_changes = changes
             try:
                 with self._using() as conn:
                     current = (conn, conn.execute("PRAGMA data_version").fetchone()[0])
