@@ -7,7 +7,8 @@ over its shards like any other), each a RedisBackend with its own connections an
 This module is the router in front of them. The model, and what it keeps:
 
 * A queue lives in one partition: ``key_slot(queue) % N``, with Redis's own hash-tag rule, so
-  queues named ``reports{acme}`` and ``emails{acme}`` share a partition. Everything of a queue
+  queues named ``reports{acme}`` and ``emails{acme}`` would share a partition (an app's queue
+  names may not hold braces yet: payload.check_queue_name). Everything of a queue
   (its jobs, pause, depth limit, fair sharing) is in that partition's scripts, atomic as on a
   plain app.
 * A job id says which partition holds it: partition p makes ids ``n * ID_STRIDE + p``
@@ -15,8 +16,7 @@ This module is the router in front of them. The model, and what it keeps:
 * Per partition, and so scoped to the queues of one partition: unique keys, concurrency and
   rate keys (a key used by queues of two partitions counts separately in each: the limit
   holds per partition), dependencies and batches (a job's parents, its batch and the batch's
-  callbacks must be in its partition; ``enqueue_many`` refuses otherwise). Give queues that
-  share those a common ``{tag}`` in their names.
+  callbacks must be in its partition; ``enqueue_many`` refuses otherwise).
 * An ``enqueue_many`` whose jobs are in several partitions (and have no dependencies or
   batches) is one atomic write per partition: if one fails, the ones before it stand.
 * Cron: a tick and its job are one write in the job's queue's partition, so each tick is
@@ -179,7 +179,7 @@ class PartitionedRedis(Backend):
             raise ConfigurationError(
                 "a write with dependencies or batches must have all its jobs in one partition: "
                 f"queues {sorted({j.queue for j in jobs})} are in partitions "
-                f"{sorted(set(where))} (give them a common {{tag}} in their names)")
+                f"{sorted(set(where))} (docs/redis.md, partitions)")
         results: list[EnqueueResult | None] = [None] * len(jobs)
         for p in sorted(set(where)):
             at = [i for i, w in enumerate(where) if w == p]
@@ -198,7 +198,7 @@ class PartitionedRedis(Backend):
                     raise ConfigurationError(
                         f"job {parent} is in partition {id_partition(parent)}, and a job of "
                         f"queue {job.queue!r} (partition {p}) cannot wait for it: a job's "
-                        "parents must be in its partition (give the queues a common {tag})")
+                        "parents must be in its partition (docs/redis.md, partitions)")
 
     # -- a broker's companion --------------------------------------------------------------------
     @property
