@@ -41,6 +41,7 @@ partition by partition.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, cast
@@ -91,6 +92,7 @@ def partitions_of(url: str) -> tuple[int, str]:
     return int(text), parts._replace(query=urlencode(rest)).geturl()
 
 
+@functools.lru_cache(maxsize=4096)  # (claims and acks ask it for the same few queues)
 def queue_partition(queue: str, partitions: int) -> int:
     """The partition of ``queue``: its slot (Redis's rule: the part in braces, if any) mod N."""
     if partitions <= 1:
@@ -424,7 +426,6 @@ class PartitionedRedis(Backend):
         done = threading.Event()
         woken: list[bool] = []
         errors: list[BaseException] = []
-        finished = threading.Semaphore(0)
 
         def one(p: int, qs: list[str]) -> None:
             try:
@@ -434,8 +435,6 @@ class PartitionedRedis(Backend):
             except BaseException as exc:  # handed to the caller
                 errors.append(exc)
                 done.set()
-            finally:
-                finished.release()
 
         threads = [threading.Thread(target=one, args=(p, qs), daemon=True,
                                     name=f"conveyor-redis-wait-{p}")
