@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -173,8 +172,6 @@ class _Limits:
         self.busy: set[tuple[str, str]] = set()  # another claimer holds the lock: pass over
         self.running: dict[str, int] = {}
         self.recent: dict[tuple[str, float], int] = {}
-        # The store's time of each window's count.
-        self.counted_at: dict[tuple[str, float], datetime] = {}
 
     @staticmethod
     def keys_of(row: dict[str, Any]) -> list[tuple[str, str]]:
@@ -238,7 +235,6 @@ class _Limits:
             else:
                 window = (r["key"], r["period"])
                 self.recent[window] = r["n"] + sum(1 for c in chosen if c["rate_key"] == r["key"])
-                self.counted_at[window] = r["at"]
 
     def admit(self, row: dict[str, Any]) -> bool:
         if self.blocked(row):
@@ -300,9 +296,7 @@ def _claim_limited(conn: Conn, params: dict[str, Any]) -> tuple[list[dict[str, A
         page = CLAIM_PAGE
     if not chosen:
         return [], saw_limited
-    rate_ats = [limits.counted_at[(r["rate_key"], r["rate_period"])]
-                if r["rate_key"] is not None else None for r in chosen]
     held_ids = [r["id"] for r in chosen[params["start"]:]]  # claim order: the first `start` start
     rows = conn.execute(Q["claim_ids"], {**params, "ids": [r["id"] for r in chosen],
-                                         "rate_ats": rate_ats, "held_ids": held_ids}).fetchall()
+                                         "held_ids": held_ids}).fetchall()
     return rows, saw_limited

@@ -201,26 +201,26 @@ FROM unnest(%(kinds)s::text[], %(keys)s::text[]) AS k(kind, key);
 -- Run after limit_locks, in a statement of its own: READ COMMITTED takes a fresh snapshot,
 -- which sees the commit of the key's previous holder. Running jobs per concurrency key, and
 -- claims per rate key within (t - period, t], where t is this statement's time (not the
--- transaction's, which is older than the lock): every claim the snapshot sees was recorded
--- before t, and this claim records its own at t (``at``), so its count and its record agree.
+-- transaction's, which is older than the lock). Every claim was recorded at its attempt's
+-- start (claim_ids), before its commit and so before t; this claim's attempts start after t.
+-- So a claim left out of the count started at least a period before any this claim admits:
+-- starts, not counts, are what the limit bounds, whatever the time between the statements.
 SELECT 'c' AS kind, c.key, NULL::float8 AS period,
        (SELECT count(*) FROM conveyor_jobs AS j
-        WHERE j.state = 'running' AND j.concurrency_key = c.key) AS n,
-       NULL::timestamptz AS at
+        WHERE j.state = 'running' AND j.concurrency_key = c.key) AS n
 FROM unnest(%(ckeys)s::text[]) AS c(key)
 UNION ALL
 SELECT 'r', w.key, w.period,
        (SELECT count(*) FROM conveyor_rate_claims AS r
-        WHERE r.rate_key = w.key AND r.at > t.at - make_interval(secs => w.period)),
-       t.at
+        WHERE r.rate_key = w.key AND r.at > t.at - make_interval(secs => w.period))
 FROM unnest(%(rkeys)s::text[], %(periods)s::float8[]) AS w(key, period),
      (SELECT :STMT_NOW AS at) AS t;
 
 -- name: claim_ids
 -- The limited path's claim of the jobs it chose: as the claim statement, for these ids. SKIP
 -- LOCKED and the state re-checked under the lock: a job another claimer took meanwhile is left
--- out (never waited for). Each claimed rate-limited job records its claim, at the time its
--- window was counted (rate_ats), in the same statement. Its attempt starts at this statement's
+-- out (never waited for). Each claimed rate-limited job records its claim at its attempt's
+-- start, in the same statement (see limit_counts). Its attempt starts at this statement's
 -- time, after the key locks were taken: after the ack of the job whose slot it takes.
 WITH picked AS MATERIALIZED (
     SELECT id FROM conveyor_jobs
@@ -242,9 +242,8 @@ WITH picked AS MATERIALIZED (
     RETURNING :JOB(j)
 ), rated AS (
     INSERT INTO conveyor_rate_claims (rate_key, at, expires_at, job_id)
-    SELECT r.rate_key, a.at, a.at + make_interval(secs => r.rate_period), r.id
+    SELECT r.rate_key, r.attempted_at, r.attempted_at + make_interval(secs => r.rate_period), r.id
     FROM claimed AS r
-    JOIN unnest(%(ids)s::bigint[], %(rate_ats)s::timestamptz[]) AS a(id, at) ON a.id = r.id
     WHERE r.rate_key IS NOT NULL
 ), tops AS MATERIALIZED (
     SELECT priority, max(fair_tag) AS tag FROM claimed GROUP BY priority
