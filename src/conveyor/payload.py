@@ -56,16 +56,19 @@ def _dumps(value: object) -> str:
         return _ENCODER.encode(value)
     return "".join(_C_ENCODE(value, 0))
 
-NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")  # step names
+# Queue names may also hold braces: on Redis, ``emails{acme}`` and ``reports{acme}`` share a
+# hash tag, so the partition of an app spread over shards (backends/redis/partitions.py).
+QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:{}-]{1,128}$")
 TASK_NAME_RE = re.compile(r"^[A-Za-z0-9_.:<>-]{1,255}$")
 
 
 def check_queue_name(name: object) -> str:
-    """Return ``name`` if it is a valid queue name (1-128 of ``A-Z a-z 0-9 _ . : -``); else
-    raise InvalidName."""
-    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+    """Return ``name`` if it is a valid queue name (1-128 of ``A-Z a-z 0-9 _ . : - { }``);
+    else raise InvalidName."""
+    if not isinstance(name, str) or not QUEUE_NAME_RE.fullmatch(name):
         raise InvalidName(
-            f"invalid queue name {name!r}: use 1-128 characters from A-Z a-z 0-9 _ . : -"
+            f"invalid queue name {name!r}: use 1-128 characters from A-Z a-z 0-9 _ . : - {{ }}"
         )
     return name
 

@@ -110,7 +110,7 @@ def test_a_queue_too_long_for_sqs_is_refused_clearly() -> None:
         lane_name("app", "bad name", 0)  # Conveyor's own pattern first
 
 
-@given(st.from_regex(r"[A-Za-z0-9_.:-]{1,128}", fullmatch=True),
+@given(st.from_regex(r"[A-Za-z0-9_.:{}-]{1,128}", fullmatch=True),
        st.one_of(st.none(), st.integers(-50, 50)))
 def test_every_queue_name_round_trips(queue: str, level: int | None) -> None:
     assert unescape(escape(queue)) == queue

@@ -294,11 +294,49 @@ def test_task_decorator_refuses_invalid_queue_names(app: Conveyor, queue: Any) -
     assert "elsewhere" not in app.tasks
 
 
-@pytest.mark.parametrize("queue", ["a", "high.priority:eu-west_1", "x" * 128])
+@pytest.mark.parametrize("queue", ["a", "high.priority:eu-west_1", "x" * 128, "emails{acme}"])
 @pytest.mark.needs("lookup")
 def test_valid_queue_names_are_accepted(app: Conveyor, echo: Task[..., Any], queue: str) -> None:
     job = echo.options(queue=queue).enqueue(1)
     assert app.get_job(job.id).queue == queue
+
+
+# Braces: a Redis hash tag (``emails{acme}`` and ``reports{acme}`` share a partition of an app
+# spread over shards). Anywhere else they are two more characters, on every store and in every
+# shape: a tag, a lone brace, a name that is all tag, one that looks like a URL placeholder.
+BRACED = ["emails{acme}", "reports{acme}", "a}b{c", "{action}", "{}"]
+
+
+@pytest.mark.needs("lookup")
+def test_queue_names_with_braces_run_and_count_like_any(
+    app: Conveyor, echo: Task[..., Any]
+) -> None:
+    from support import running_worker, wait_for_job
+
+    jobs = {q: echo.options(queue=q).enqueue(q) for q in BRACED}
+    with running_worker(app, queues=BRACED, concurrency=2):
+        done = {q: wait_for_job(app, jobs[q].id) for q in BRACED}
+    for q in BRACED:
+        assert done[q].state == JobState.SUCCEEDED and done[q].result == q, done[q]
+        assert done[q].queue == q
+    by_queue = {q.queue: q for q in app.backend.stats().queues}
+    for q in BRACED:
+        assert by_queue[q].succeeded == 1, (q, by_queue.get(q))
+
+
+@pytest.mark.needs("lookup", "pause")
+def test_queue_names_with_braces_pause_and_resume(app: Conveyor, echo: Task[..., Any]) -> None:
+    from support import running_worker, wait_for_job
+
+    held = echo.options(queue="{action}").enqueue(1)
+    other = echo.options(queue="emails{acme}").enqueue(2)
+    assert app.backend.pause_queue("{action}") is True
+    assert set(app.backend.paused_queues()) == {"{action}"}
+    with running_worker(app, queues=["{action}", "emails{acme}"], concurrency=2):
+        assert wait_for_job(app, other.id).state == JobState.SUCCEEDED
+        assert app.get_job(held.id).state == JobState.AVAILABLE
+        assert app.backend.resume_queue("{action}") is True
+        assert wait_for_job(app, held.id).state == JobState.SUCCEEDED
 
 
 @pytest.mark.parametrize(

@@ -81,3 +81,26 @@ def test_pause_a_queue_see_the_badge_and_resume_it(
             assert app.backend.paused_queues() == {}
     finally:
         tab.close()
+
+
+def test_a_queue_named_with_braces_is_reached_and_paused_from_the_overview(
+        browser: Any, mail: tuple[Conveyor, RunningDashboard]) -> None:  # noqa: F811
+    """Braces in a queue name (a Redis hash tag): the browser follows the overview's link to
+    the queue's page and pauses it there, and the page names the queue as it is."""
+    app, dash = mail
+    job = app.tasks["mail.send"].options(queue="emails{acme}").enqueue(1)
+    tab = Page(browser, dash.url)
+    try:
+        tab.go("/")
+        tab.page.click('#queues tr[data-queue="emails{acme}"] a[href^="/queues/"]')
+        tab.page.wait_for_load_state("networkidle")
+        assert tab.page.url.endswith("/queues/emails%7Bacme%7D")
+        assert "emails{acme}" in tab.page.inner_text("h1")
+        tab.page.click("#q-pause-toggle")
+        tab.page.wait_for_load_state("networkidle")
+        assert tab.page.inner_text("#q-paused") == "paused"
+        assert "Queue emails{acme} is paused" in tab.page.inner_text(".flash")
+        assert app.backend.paused_queues().keys() == {"emails{acme}"}
+        assert app.get_job(job.id).state is JobState.AVAILABLE
+    finally:
+        tab.close()

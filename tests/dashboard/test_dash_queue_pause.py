@@ -96,3 +96,23 @@ def test_with_a_token_only_a_signed_in_operator_may_pause(app: Conveyor) -> None
     finally:
         dash.close()
     assert app.backend.paused_queues() == {}
+
+
+def test_a_queue_named_with_braces_links_pauses_and_resumes(app: Conveyor,
+                                                             client: TestClient) -> None:
+    """Braces (a Redis hash tag) are allowed in queue names: every link to such a queue carries
+    them percent-encoded, and one named like a route placeholder stays itself."""
+    for name in ("emails{acme}", "{action}"):
+        enqueue(app.backend, name)
+        quoted = name.replace("{", "%7B").replace("}", "%7D")
+        overview = client.get("/").text
+        assert f'href="/queues/{quoted}"' in overview
+        assert f'action="/queues/{quoted}/pause"' in overview
+        page = client.get(f"/queues/{quoted}")
+        assert page.status_code == 200 and f"/jobs?queue={quoted}" in page.text
+        after = act(client, f"/queues/{quoted}/pause")  # back to the queue's page by default
+        assert f"Queue {name} is paused" in after and BADGE.search(after)
+        assert name in app.backend.paused_queues()
+        after = act(client, f"/queues/{quoted}/resume", {"next": f"/queues/{quoted}"})
+        assert f"Queue {name} is resumed" in after
+    assert app.backend.paused_queues() == {}

@@ -112,6 +112,38 @@ def test_queues_with_a_common_tag_share_a_partition_and_may_link(
     assert info is not None and info.total == 2 and len(res) == 2
 
 
+def test_an_app_puts_queues_of_one_tag_together_and_links_them(url: str) -> None:
+    """Through the app (its queue-name check allows braces): the tag chooses the partition, so
+    a parent in one queue and its child in another run as a workflow; two untagged queues in
+    different partitions may not be linked."""
+    app = Conveyor(url)
+
+    @app.task(name="fetch")
+    def fetch() -> str:
+        return "fetched"
+
+    @app.task(name="report")
+    def report() -> str:
+        return "reported"
+
+    untagged = ("emails", "invoices")
+    assert queue_partition(untagged[0], N) != queue_partition(untagged[1], N)
+    try:
+        parent = fetch.options(queue="emails{acme}").enqueue()
+        child = report.options(queue="reports{acme}", after=[parent]).enqueue()
+        assert id_partition(parent.id) == id_partition(child.id) == queue_partition("{acme}", N)
+        with running_worker(app, queues=["emails{acme}", "reports{acme}"], concurrency=2):
+            done = wait_for_job(app, child.id, timeout=30)
+        assert done.state is JobState.SUCCEEDED and done.result == "reported"
+        apart = fetch.options(queue=untagged[0]).enqueue()
+        with pytest.raises(ConfigurationError, match="partition"):
+            report.options(queue=untagged[1], after=[apart]).enqueue()
+        assert {s.queue for s in app.backend.stats().queues} == {
+            "emails{acme}", "reports{acme}", "emails"}
+    finally:
+        app.close()
+
+
 def test_links_across_partitions_are_refused_and_write_nothing(
         backend: PartitionedRedis) -> None:
     a, b = queues_in(2, distinct=True)

@@ -126,7 +126,8 @@ def test_size_limit_is_inclusive_and_in_utf8_bytes() -> None:
 # -- names --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["default", "a", "high.priority:eu-west_1", "Q" * 128])
+@pytest.mark.parametrize("name", ["default", "a", "high.priority:eu-west_1", "Q" * 128,
+                                  "emails{acme}", "{", "}{"])
 def test_valid_queue_names(name: str) -> None:
     assert check_queue_name(name) == name
 

@@ -4,6 +4,7 @@ the thread pool (backends are sync); rendering and redirects are in rendering.py
 from __future__ import annotations
 
 import math
+from urllib.parse import quote
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -141,7 +142,7 @@ class Pages(Rendering):
         action = str(request.path_params["action"])
         if action not in QUEUE_ACTIONS:
             return self.error(request, 404, "Not found", "There is no such action.")
-        back = safe_next((form.get("next") or [""])[0], f"/queues/{name}")
+        back = safe_next((form.get("next") or [""])[0], f"/queues/{quote(name, safe=':')}")
         if action == "pause":
             if self.d.backend.pause_queue(name):
                 return self.redirect(request, back, f"Queue {name} is paused: workers take none "

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..job import JobState
-from ..payload import NAME_RE, TASK_NAME_RE
+from ..payload import QUEUE_NAME_RE, TASK_NAME_RE
 
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
@@ -57,8 +57,8 @@ def parse_state(value: str) -> JobState | None:
 def parse_queue(value: str) -> str | None:
     if not value:
         return None
-    if not NAME_RE.fullmatch(value):
-        raise BadRequest("a queue name is 1-128 characters of letters, digits and _ . : -")
+    if not QUEUE_NAME_RE.fullmatch(value):
+        raise BadRequest("a queue name is 1-128 characters of letters, digits and _ . : - { }")
     return value
 
 

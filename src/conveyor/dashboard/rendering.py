@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -58,7 +58,11 @@ class Rendering:
     def url(self, request: Request, name: str, query: dict[str, str] | None = None,
             **params: Any) -> str:
         root = request.scope.get("root_path", "") or ""
-        path = root.rstrip("/") + str(request.app.url_path_for(name, **params))
+        # Quoted before Starlette puts them in: it inserts them as they are, so a queue named
+        # "{action}" would be read as the route's next placeholder, and braces belong in a URL
+        # percent-encoded.
+        quoted = {k: quote(str(v), safe=":") for k, v in params.items()}
+        path = root.rstrip("/") + str(request.app.url_path_for(name, **quoted))
         return path + ("?" + urlencode(query) if query else "")
 
     def render(self, request: Request, template: str, status: int = 200,

@@ -13,9 +13,10 @@ default 10), ``fifo`` (FIFO queues: deduplication by ``unique_key`` and message 
 ``fair_key``; see sqs.py).
 
 SQS queue names take ``A-Z a-z 0-9 _ -`` and at most 80 characters; Conveyor's queue names also
-take ``.`` and ``:``. A lane is ``{prefix}-{queue}-p{level}`` (``pm1`` for level -1) and a dead
-lane ``{prefix}-{queue}-dead``, with the queue name escaped reversibly (``_`` is ``__``, ``.``
-is ``_d``, ``:`` is ``_c``), so ``queues()`` reads the Conveyor names back from the broker.
+take ``.``, ``:``, ``{`` and ``}``. A lane is ``{prefix}-{queue}-p{level}`` (``pm1`` for level
+-1) and a dead lane ``{prefix}-{queue}-dead``, with the queue name escaped reversibly (``_`` is
+``__``, ``.`` is ``_d``, ``:`` is ``_c``, ``{`` is ``_l``, ``}`` is ``_r``), so ``queues()``
+reads the Conveyor names back from the broker.
 With ``fifo=true`` every lane's name ends in ``.fifo`` (SQS's rule for a FIFO queue) and each
 job lane has a standard queue for its delayed messages, ``{prefix}-{queue}-p{level}-delay``.
 """
@@ -27,12 +28,12 @@ from dataclasses import dataclass
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ...errors import ConfigurationError, InvalidName
-from ...payload import NAME_RE, check_queue_name
+from ...payload import QUEUE_NAME_RE, check_queue_name
 
 NAME_MAX = 80
 PREFIX_RE = re.compile(r"[A-Za-z0-9_]{1,40}")
-_ESCAPE = {"_": "__", ".": "_d", ":": "_c"}
-_UNESCAPE = {"_": "_", "d": ".", "c": ":"}
+_ESCAPE = {"_": "__", ".": "_d", ":": "_c", "{": "_l", "}": "_r"}
+_UNESCAPE = {"_": "_", "d": ".", "c": ":", "l": "{", "r": "}"}
 _SUFFIX_RE = re.compile(r"-(dead|p(m?)([0-9]+))$")
 _OPTIONS = {"region", "prefix", "levels", "max_receives", "profile", "secure", "timeout", "fifo"}
 FIFO = ".fifo"
@@ -164,7 +165,8 @@ def lane_name(prefix: str, queue: str, level: int | None, *, fifo: bool = False,
         raise InvalidName(
             f"queue {queue!r} is too long for SQS: its lane {base!r} has {len(base)} characters, "
             f"SQS allows {NAME_MAX}{f' less {room} for the FIFO endings' if room else ''} "
-            "(shorten the queue name or the prefix; '_', '.' and ':' take two characters each)")
+            "(shorten the queue name or the prefix; '_', '.', ':', '{' and '}' take two "
+            "characters each)")
     if not fifo:
         return base
     if delay:
@@ -186,7 +188,7 @@ def parse_lane_name(prefix: str, name: str, *,
     if match is None:
         return None
     queue = unescape(name[len(prefix) + 1:match.start()])
-    if queue is None or not NAME_RE.fullmatch(queue):
+    if queue is None or not QUEUE_NAME_RE.fullmatch(queue):
         return None
     if match.group(1) == "dead":
         return queue, None

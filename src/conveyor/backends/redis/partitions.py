@@ -7,8 +7,8 @@ over its shards like any other), each a RedisBackend with its own connections an
 This module is the router in front of them. The model, and what it keeps:
 
 * A queue lives in one partition: ``key_slot(queue) % N``, with Redis's own hash-tag rule, so
-  queues named ``reports{acme}`` and ``emails{acme}`` would share a partition (an app's queue
-  names may not hold braces yet: payload.check_queue_name). Everything of a queue
+  queues named ``reports{acme}`` and ``emails{acme}`` share a partition (queue names may hold
+  braces for this: payload.check_queue_name). Everything of a queue
   (its jobs, pause, depth limit, fair sharing) is in that partition's scripts, atomic as on a
   plain app.
 * A job id says which partition holds it: partition p makes ids ``n * ID_STRIDE + p``
