@@ -45,6 +45,30 @@ def test_the_partitions_are_served_by_several_masters_and_all_run(
         app.close()
 
 
+def test_queues_of_one_tag_share_a_partition_and_run_a_workflow_on_the_cluster(
+        store_url: str, redis_cluster: LocalCluster) -> None:  # noqa: F811
+    """Braces in queue names, through the app, on real shards: ``emails{acme}`` and
+    ``reports{acme}`` share a partition (so a master), so a job in one may wait for a job in
+    the other; both run from one worker."""
+    app = Conveyor(store_url)
+    n = app.backend.n  # type: ignore[attr-defined]
+    assert queue_partition("emails{acme}", n) == queue_partition("reports{acme}", n)
+
+    @app.task(name="step")
+    def step(x: str) -> str:
+        return x
+
+    try:
+        first = step.options(queue="emails{acme}").enqueue("fetched")
+        then = step.options(queue="reports{acme}", after=[first]).enqueue("reported")
+        with running_worker(app, queues=["emails{acme}", "reports{acme}"], concurrency=2):
+            done = wait_for_job(app, then.id, timeout=30)
+        assert done.state is JobState.SUCCEEDED and done.result == "reported"
+        assert app.get_job(first.id).state is JobState.SUCCEEDED
+    finally:
+        app.close()
+
+
 def test_a_temporary_partitioned_store_leaves_no_key_on_any_master(
         redis_cluster: LocalCluster, tmp_path: Path) -> None:
     base = redis_cluster.url("ignored").split("?")[0] + "?partitions=6"
