@@ -35,6 +35,7 @@ class Row:
     p99_ms: float | None = None
     note: str = ""
     na: bool = False
+    failed: bool = False  # the scenario raised (note says what); no figure
     samples_ms: list[float] = field(default_factory=list, repr=False)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -61,6 +62,20 @@ def from_result(r: Any) -> Row:
 
 def na(system: str, scenario: str, why: str) -> Row:
     return Row(system, scenario, note=f"n/a: {why}", na=True)
+
+
+def guarded(system: str, scenario: str, run: Callable[..., Row], *args: Any) -> Row:
+    """Run one scenario of one system. If it raises, a row saying so (the traceback printed),
+    not the end of the store's run: a peer's client dropped by the broker in one round must
+    not cost every other system's figures, nor this system's other rounds."""
+    try:
+        return run(*args)
+    except Exception as e:
+        import traceback
+
+        traceback.print_exc()
+        text = f"{type(e).__name__}: {e}".replace("\n", " ").replace("|", "/").replace("|", "/")
+        return Row(system, scenario, note=f"failed: {text[:300]}", failed=True)
 
 
 def latency_row(
@@ -92,10 +107,15 @@ def say(row: Row) -> None:
 def summarize(rounds: list[list[Row]]) -> list[Row]:
     """One row per (system, scenario): the median jobs/s over rounds; latency samples pooled."""
     groups: dict[tuple[str, str], list[Row]] = {}
+    failures: dict[tuple[str, str], Row] = {}
     for rs in rounds:
         for r in rs:
-            groups.setdefault((r.system, r.scenario), []).append(r)
-    out = []
+            if r.failed:  # no figure: the median is of the rounds that gave one
+                failures.setdefault((r.system, r.scenario), r)
+            else:
+                groups.setdefault((r.system, r.scenario), []).append(r)
+    out = [Row(r.system, r.scenario, note=r.note, na=True, failed=True)
+           for key, r in failures.items() if key not in groups]
     for (system, scenario), g in groups.items():
         first = g[0]
         if first.na:

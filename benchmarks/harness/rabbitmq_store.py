@@ -42,7 +42,17 @@ from bench_split_clock import read_split
 from sqlite_bench import GAP_S, Proc, running, wait_until
 
 from harness.broker_systems import System
-from harness.common import Row, latency_row, load_note, na, paced, rotate, running_all, say
+from harness.common import (
+    Row,
+    guarded,
+    latency_row,
+    load_note,
+    na,
+    paced,
+    rotate,
+    running_all,
+    say,
+)
 from harness.rabbitmq_systems import (
     CAVEATS,
     SYSTEM_CLASSES,
@@ -253,24 +263,27 @@ def run(
                     say(row)
 
                 for n in order:
-                    add(enqueue(objs[n], a))
+                    add(guarded(n, "enqueue", enqueue, objs[n], a))
                 conveyor = objs.get("conveyor")
                 if isinstance(conveyor, ConveyorSystem):  # the baselines of its enqueues
                     for row in raw_rows(a, admin, conveyor):
                         add(row)
                 for n in order:
-                    add(bulk(objs[n], a))
+                    add(guarded(n, "enqueue_many", bulk, objs[n], a))
                 for n in order:
-                    add(drain(objs[n], a, tmp, pid))
+                    add(guarded(n, "drain", drain, objs[n], a, tmp, pid))
                 for n in order:
-                    add(drain_2p(objs[n], a, tmp))
+                    add(guarded(n, "drain_2p", drain_2p, objs[n], a, tmp))
                 for n in order:
-                    add(latency(objs[n], a, tmp, rng, f"r{rnd}", probes))
+                    add(guarded(n, "latency", latency, objs[n], a, tmp, rng, f"r{rnd}", probes))
                 drains = {
                     r.system: r.jobs_per_s for r in rows if r.scenario == "drain" and r.jobs_per_s
                 }
                 for n in order:
-                    add(latency_load(objs[n], a, tmp, drains[n] / 2, f"r{rnd}-load", probes))
+                    if n not in drains:  # its drain failed: no rate to offer half of
+                        continue
+                    add(guarded(n, "latency_load", latency_load,
+                                objs[n], a, tmp, drains[n] / 2, f"r{rnd}-load", probes))
             rounds.append(rows)
     finally:
         for s in objs.values():

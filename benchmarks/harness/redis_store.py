@@ -12,6 +12,7 @@ import argparse
 import random
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from harness import raw_writes
 from harness.common import (
     Row,
     from_result,
+    guarded,
     latency_row,
     load_note,
     na,
@@ -145,6 +147,10 @@ def latency_load(s: Any, a: argparse.Namespace, tmp: Path, rate: float, tag: str
     )
 
 
+def _result_of(scenario: Callable[..., Any], *args: Any) -> Row:
+    return from_result(scenario(*args))
+
+
 def run(
     a: argparse.Namespace, rng: random.Random, systems: list[str]
 ) -> tuple[list[list[Row]], dict[str, Any]]:
@@ -170,28 +176,32 @@ def run(
 
                 for n in order:
                     if n != "arq-default":
-                        add(from_result(rb.scenario_enqueue(objs[n], a)))
+                        add(guarded(n, "enqueue", _result_of, rb.scenario_enqueue, objs[n], a))
                 for n in order:
                     s = objs[n]
                     if n != "arq-default":
                         add(
-                            from_result(rb.scenario_bulk(s, a))
+                            guarded(n, "enqueue_many", _result_of, rb.scenario_bulk, s, a)
                             if s.has_bulk
                             else na(n, "enqueue_many", s.bulk_na)
                         )
                 if "conveyor" in order:  # the baseline of Conveyor's bulk target
                     add(raw_writes.redis(a, f"{objs['conveyor'].url}?prefix=raw-{rnd}"))
                 for n in order:
-                    add(from_result(rb.scenario_drain(objs[n], a, tmp)))
+                    add(guarded(n, "drain", _result_of, rb.scenario_drain, objs[n], a, tmp))
                 for n in order:
-                    add(drain_2p(objs[n], a, tmp))
+                    add(guarded(n, "drain_2p", drain_2p, objs[n], a, tmp))
                 for n in order:
-                    add(from_result(rb.scenario_latency(objs[n], a, tmp, rng, f"r{rnd}")))
+                    add(guarded(n, "latency", _result_of,
+                                rb.scenario_latency, objs[n], a, tmp, rng, f"r{rnd}"))
                 drains = {
                     r.system: r.jobs_per_s for r in rows if r.scenario == "drain" and r.jobs_per_s
                 }
                 for n in order:
-                    add(latency_load(objs[n], a, tmp, drains[n] / 2, f"r{rnd}-load"))
+                    if n not in drains:  # its drain failed: no rate to offer half of
+                        continue
+                    add(guarded(n, "latency_load", latency_load,
+                                objs[n], a, tmp, drains[n] / 2, f"r{rnd}-load"))
             rounds.append(rows)
     finally:
         for s in objs.values():

@@ -25,7 +25,7 @@ def cell(by: dict[tuple[str, str], Row], system: str, scenario: str, attr: str, 
     if r is None:
         return "-"
     if r.na:
-        return "n/a"
+        return "failed" if r.failed else "n/a"
     return fmt(getattr(r, attr), spec)
 
 
@@ -186,6 +186,9 @@ def markdown(
     ]
     for i, rs in enumerate(rounds, 1):
         for r in rs:
+            if r.failed:
+                lines.append(f"| {i} | {r.system} | {r.scenario} | {r.note} | | |")
+                continue
             if r.na:
                 continue
             lines.append(

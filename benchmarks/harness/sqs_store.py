@@ -28,11 +28,12 @@ import random
 import tempfile
 import uuid
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from harness import rabbitmq_store
-from harness.common import Row, rotate, say
+from harness.common import Row, guarded, rotate, say
 from harness.rabbitmq_store import (
     bulk,
     drain_2p,
@@ -137,24 +138,27 @@ def run(
                     say(row)
 
                 for n in order:
-                    add(with_server_cpu(pid, lambda s=objs[n]: enqueue(s, a)))
+                    add(guarded(n, "enqueue", with_server_cpu, pid, partial(enqueue, objs[n], a)))
                 conveyor = objs.get("conveyor")
                 if isinstance(conveyor, ConveyorSystem):  # the baselines of its enqueues
                     for row in raw_rows(a, admin, endpoint, conveyor, pid):
                         add(row)
                 for n in order:
-                    add(with_server_cpu(pid, lambda s=objs[n]: bulk(s, a)))
+                    add(guarded(n, "enqueue_many", with_server_cpu, pid, partial(bulk, objs[n], a)))
                 for n in order:
-                    add(drain(objs[n], a, tmp, pid))
+                    add(guarded(n, "drain", drain, objs[n], a, tmp, pid))
                 for n in order:
-                    add(drain_2p(objs[n], a, tmp))
+                    add(guarded(n, "drain_2p", drain_2p, objs[n], a, tmp))
                 for n in order:
-                    add(latency(objs[n], a, tmp, rng, f"r{rnd}", probes))
+                    add(guarded(n, "latency", latency, objs[n], a, tmp, rng, f"r{rnd}", probes))
                 drains = {
                     r.system: r.jobs_per_s for r in rows if r.scenario == "drain" and r.jobs_per_s
                 }
                 for n in order:
-                    add(latency_load(objs[n], a, tmp, drains[n] / 2, f"r{rnd}-load", probes))
+                    if n not in drains:  # its drain failed: no rate to offer half of
+                        continue
+                    add(guarded(n, "latency_load", latency_load,
+                                objs[n], a, tmp, drains[n] / 2, f"r{rnd}-load", probes))
             rounds.append(rows)
     env: dict[str, Any] = {
         "sqs server": moto_version() + ", started for this run on a loopback port, "
