@@ -5,6 +5,7 @@ publishes the message again, so the job runs."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -111,3 +112,33 @@ def test_a_redrive_whose_publish_failed_runs_after_the_sweep(
     with running_worker(app):
         done = wait_for_job(app, job.id, "succeeded", timeout=30)
     assert done.result == "ok" and len(tries) == 2
+
+
+def test_one_sweep_publishes_every_due_message_past_marks_that_need_none(
+        open_broker: Callable[[], Backend]) -> None:
+    """A backlog of marks whose jobs moved on, mixed with jobs that still need their message:
+    one sweep publishes all of the latter, batch after batch, not only the first batch's."""
+    backend: Any = open_broker()
+    backend.outbox_after = 0.0
+    state = backend.state
+    base = {"task": "t", "queue": "q", "args": "{}", "max_attempts": 3, "timeout": 30.0}
+    n = backend.SWEEP_BATCH * 2 + 10
+    made = state.enqueue_many([NewJob(**base) for _ in range(n)])  # type: ignore[arg-type]
+    ids = [r.id for r in made]
+    # Every other job moved on: cancelled (no message needed); the others still wait.
+    cancelled = ids[::2]
+    for i in cancelled:
+        assert state.cancel(i)
+    state.outbox_mark(ids)
+    published: list[int] = []
+    publish = backend.transport.publish
+
+    def counting(items: list[Any]) -> Any:
+        published.append(len(items))
+        return publish(items)
+
+    backend.transport.publish = counting
+    assert backend.sweep_outbox() == n - len(cancelled)
+    assert sum(published) == n - len(cancelled)
+    assert backend.sweep_outbox() == 0
+    assert state.outbox_sweep(older_than=0.0, now=time.time() + 3600) == []  # nothing left

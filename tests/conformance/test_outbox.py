@@ -98,3 +98,16 @@ def test_the_sweep_is_bounded(outbox: Backend) -> None:
     first = [j.id for j in outbox.outbox_sweep(older_than=60, limit=2, now=T0 + 61)]
     second = [j.id for j in outbox.outbox_sweep(older_than=60, limit=10, now=T0 + 62)]
     assert len(first) == 2 and sorted(first + second) == sorted(ids)
+
+
+def test_marks_that_need_no_message_never_hide_the_ones_that_do(outbox: Backend) -> None:
+    """A sweep's batch full of marks whose jobs moved on (a backlog left by producers that died
+    after their publish, or by a store that failed their confirm) is cleared and the sweep
+    looks further: it returns nothing only when no due mark needs a message. Returning an
+    empty batch there would end the companion's sweep for another interval, 100 marks at a
+    time."""
+    outbox.outbox_mark([987_654_321 + i for i in range(7)], now=T0 - 10)  # gone: oldest first
+    waiting = enqueue(outbox, now=T0)
+    assert [j.id for j in outbox.outbox_sweep(older_than=60, limit=3, now=T0 + 61)] == [waiting]
+    outbox.outbox_confirm([waiting])
+    assert outbox.outbox_sweep(older_than=60, limit=3, now=T0 + 3600) == []

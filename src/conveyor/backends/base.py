@@ -279,7 +279,9 @@ class Backend(abc.ABC):
         is not swept again before another ``older_than`` passes) and the job returned, for its
         message to be published again and then confirmed; any other mark (its job running,
         finished, waiting, or gone: a message of it exists or none is needed) is cleared. The
-        jobs in ascending id order."""
+        jobs in ascending id order. A batch whose marks all need no message is cleared and the
+        next one looked at (each in a write of its own), so an empty answer means no due mark
+        needs a message: the caller sweeps until then."""
         raise NotImplementedError(f"{type(self).__name__} keeps no outbox")
 
     @abc.abstractmethod

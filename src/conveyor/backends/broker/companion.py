@@ -349,7 +349,9 @@ class CompanionBackend(BrokerBackend):
                 done += len(jobs)
                 log.warning("published the messages of %d job(s) again: their records were "
                             "written, their messages not confirmed", len(jobs))
-                if len(jobs) < self.SWEEP_BATCH or not lock.renew():
+                # Not "a short batch was the last": the store passes over marks that need no
+                # message, so a batch may be short with more due behind it (base.py).
+                if not lock.renew():
                     break
         finally:
             lock.release()

@@ -55,21 +55,23 @@ class PostgresOutbox(PooledBackend):
 
     def outbox_sweep(self, *, older_than: float, limit: int = 100,
                      now: float | None = None) -> list[Job]:
-        with self._tx() as conn:
-            rows = conn.execute(DUE, {"older_than": older_than, "limit": limit,
-                                      "now": now}).fetchall()
-            if not rows:
+        while True:  # past batches of marks that need no message (base.py)
+            with self._tx() as conn:
+                rows = conn.execute(DUE, {"older_than": older_than, "limit": limit,
+                                          "now": now}).fetchall()
+                if not rows:
+                    return []
+                due = sorted(r["job_id"] for r in rows if r["state"] in WAITING)
+                gone = [r["job_id"] for r in rows if r["state"] not in WAITING]
+                if gone:
+                    conn.execute(CONFIRM, {"ids": gone})
+                if due:
+                    conn.execute(RENEW, {"at": rows[0]["now"], "ids": due})
+                    jobs = []
+                    for i in due:
+                        row = conn.execute(Q["get"], {"id": i}).fetchone()
+                        if row is not None:
+                            jobs.append(row_to_job(row))
+                    return jobs
+            if len(rows) < limit:
                 return []
-            due = sorted(r["job_id"] for r in rows if r["state"] in WAITING)
-            gone = [r["job_id"] for r in rows if r["state"] not in WAITING]
-            if gone:
-                conn.execute(CONFIRM, {"ids": gone})
-            if not due:
-                return []
-            conn.execute(RENEW, {"at": rows[0]["now"], "ids": due})
-            jobs = []
-            for i in due:
-                row = conn.execute(Q["get"], {"id": i}).fetchone()
-                if row is not None:
-                    jobs.append(row_to_job(row))
-        return jobs

@@ -30,7 +30,11 @@ class OutboxMixin(RedisCore):
 
     def outbox_sweep(self, *, older_than: float, limit: int = 100,
                      now: float | None = None) -> list[Job]:
-        due = self._run("outbox_sweep", [], [self._now_arg(now), repr(float(older_than)),
-                                             int(limit)], safe=False)
+        while True:  # past batches of marks that need no message (base.py)
+            looked, due = self._run("outbox_sweep", [], [self._now_arg(now),
+                                                         repr(float(older_than)), int(limit)],
+                                    safe=False)
+            if due or int(looked) < limit:
+                break
         jobs = [self.get(int(i)) for i in due]
         return sorted((j for j in jobs if j is not None), key=lambda j: j.id)

@@ -40,14 +40,16 @@ class SqliteOutbox(SqliteConnections):
 
     def outbox_sweep(self, *, older_than: float, limit: int = 100,
                      now: float | None = None) -> list[Job]:
-        with self._write(now) as (conn, t):
-            rows = conn.execute(DUE, {"cutoff": t - older_than, "limit": limit}).fetchall()
-            due = sorted(r["job_id"] for r in rows if r["state"] in WAITING)
-            gone = [r["job_id"] for r in rows if r["state"] not in WAITING]
-            conn.execute(CONFIRM, (_ids(gone),))
-            conn.execute(RENEW, (t, _ids(due)))
-            jobs = [row_to_job(conn.execute(Q["get"], {"id": i}).fetchone()) for i in due]
-        return jobs
+        while True:  # past batches of marks that need no message (base.py)
+            with self._write(now) as (conn, t):
+                rows = conn.execute(DUE, {"cutoff": t - older_than, "limit": limit}).fetchall()
+                due = sorted(r["job_id"] for r in rows if r["state"] in WAITING)
+                gone = [r["job_id"] for r in rows if r["state"] not in WAITING]
+                conn.execute(CONFIRM, (_ids(gone),))
+                conn.execute(RENEW, (t, _ids(due)))
+                jobs = [row_to_job(conn.execute(Q["get"], {"id": i}).fetchone()) for i in due]
+            if jobs or len(rows) < limit:
+                return jobs
 
 
 def _ids(job_ids: Sequence[int]) -> str:

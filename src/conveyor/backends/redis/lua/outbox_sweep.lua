@@ -4,7 +4,8 @@
 -- waiting, or gone) is removed.
 -- KEYS: the common header (no queue blocks).
 -- ARGV: n (0); now ('' = the store's clock), older_than (seconds), limit.
--- Returns the ids whose marks were renewed, in the marks' order.
+-- Returns {the number of marks looked at, the ids whose marks were renewed in the marks'
+-- order}: a batch of marks that all needed no message is told from the last one.
 local now = clock(arg(1))
 local t = num(now)
 local marks = redis.call('ZRANGEBYSCORE', K.outbox, '-inf', num(now - tonumber(arg(2))),
@@ -19,4 +20,4 @@ for _, id in ipairs(marks) do
     redis.call('ZREM', K.outbox, id)
   end
 end
-return due
+return {#marks, due}
