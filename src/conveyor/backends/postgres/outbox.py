@@ -33,6 +33,7 @@ FOR UPDATE OF o SKIP LOCKED
 """
 RENEW = "UPDATE conveyor_outbox SET at = %(at)s WHERE job_id = ANY(%(ids)s::bigint[])"
 WAITING = ("available", "scheduled")
+SCAN_MAX = 10_000  # marks one sweep write looks at, at most
 
 
 def mark_created(conn: psycopg.Connection[Any], results: Sequence[EnqueueResult]) -> None:
@@ -55,23 +56,29 @@ class PostgresOutbox(PooledBackend):
 
     def outbox_sweep(self, *, older_than: float, limit: int = 100,
                      now: float | None = None) -> list[Job]:
+        scan = limit
         while True:  # past batches of marks that need no message (base.py)
             with self._tx() as conn:
-                rows = conn.execute(DUE, {"older_than": older_than, "limit": limit,
+                rows = conn.execute(DUE, {"older_than": older_than, "limit": scan,
                                           "now": now}).fetchall()
                 if not rows:
                     return []
-                due = sorted(r["job_id"] for r in rows if r["state"] in WAITING)
+                # The first `limit` marks that need a message, in mark order; every mark
+                # looked at that needs none is cleared, those further in too.
+                due = [r["job_id"] for r in rows if r["state"] in WAITING][:limit]
                 gone = [r["job_id"] for r in rows if r["state"] not in WAITING]
                 if gone:
                     conn.execute(CONFIRM, {"ids": gone})
                 if due:
                     conn.execute(RENEW, {"at": rows[0]["now"], "ids": due})
                     jobs = []
-                    for i in due:
+                    for i in sorted(due):
                         row = conn.execute(Q["get"], {"id": i}).fetchone()
                         if row is not None:
                             jobs.append(row_to_job(row))
                     return jobs
-            if len(rows) < limit:
+            if len(rows) < scan:
                 return []
+            # A whole batch needed no message: a backlog of such marks. Look further at a time
+            # (a commit per batch is most of a batch's cost), bounded to keep a write short.
+            scan = min(scan * 4, SCAN_MAX)
