@@ -193,10 +193,6 @@ def _stats(b: RedisBackend) -> None:
     assert (q.queue, q.available, q.oldest_available_age) == ("default", 3, 10.0)
 
 
-def _peek(b: RedisBackend) -> None:
-    assert b._peek(["default"]) == (True, None)
-
-
 def _claim(b: RedisBackend) -> None:
     # Priority first: job 2 was enqueued with priority -1.
     assert [j.id for j in b.claim("default", 3, worker_id="w", lease_s=30)] == [2, 1, 3]
@@ -220,7 +216,7 @@ def _general_enqueue(b: RedisBackend) -> None:
     assert [j.id for j in b.claim("default", 4, worker_id="w", lease_s=30)] == [2, 1, 3, res.id]
 
 
-@pytest.mark.parametrize("use", [_list_all, _list_queue, _list_state, _stats, _peek, _claim, _cancel, _purge,
+@pytest.mark.parametrize("use", [_list_all, _list_queue, _list_state, _stats, _claim, _cancel, _purge,
                                  _general_enqueue], ids=lambda f: f.__name__.strip("_"))
 def test_every_script_given_the_queue_sees_the_inbox(private_redis: RedisServer, use: Any) -> None:
     b = store(private_redis, f"sees{use.__name__}")
@@ -231,6 +227,24 @@ def test_every_script_given_the_queue_sees_the_inbox(private_redis: RedisServer,
         assert private_redis.client().zcard(b.keys.queue("default", "available")) == 0
         use(b)
         assert inbox_len(b) == 0
+    finally:
+        b.close()
+
+
+def test_an_idle_workers_look_counts_the_inbox_and_leaves_it_to_the_claim(
+        private_redis: RedisServer) -> None:
+    """look.lua reads four keys a queue and folds nothing (cheap on thousands of queues): an
+    inbox's entries are jobs waiting, so the look says so, and the claim it leads to folds."""
+    b = store(private_redis, "look")
+    try:
+        for n, job in enumerate([plain(1), plain(2, priority=-1), plain(3)]):
+            b.enqueue_many([job], now=1_000_000.0 + n)
+        assert b._peek(["default", "other"]) == (True, None)
+        assert b.ready_queues(["other", "default"]) == ["default"]
+        assert inbox_len(b) == 3  # not folded by the look
+        assert [j.id for j in b.claim("default", 3, worker_id="w", lease_s=30)] == [2, 1, 3]
+        assert inbox_len(b) == 0
+        assert b._peek(["default"]) == (False, None) and b.ready_queues(["default"]) == []
     finally:
         b.close()
 

@@ -531,6 +531,13 @@ class Backend(abc.ABC):
         sleep; without it True comes at once, for a caller whose next step, a claim, is that
         look. Either way, a job already waiting when the call starts returns True at once."""
 
+    def ready_queues(self, queues: Sequence[str]) -> list[str]:
+        """Those of ``queues`` that hold a job a claim could take now (available, or scheduled
+        and due; the queue not paused), in the given order: one look for a worker on many
+        queues, which then claims where there is work instead of calling the store once per
+        queue until it finds some. A store that cannot tell returns them all."""
+        return list(queues)
+
     def wait_and_claim(
         self, queues: Sequence[str], timeout: float, claims: Sequence[tuple[str, int]], *,
         worker_id: str, lease_s: float, start: int | None = None,

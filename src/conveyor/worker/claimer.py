@@ -35,6 +35,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("conveyor.worker")
 T = TypeVar("T")
+# From this many queues a claim round first asks the store which have work (ready_queues) and
+# claims only there: a round otherwise calls the store once per queue until it meets one with
+# work, a round trip per empty queue. Below it that walk costs at most a few calls.
+READY_LOOKUP_FROM = 8
 # A round of claims (Claimer._steps): yields (acks, queue, how many, how many start) per
 # store call, is sent each call's (held, jobs), returns (held or None, every job claimed).
 ClaimSteps = Generator[tuple[list[tuple[Lease, str | None]], str, int, int], ClaimReply,
@@ -121,11 +125,23 @@ class Claimer:
         self.parked = True
         self.claim_s = 0.001  # a claim call's duration, a moving average
 
-    def _plan(self, free: int) -> list[tuple[str, int]]:
+    def _plan(self, free: int, among: list[str] | None = None) -> list[tuple[str, int]]:
+        """``free`` slots split across the queues (those of ``among`` only, if given)."""
         w = self.w
+        weights = self.weights if among is None else {q: self.weights[q] for q in among}
+        if not weights:
+            return []
         if w.strict:
-            return plan_strict(free, self.weights)
-        return plan_claims(free, self.weights, w._rng)
+            return plan_strict(free, weights)
+        return plan_claims(free, weights, w._rng)
+
+    @property
+    def _looks_first(self) -> bool:
+        return len(self.weights) >= READY_LOOKUP_FROM
+
+    def _ready(self) -> list[str] | None:
+        """The queues with work (on a store thread), when a round should look first."""
+        return self.w.backend.ready_queues(list(self.weights)) if self._looks_first else None
 
     async def _park(self, waiting: Awaitable[T]) -> T:
         """Wait on something that may take a while, handing any pending acks to the ack loop."""
@@ -338,7 +354,9 @@ class Claimer:
         (woken, the jobs claimed, or None if there was no claim to make)."""
         w = self.w
         claims: list[tuple[str, int]] = []
-        if free > 0 and not w.stopping:
+        if free > 0 and not w.stopping and not self._looks_first:
+            # (On many queues the plan's few would rarely be the one woken for: the claim
+            # after the wake-up looks first.)
             claims = self._plan(free)
         # A store that can make the claims in the wake-up's own round trip (Redis) does; with
         # the others this thread claims the moment the wake-up comes.
@@ -367,9 +385,12 @@ class Claimer:
         else on a store thread; pending acks ride with its first call."""
         w = self.w
         completer = w.completer
+        near = self.near
+        ready: list[str] | None = None
+        if near is not None and self._looks_first:
+            ready = await w._call(w._store, self._ready)
         batch = completer.take()
         startable = w.capacity.startable()
-        near = self.near
 
         def claim() -> Claimed:
             held, jobs = self._claim_on_thread(free, batch, startable)
@@ -380,7 +401,8 @@ class Claimer:
         try:
             if near is not None and not w.stopping:
                 held, jobs = await self._claim_on_loop(near, free, batch, startable,
-                                                       functools.partial(self._send_ahead, free))
+                                                       functools.partial(self._send_ahead, free),
+                                                       ready)
                 w.runner.start_early(jobs, startable)
             else:
                 held, jobs = await w._call(w._store, claim)
@@ -394,12 +416,13 @@ class Claimer:
         return jobs
 
     async def _claim_on_loop(self, near: LoopClaims, free: int, acks: Acks, startable: int,
-                             on_reply: Callable[[int], None]) -> Claimed:
+                             on_reply: Callable[[int], None],
+                             ready: list[str] | None) -> Claimed:
         """_claim_on_thread's round, each store call awaited on the loop; what the loop cannot
         do without blocking (see LoopClaims) runs on a store thread. ``on_reply`` goes with a
-        round of one call (one queue)."""
+        round of one call (one queue). ``ready``: the queues with work, if looked at first."""
         w = self.w
-        steps = self._steps(free, acks, startable)
+        steps = self._steps(free, acks, startable, ready)
         one_queue = len(self.weights) == 1
         try:
             step = next(steps)
@@ -422,9 +445,9 @@ class Claimer:
 
     def _claim_on_thread(self, free: int, acks: Acks, startable: int) -> Claimed:
         """The claims of one round (see _steps), made in turn on the calling (store or
-        waiter) thread."""
+        waiter) thread; on many queues, after a look at which have work."""
         w = self.w
-        steps = self._steps(free, acks, startable)
+        steps = self._steps(free, acks, startable, self._ready())
         backend = w.backend
         try:
             step = next(steps)
@@ -448,7 +471,8 @@ class Claimer:
     def _claiming(self) -> bool:
         return not self.w.stopping
 
-    def _steps(self, free: int, acks: Acks, startable: int) -> ClaimSteps:
+    def _steps(self, free: int, acks: Acks, startable: int,
+               ready: list[str] | None = None) -> ClaimSteps:
         """The claims of one round, as a plan its caller carries out (_claim_on_thread on a
         thread, _claim_on_loop on the loop): ``free`` slots split across the queues by weight,
         each queue's unused share passed on to the next (work-conserving). Yields (acks, queue,
@@ -456,14 +480,15 @@ class Claimer:
         first one only, else it is a plain claim), and is sent that call's (held, jobs), or
         thrown its error. The first ``startable`` jobs of the round start (Runner.start_early);
         the rest are claimed held (prefetch), not counted as attempts until they start.
-        Returns whether each ack was held (None if no claim was made), and the jobs claimed."""
+        Returns whether each ack was held (None if no claim was made), and the jobs claimed.
+        ``ready``: the only queues to claim from (those with work), if looked at first."""
         w = self.w
         claimed: list[Job] = []
         held: list[bool] | None = None
         acked = False  # the acks were written: from now on this round must return, not raise
         carry = 0
         full: list[str] = []
-        for queue, share in self._plan(free):
+        for queue, share in self._plan(free, ready):
             want = share + carry
             if want <= 0 or w.stopping:
                 continue

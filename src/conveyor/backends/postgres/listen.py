@@ -25,7 +25,7 @@ DRAIN_AT_ONCE = 10_000  # notifications an idle wait reads before it looks (a bo
 
 
 class Listening(PooledBackend):
-    """wait_for_jobs and wake of PostgresBackend."""
+    """wait_for_jobs, ready_queues and wake of PostgresBackend."""
 
     _listener: Conn | None
     _listen_lock: threading.Lock
@@ -64,6 +64,13 @@ class Listening(PooledBackend):
 
     def wake(self) -> None:
         self._wake_generation += 1
+
+    def ready_queues(self, queues: Sequence[str]) -> list[str]:
+        if not queues:
+            return []
+        with self._tx() as conn:
+            rows = conn.execute(Q["ready_queues"], {"queues": list(queues)}).fetchall()
+        return [r["queue"] for r in rows]
 
     @contextlib.contextmanager
     def finish_watch(self, job_id: int) -> Iterator[Callable[[float], None]]:

@@ -327,7 +327,7 @@ class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin, Redi
             # or this worker's own last claim, took the job; under a steady load the wake list
             # holds a few such). Wait on, claims behind the next pop: returning would leave the
             # next job to a wait without claims, a hop to the loop and a claim of its own. The
-            # look before that pop (peek) still ends the wait for jobs that limits hold back.
+            # look before that pop (look.lua) still ends the wait for jobs that limits hold back.
             return None
 
         return self._wait(queues, timeout, pop)
@@ -335,9 +335,9 @@ class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin, Redi
     def _wait(self, queues: Sequence[str], timeout: float,
               pop: Callable[[list[str], float], tuple[bool, list[Job] | None] | None],
               ) -> tuple[bool, list[Job] | None]:
-        """The idle wait: look (peek), then block in ``pop`` on the wake lists for a slice, until
-        ``pop`` has an answer, a job is waiting, ``wake()`` or ``close()`` is called, or the
-        timeout runs out (False)."""
+        """The idle wait: look (look.lua), then block in ``pop`` on the wake lists for a slice,
+        until ``pop`` has an answer, a job is waiting, ``wake()`` or ``close()`` is called, or
+        the timeout runs out (False)."""
         deadline = time.monotonic() + max(0.0, timeout)
         with self._wake_lock:
             generation = self._wake_gen
@@ -395,9 +395,19 @@ class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin, Redi
             return True, jobs
         return popped is not None, jobs
 
+    def ready_queues(self, queues: Sequence[str]) -> list[str]:
+        if not queues:
+            return []
+        return [str(q) for q in self._look("all", queues)]
+
+    def _look(self, mode: str, queues: Sequence[str]) -> Any:
+        qs = list(dict.fromkeys(queues))
+        return self._transport.call("look", functools.partial(
+            self._script, "look", self.keys.look(qs), [mode, "", *qs]), safe=True)
+
     def _peek(self, queues: Sequence[str]) -> tuple[bool, float | None]:
         """(jobs are waiting now, seconds until the earliest scheduled job is due)."""
-        res = self._run("peek", queues, [""], safe=True)
+        res = self._look("any", queues)
         if int(res[0]):
             return True, None
         return False, float(res[1]) if res[1] != "" else None

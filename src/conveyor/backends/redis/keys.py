@@ -62,7 +62,7 @@ STORE_KEYS: dict[str, str] = {
     "batch": "batch:",
     "members": "members:",
     # Paused queues (backends/base.py, "Pausing a queue"): a HASH queue -> paused since (unix
-    # seconds). claim.lua claims nothing of a queue named here; peek.lua passes over it.
+    # seconds). claim.lua claims nothing of a queue named here; look.lua passes over it.
     "paused": "paused",
     # A broker companion's outbox (Backend.outbox_sweep): a ZSET of the jobs whose message the
     # broker has not confirmed, score = since when. Written only while Backend.outbox is on.
@@ -90,6 +90,10 @@ CLIENT_KEYS: dict[str, str] = {
 ENQUEUE_ONE_KEYS = ("job", "jobs", "state:available", "queues", "ids", "q:available", "q:jobs",
                     "q:wake", "q:fair", "q:due", "q:inbox")
 GET_KEYS = ("job", "errors")
+# look.lua: its own two keys, then four of each queue's block (a lean read of many queues).
+LOOK_KEYS = ("paused", "conc")
+LOOK_QUEUE_KEYS = ("inbox", "available", "scheduled", "fair")
+_LOOK_AT = tuple(QUEUE_KEYS.index(name) for name in LOOK_QUEUE_KEYS)
 LOCK_KEYS = ("lock",)
 WAITER_KEYS = ("waiters", "anywhere")  # count_waiter.lua: P:wait:<id>, P:wait:any
 # History (backends/history.py), the keys of history_record.lua and history_rollup.lua, in this
@@ -108,7 +112,7 @@ HISTORY_KEYS: dict[str, str] = {
 # n * ID_STRIDE + p (new_id in lua/_core.lua reads p from the tag), so an id names its partition.
 ID_STRIDE = 1024
 
-_MAX_BLOCKS = 1024  # queues whose blocks Keys keeps made (more are made again as needed)
+_MAX_BLOCKS = 16_384  # queues whose blocks Keys keeps made (a worker on more remakes them)
 
 
 class Keys:
@@ -127,6 +131,7 @@ class Keys:
         self.indexed_done = f"{p}:{CLIENT_KEYS['indexed_done']}"
         self.maintenance = f"{p}:{CLIENT_KEYS['maintenance']}"
         self._blocks: dict[str, tuple[str, ...]] = {}  # queue -> block(queue)
+        self._look: tuple[tuple[str, ...], tuple[str, ...]] | None = None  # see look()
 
     def job(self, job_id: int) -> str:
         return f"{self.store['job']}{job_id}"
@@ -177,6 +182,20 @@ class Keys:
         """enqueue_one.lua's KEYS (ENQUEUE_ONE_KEYS) for a job of ``queue``."""
         return [self.queue(queue, name[2:]) if name.startswith("q:") else self.store[name]
                 for name in ENQUEUE_ONE_KEYS]
+
+    def look(self, queues: Sequence[str]) -> list[str]:
+        """look.lua's KEYS (LOOK_KEYS, then LOOK_QUEUE_KEYS of each queue). The last list made
+        is kept: an idle worker looks at the same queues every time, thousands of them on a
+        worker with a queue per tenant. (A list of the caller's own.)"""
+        asked = tuple(queues)
+        if self._look is not None and self._look[0] == asked:
+            return list(self._look[1])
+        keys = [self.store[name] for name in LOOK_KEYS]
+        for q in asked:
+            block = self.block(q)
+            keys += [block[i] for i in _LOOK_AT]
+        self._look = (asked, tuple(keys))
+        return keys
 
     def get(self, job_id: int) -> list[str]:
         """get.lua's KEYS (GET_KEYS): the job's hash and its error list."""

@@ -410,6 +410,13 @@ class PartitionedRedis(Backend):
             yield sleep
 
     # -- waiting for jobs -----------------------------------------------------------------------
+    def ready_queues(self, queues: Sequence[str]) -> list[str]:
+        self._check_count()
+        ready: set[str] = set()
+        for p, qs in self._queues_by_part(queues).items():  # a look per partition
+            ready.update(self.parts[p].ready_queues(qs))
+        return [q for q in queues if q in ready]
+
     def wait_for_jobs(self, queues: Sequence[str], timeout: float, *,
                       verify: bool = True) -> bool:
         self._check_count()

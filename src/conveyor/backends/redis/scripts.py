@@ -15,6 +15,7 @@ from .keys import (
     GET_KEYS,
     HISTORY_KEYS,
     LOCK_KEYS,
+    LOOK_KEYS,
     QUEUE_KEYS,
     STORE_KEYS,
     WAITER_KEYS,
@@ -35,7 +36,7 @@ STRICT_SCRIPTS = ("record_step", "retry", "kill")
 OOM_SLACK = 1024  # bytes of caller text a script may write past maxmemory
 # Scripts that do without _common.lua's prelude (its header of store keys, the queue blocks,
 # and its helpers made on every call): only _core.lua comes before them.
-LEAN_SCRIPTS = {"enqueue_one", "get"}
+LEAN_SCRIPTS = {"enqueue_one", "get", "look"}
 # Scripts that finish, write or delete jobs, and so settle or keep their dependencies and
 # batches: _deps.lua comes after _common.lua in these only (every other script skips its cost).
 DEPS_SCRIPTS = {"enqueue", "ack", "ack_many", "retry", "kill", "reap", "cancel", "cancel_many",
@@ -47,7 +48,7 @@ BARE_SCRIPTS = ("lock", "unlock", "count_waiter", "history_record", "history_rol
 SCRIPT_NAMES = (
     "enqueue", "enqueue_one", "claim", "heartbeat", "ack", "ack_many", "retry", "kill",
     "release", "reap", "promote", "prune", "cancel", "redrive", "purge", "record_worker",
-    "remove_worker", "stats", "list_jobs", "record_step", "peek", "get", "sweep", "sweep_done",
+    "remove_worker", "stats", "list_jobs", "record_step", "look", "get", "sweep", "sweep_done",
     "get_batch", "make_due", "cron_control", "queue_pause", "cancel_many", "take",
     "outbox_sweep",
     *(f"{name}:strict" for name in STRICT_SCRIPTS),
@@ -55,7 +56,8 @@ SCRIPT_NAMES = (
 
 # The names of each script's KEYS (see keys.py); every other script takes the shared header
 # and queue blocks.
-_OWN_KEYS = {"enqueue_one": ENQUEUE_ONE_KEYS, "get": GET_KEYS, "lock": LOCK_KEYS,
+_OWN_KEYS = {"enqueue_one": ENQUEUE_ONE_KEYS, "get": GET_KEYS, "look": LOOK_KEYS,
+             "lock": LOCK_KEYS,
              "unlock": LOCK_KEYS, "count_waiter": WAITER_KEYS,
              "history_record": tuple(HISTORY_KEYS), "history_rollup": tuple(HISTORY_KEYS)}
 
@@ -82,7 +84,7 @@ def _load_script(name: str) -> str:
     body = folder.joinpath(f"{name}.lua").read_text("utf-8")
     # A shebang makes Redis 7 check the script's flags before it runs: a script that grows the
     # store is refused whole at maxmemory instead of failing at its first write, half-done.
-    # No script is no-writes: even the readers (stats, list_jobs, peek) fold the inboxes of
+    # No script but look is no-writes: even the readers (stats, list_jobs) fold the inboxes of
     # the queues they are given into their indexes first (fold_inbox in _core.lua).
     shebang = "#!lua" if name in GROWING_SCRIPTS or strict else "#!lua flags=allow-oom"
     return f"{shebang}\n{_layout(name)}{common}\n{body}"

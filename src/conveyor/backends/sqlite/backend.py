@@ -57,6 +57,15 @@ from .writes import (
 )
 
 KEEP_ERRORS = 20  # failed attempts a job keeps in its errors list (the newest)
+# Backend.ready_queues: a probe of each queue's claim and scheduled indexes, as _wait's look.
+READY_QUEUES = """
+SELECT q.value FROM json_each(?) AS q
+WHERE q.value NOT IN (SELECT queue FROM conveyor_queue_controls WHERE paused_at IS NOT NULL)
+  AND (EXISTS (SELECT 1 FROM conveyor_jobs WHERE state = 'available' AND queue = q.value)
+       OR EXISTS (SELECT 1 FROM conveyor_jobs WHERE state = 'scheduled' AND queue = q.value
+                  AND run_at <= (julianday('now') - 2440587.5) * 86400.0))
+ORDER BY q.key
+"""
 
 
 class SqliteBackend(SqliteHistory, SqliteOutbox, Backend):
@@ -588,6 +597,13 @@ class SqliteBackend(SqliteHistory, SqliteOutbox, Backend):
                 left = signal.waited.pop(job_id) - 1
                 if left:
                     signal.waited[job_id] = left
+
+    def ready_queues(self, queues: Sequence[str]) -> list[str]:
+        if not queues:
+            return []
+        with self._using() as conn:
+            rows = conn.execute(READY_QUEUES, (json.dumps(list(queues)),)).fetchall()
+        return [r[0] for r in rows]
 
     def wait_for_jobs(self, queues: Sequence[str], timeout: float, *, verify: bool = True) -> bool:
         # ``verify`` changes nothing here: a change seen in the file is checked with one cheap

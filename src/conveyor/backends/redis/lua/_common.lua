@@ -44,7 +44,7 @@
 --                            pushes one mark per waiter to, P:wait:any the count of all
 --                            waiters (see tell_waiters)
 --   paused     P:paused      HASH queue -> paused since (unix seconds): claim takes nothing of
---                            such a queue and peek passes over it (see queue_pause.lua)
+--                            such a queue and look.lua passes over it (see queue_pause.lua)
 -- then one block per queue named in ARGV, in the same order, its keys in the order of
 -- QUEUE_KEYS in keys.py (queue_keys(b, name) names them):
 --   P:q:<queue>:available  ZSET, score = priority, member = tag .. sortable(run_at) .. id
@@ -155,21 +155,8 @@ end
 -- to run again: a job became available, or a concurrency slot of a job of it freed.
 local function unhold(q) redis.call('HDEL', q.fair, 'hold', 'holdc') end
 
--- Until when claim's hold on q (see claim.lua) stands, or nil when it does not at now: it has
--- run out, or one of the full concurrency keys it names ('holdc': key, running count...) has
--- freed a slot since, which a job of another queue sharing the key may have done.
-local function held_until(q, now)
-  local f = redis.call('HMGET', q.fair, 'hold', 'holdc')
-  local t = tonumber(f[1] or 0)
-  if t <= now then return nil end
-  if f[2] then
-    local c = cjson.decode(f[2])
-    for i = 1, #c, 2 do
-      if redis.call('ZCARD', P_CONC .. c[i]) < c[i + 1] then return nil end
-    end
-  end
-  return t
-end
+-- Until when claim's hold on q stands (hold_until in _core.lua), or nil.
+local function held_until(q, now) return hold_until(q.fair, P_CONC, now) end
 
 -- Take the job out of its state's sets (not the hash: the caller rewrites that). Every way out
 -- of running (ack, retry, kill, release, reap, cancel) comes through here, so this is where a

@@ -27,6 +27,23 @@ end
 -- 17 significant digits give back the very same double in Python.
 local function num(x) return string.format('%.17g', x) end
 
+-- Until when claim's hold (see claim.lua) on the queue whose fair hash is ``fair`` stands, or
+-- nil when it does not at now: it has run out, or one of the full concurrency keys it names
+-- ('holdc': key, running count...; under the prefix ``conc``) has freed a slot since, which a
+-- job of another queue sharing the key may have done.
+local function hold_until(fair, conc, now)
+  local f = redis.call('HMGET', fair, 'hold', 'holdc')
+  local t = tonumber(f[1] or 0)
+  if t <= now then return nil end
+  if f[2] then
+    local c = cjson.decode(f[2])
+    for i = 1, #c, 2 do
+      if redis.call('ZCARD', conc .. c[i]) < c[i + 1] then return nil end
+    end
+  end
+  return t
+end
+
 -- Claim order inside one queue is (priority, fair_tag, run_at, id). The ZSET score holds the
 -- priority (a small integer, exact), and equal scores sort by member bytes, so the member is
 -- the fair tag zero-padded to 16 digits, then a fixed-width, byte-sortable image of the exact

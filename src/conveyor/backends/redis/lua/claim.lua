@@ -13,7 +13,7 @@
 -- worth looking again: when the earliest rate window met ends, or at most HOLD_S ahead for a
 -- full concurrency key, with the full keys (up to HOLD_KEYS of them) and their running counts,
 -- so a slot freed by a job of another queue sharing the key ends it too. Until then claims
--- answer at once without walking, and peek tells idle workers to sleep until then, so a
+-- answer at once without walking, and look.lua tells idle workers to sleep until then, so a
 -- held-back head costs one walk per hold, not one per idle worker per poll. Whatever may let a
 -- job run sooner clears it (unhold in _common.lua): a job becoming available, a slot of a job
 -- of this queue freed. HOLD_S bounds the wait for a slot freed by a job of another queue

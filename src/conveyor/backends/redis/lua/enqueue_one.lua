@@ -33,9 +33,10 @@ local waiting = redis.call('RPUSH', Q_INBOX, prio .. ' ' .. t .. ' ' .. m)
 -- only with an empty inbox), so a queue with an inbox is always there.
 if waiting == 1 then redis.call('SADD', K_QUEUES, qn) end
 -- Wake-up markers: one per job for the first WAKE_MAX since the last fold, as many as the list
--- keeps. Every worker checks (claim or peek, which fold) before it blocks and after it pops a
--- marker, so a longer inbox means none of those markers has been acted on yet: one more would
--- wake nobody new.
+-- keeps. Every worker checks before it blocks and after it pops a marker (a claim, which
+-- folds, or look.lua, which counts an inbox as jobs waiting and so leads to a claim), so a
+-- longer inbox means none of those markers has been acted on yet: one more would wake nobody
+-- new.
 if waiting <= WAKE_MAX then wake({wake = Q_WAKE}, 1) end
 if waiting >= FOLD_AT then
   fold_inbox(Q_INBOX, K_ALL, K_AVAILABLE, Q_JOBS, Q_AVAILABLE, Q_DUE, Q_FAIR)

@@ -792,6 +792,16 @@ RETURNING queue;
 SELECT queue, extract(epoch FROM paused_at)::float8 AS paused_at
 FROM conveyor_queue_controls WHERE paused_at IS NOT NULL;
 
+-- name: ready_queues
+-- Backend.ready_queues: a probe of each queue's claim and scheduled indexes, as "ready" looks.
+SELECT u.q AS queue FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS u(q, i)
+WHERE NOT EXISTS (SELECT 1 FROM conveyor_queue_controls AS c
+                  WHERE c.queue = u.q AND c.paused_at IS NOT NULL)
+  AND (EXISTS (SELECT 1 FROM conveyor_jobs WHERE state = 'available' AND queue = u.q)
+       OR EXISTS (SELECT 1 FROM conveyor_jobs WHERE state = 'scheduled' AND queue = u.q
+                  AND run_at <= now()))
+ORDER BY u.i;
+
 -- name: ready
 -- The queues asked about, less the paused ones: their jobs are nobody's to claim, and reporting
 -- them would wake an idle worker to an empty claim again and again.
