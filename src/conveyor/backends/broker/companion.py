@@ -60,7 +60,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
-from ...errors import LeaseLost
+from ...errors import LeaseLost, StoreError
 from ...job import Job, JobState
 from ..base import Backend, BatchInfo, HistoryPoint, StoreLock
 from ..types import (
@@ -273,7 +273,19 @@ class CompanionBackend(BrokerBackend):
         except BaseException:
             self.transport.give_back([held.delivery])
             raise
-        self.transport.settle([held.delivery])
+        self._settle_recorded([(held, "settle")])
+
+    def _settle_recorded(self, found: Sequence[tuple[_Held, LetGo]]) -> None:
+        """``_let_go`` once the store has answered the outcomes: a broker error is logged, not
+        raised. The outcomes stand, and a message left unsettled comes back to a take that the
+        record decides on (as after a crash between the two). Raised, the worker would write
+        the outcomes again, find their leases gone, and log recorded successes as discarded."""
+        try:
+            self._let_go(found)
+        except StoreError as exc:
+            log.warning("%s: %d outcome(s) recorded, but their messages were not settled (%s): "
+                        "they come back, and are dropped or run by what the records say",
+                        self.kind, len(found), exc)
 
     def ack_many(self, acks: Sequence[tuple[Lease, str | None]], *,
                  now: float | None = None) -> list[bool]:
@@ -285,8 +297,8 @@ class CompanionBackend(BrokerBackend):
         except BaseException:
             self.transport.give_back([h.delivery for _, _, h in mine])
             raise
-        self._let_go([(h, "settle" if ok else self._lapsed(lease.job_id, lease.token))
-                      for (lease, _, h), ok in zip(mine, held, strict=True)])
+        self._settle_recorded([(h, "settle" if ok else self._lapsed(lease.job_id, lease.token))
+                               for (lease, _, h), ok in zip(mine, held, strict=True)])
         done_mine = iter(held)
         return [next(done_mine) if h is not None else False for _, _, h in found]
 
@@ -317,7 +329,7 @@ class CompanionBackend(BrokerBackend):
             # delivery goes back to the broker, whose next hand-out the record decides on.
             self.transport.give_back([held.delivery])
             raise
-        self.transport.settle([held.delivery])
+        self._settle_recorded([(held, "settle")])
         return state
 
     def kill(self, lease: Lease, error: ErrorInfo, *, now: float | None = None) -> None:
@@ -339,7 +351,7 @@ class CompanionBackend(BrokerBackend):
             except BaseException:
                 self.transport.give_back([held.delivery])  # it is the job's message still
                 raise
-            self.transport.settle([held.delivery])
+            self._settle_recorded([(held, "settle")])
             released.extend(done)
         return released
 
