@@ -143,3 +143,52 @@ def test_a_waiter_is_woken_by_the_store_when_the_record_finishes(
     assert not waiter.is_alive(), "the waiter slept through the finish"
     (done,) = seen
     assert done is not None and done.state is JobState.SUCCEEDED
+
+
+@pytest.mark.parametrize("how", ["ack", "ack_many"])
+def test_a_recorded_outcome_stands_when_the_broker_cannot_settle_its_message(
+        open_broker: Callable[[], Backend], monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """The record is written, the settle fails (the broker is cut off): the outcome stands,
+    and the call does not raise. Raised, the worker wrote the ack again, found its lease gone
+    with the first one, and logged a recorded success as discarded ("the job is re-run")."""
+    from conveyor.backends.base import Lease
+    from conveyor.errors import StoreUnavailable
+
+    backend = open_broker()
+    backend.enqueue_many([NewJob(**BASE)])
+    (job,) = wait_for(lambda: backend.claim("q", 1, worker_id="w1", lease_s=30))  # type: ignore[misc]
+
+    def settle(deliveries: Any) -> list[bool]:
+        raise StoreUnavailable("the broker is cut off")
+
+    monkeypatch.setattr(backend.transport, "settle", settle)  # type: ignore[attr-defined]
+    lease = Lease(job.id, job.lease_token or "")
+    if how == "ack":
+        backend.ack(lease, '"ok"')
+    else:
+        assert backend.ack_many([(lease, '"ok"')]) == [True]
+    assert backend.get(job.id).state is JobState.SUCCEEDED  # type: ignore[union-attr]
+
+
+def test_a_claim_that_fails_after_its_acks_says_which_acks_were_written(
+        open_broker: Callable[[], Backend], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broker's ack_and_claim writes the acks, then claims: a claim that fails after them
+    raises ClaimLost with the acks' answers, so the worker settles them instead of writing
+    them again (each refused then, its lease gone with the first write, and logged as a
+    success discarded)."""
+    from conveyor.backends.base import Lease
+    from conveyor.errors import ClaimLost, StoreUnavailable
+
+    backend = open_broker()
+    backend.enqueue_many([NewJob(**BASE)])
+    (job,) = wait_for(lambda: backend.claim("q", 1, worker_id="w1", lease_s=30))  # type: ignore[misc]
+
+    def claim(*args: Any, **kw: Any) -> list[Any]:
+        raise StoreUnavailable("the broker is cut off")
+
+    monkeypatch.setattr(backend, "claim", claim)
+    with pytest.raises(ClaimLost) as lost:
+        backend.ack_and_claim([(Lease(job.id, job.lease_token or ""), '"ok"')], "q", 1,
+                              worker_id="w1", lease_s=30)
+    assert lost.value.acks_held == [True]
+    assert backend.get(job.id).state is JobState.SUCCEEDED  # type: ignore[union-attr]

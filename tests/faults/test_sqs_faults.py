@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import re
 import threading
 import time
 import uuid
@@ -82,7 +83,9 @@ from proxy import Proxy
 from sqsrig import MotoServer
 from stores import BackendUnavailable, _unavailable, also_ran
 
-from conveyor import Conveyor, ConveyorError, JobState
+from conveyor import Conveyor, ConveyorError, Job, JobState
+from conveyor.backends.broker.companion import CompanionBackend
+from conveyor.backends.broker.transport import Lane
 from conveyor.errors import StoreError
 
 pytestmark = [pytest.mark.faults, pytest.mark.process]
@@ -217,11 +220,61 @@ def settle_down(app: Conveyor, cluster: Cluster, timeout: float) -> float:
     # Every half second: moto's answer to a depth query costs time in proportion to the
     # messages it holds, and the workers need its time more.
     wait_until(empty, timeout, lambda: f"the queues to empty ({left} job(s) left)\n"
-                                       f"{cluster.diagnosis()}", interval=0.5)
+                                       f"{leftovers(app, cluster)}{cluster.diagnosis()}",
+               interval=0.5)
     took = time.monotonic() - t0
     codes = cluster.sigterm_all()
     assert all(c is not None for c in codes.values()), f"workers did not stop: {codes}"
     return took
+
+
+UNFINISHED = (JobState.WAITING, JobState.SCHEDULED, JobState.AVAILABLE, JobState.RUNNING)
+
+
+def leftovers(app: Conveyor, cluster: Cluster, most: int = 10) -> str:
+    """What a drain that timed out left (asked only then): with the companion, each unfinished
+    record as the store holds it, its executions in the side-effect log and the workers' lines
+    that name it; and the lanes' counts in SQS (ready, in flight, delayed), which say whether
+    the job's message still exists."""
+    backend: Any = app.backend
+    lines: list[str] = []
+    queues: set[str] = set()
+    if isinstance(backend, CompanionBackend):
+        left: list[Job] = []
+        for state in UNFINISHED:
+            with contextlib.suppress(Exception):
+                left.extend(backend.state.list_jobs(state=state, limit=most).jobs)
+        effects = read_effects(cluster.log)
+        stderr = cluster.stderr_all().splitlines()
+        for job in left[:most]:
+            queues.add(job.queue)
+            lines.append(
+                f"job {job.id} (n={job.args.get('n')}): {job.state.value}, attempt "
+                f"{job.attempts}/{job.max_attempts}, run_at {job.run_at:.3f}, attempted_at "
+                f"{job.attempted_at}, lease_expires_at {job.lease_expires_at} (now "
+                f"{time.time():.3f}), worker {job.worker_id}, lease {job.lease_token}")
+            for err in job.errors:
+                lines.append(f"  error a{err.get('attempt')} @{err.get('at')} {err.get('kind')}:"
+                             f" {str(err.get('message'))[:160]} ({err.get('worker_id')})")
+            for rec in effects:
+                if rec.get("job") == job.id:
+                    lines.append(f"  ran: {rec}")
+            named = re.compile(rf"\bjob {job.id}\b")
+            lines.extend(f"  log: {line[:300]}" for line in stderr if named.search(line))
+        if not left:
+            lines.append("no unfinished record listed (the count and the listing disagree?)")
+    with contextlib.suppress(Exception):
+        queues |= set(backend.transport.queues() or [])
+    for queue in sorted(queues):
+        for lane in [*backend.lanes(queue), Lane(queue, None)]:
+            try:
+                d = backend.transport.depth(lane)
+            except Exception as exc:
+                lines.append(f"SQS {lane}: depth unknown ({exc})")
+                continue
+            lines.append(f"SQS {lane}: ready {d.ready}, in flight {d.in_flight}, "
+                         f"delayed {d.delayed}")
+    return "".join(f"{line}\n" for line in lines)
 
 
 def dead_on_broker(app: Conveyor) -> int:

@@ -101,7 +101,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 
 from ..bulk import BULK_BATCH, BulkAction, BulkResult, JobFilter, run_batch
 from ..errorgroups import ErrorGroups, Grouper
-from ..errors import LeaseLost
+from ..errors import ClaimLost, LeaseLost, StoreError
 from ..job import Job, JobState
 from .capabilities import (
     CronStore,
@@ -317,10 +317,21 @@ class Backend(abc.ABC):
         """``ack_many(acks)`` then ``claim(queue, limit)``, in one round trip where the store
         allows (a busy worker's finished jobs ride with its next claim, as BullMQ's
         moveToFinished fetches the next job). The acks are durable before, or together with,
-        the claim. If it raises, write the acks again with ``ack_many``; jobs it may have
-        claimed without saying so come back when their leases expire."""
+        the claim. If it raises :class:`~conveyor.errors.ClaimLost`, the acks were written and
+        its ``acks_held`` says which held; if it raises anything else, write the acks again
+        with ``ack_many``. Jobs it may have claimed without saying so come back when their
+        leases expire."""
         held = self.ack_many(acks, now=now) if acks else []
-        jobs = self.claim(queue, limit, worker_id=worker_id, lease_s=lease_s, now=now, start=start)
+        try:
+            jobs = self.claim(queue, limit, worker_id=worker_id, lease_s=lease_s, now=now,
+                              start=start)
+        except StoreError as exc:
+            if not acks:
+                raise
+            # Written again, each ack would be refused (its lease is gone with it) and its
+            # job logged as a success discarded for a lost lease.
+            raise ClaimLost(f"{exc}; {sum(held)} of {len(acks)} acks written before the "
+                            "claim failed", held) from exc
         return held, jobs
 
     def loop_claims(self) -> LoopClaims | None:

@@ -30,10 +30,16 @@ The order of writes, and what each crash leaves:
   delivered at once, and its take must not find the attempt still running (that would fence
   it and record a lost lease it never had).
 * An outcome (or a heartbeat) the store refuses settles the delivery only when the record
-  has moved on without it (final, or held by another delivery). Refused only because the
-  store's lease ran out while the broker still held the message, the record still names this
-  lease: the delivery goes back to the broker, whose next hand-out ``take``s the record again
-  (the lost lease counted) and runs it. Settled, nothing would ever deliver or reap it.
+  has moved on without it (final, or held by a delivery of another message: a copy). Refused
+  only because the store's lease ran out while the broker still held the message, the record
+  still names this lease: the delivery goes back to the broker, whose next hand-out ``take``s
+  the record again (the lost lease counted) and runs it. Settled, nothing would ever deliver
+  or reap it. Held by another delivery of this very message (SQS handed one message to two
+  receivers at once: its at-least-once delivery, or moto's receives racing), the delivery is
+  left alone: SQS may act on a message through an outdated receipt handle (moto always does),
+  so settling it could delete the message the holder of the record runs, and giving it back
+  would hand that message out a third time. Each lease token names its delivery's message
+  (``_lease_token``) for this.
 * ``job.wait`` waits on the store's wake-ups (its finishing writes signal the waiters).
 
 Not available with a companion either (``missing``): concurrency and rate limits, fair
@@ -46,14 +52,15 @@ message's deduplication id is its own job's, so the broker never drops one the s
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
-from ...errors import LeaseLost
+from ...errors import LeaseLost, StoreError
 from ...job import Job, JobState
 from ..base import Backend, BatchInfo, HistoryPoint, StoreLock
 from ..types import (
@@ -75,6 +82,10 @@ log = logging.getLogger("conveyor.broker")
 
 MISSING_WITH_STATE = frozenset({"limits", "fair", "pause", "dependencies", "clock", "run_now",
                                 "ordering"})
+# What a holder whose lease the store refused does with its delivery (CompanionBackend._lapsed).
+LetGo = Literal["back", "settle", "leave"]
+# Between a lease token and the digest of its delivery's message id: tokens are hex otherwise.
+MESSAGE_MARK = "m"
 
 
 class CompanionBackend(BrokerBackend):
@@ -158,7 +169,7 @@ class CompanionBackend(BrokerBackend):
         body = self._due(d, self.now())
         if body is None:
             return None
-        token = self._token(claim_id)
+        token = self._lease_token(claim_id, d)
         job = self.state.take(body.id, token, worker_id=worker_id, lease_s=lease_s)
         if job is None:
             # Finished (a duplicate, or cancelled), unknown to the store, or spent (its last
@@ -168,6 +179,16 @@ class CompanionBackend(BrokerBackend):
         with self._lock:
             self._held[token] = _Held(d, body, job.attempts, worker_id)
         return job
+
+    def _lease_token(self, claim_id: str, d: Delivery) -> str:
+        """The core's token, and where the broker names its messages, a digest of the
+        message's id: a holder whose lease the store refused can then tell whether the holder
+        of the record runs this very message (``_lapsed``)."""
+        token = self._token(claim_id)
+        if d.message_id is None:
+            return token
+        digest = hashlib.blake2b(d.message_id.encode(), digest_size=8).hexdigest()
+        return f"{token}{MESSAGE_MARK}{digest}"
 
     def _unlease(self, jobs: Sequence[Job]) -> None:
         # Before the messages go back: a store lease left behind would make the next take
@@ -198,28 +219,37 @@ class CompanionBackend(BrokerBackend):
         found = [(h, lease) for lease in leases if (h := self._drop(lease)) is not None]
         self._let_go([(h, self._lapsed(lease.job_id, lease.token)) for h, lease in found])
 
-    def _lapsed(self, job_id: int, token: str) -> bool:
-        """Whether the store refused a lease only because it ran out: the record still names
-        ``token``, or waits unleased (a reap, a released claim). Then its delivery is the only
-        way it runs again: it goes back to the broker, whose next hand-out ``take``s the record
-        (counting the lost lease as the stores count one) and runs it. Otherwise the record is
-        final (a cancel, a duplicate) or another delivery holds it: this one is settled.
-        The broker, not the store's reap, hands the job out again: it holds the delivery and
-        its hand-out count, and a record moved on by a reap would need a message anyway."""
+    def _lapsed(self, job_id: int, token: str) -> LetGo:
+        """What to do with the delivery of a lease the store refused, by the record.
+
+        ``back``: the lease only ran out. The record still names ``token``, or waits unleased
+        (a reap, a released claim), and this delivery is the only way it runs again: it goes
+        back to the broker, whose next hand-out ``take``s the record (counting the lost lease
+        as the stores count one) and runs it. The broker, not the store's reap, hands the job
+        out again: it holds the delivery and its hand-out count, and a record moved on by a
+        reap would need a message anyway.
+        ``settle``: the record is final (a cancel, a duplicate), or a delivery of another
+        message (a copy) holds it: this message is not needed.
+        ``leave``: another delivery of this same message holds it (the broker handed the
+        message out twice at once). Nothing is sent: a settle through this delivery's handle
+        would delete the message that holder runs, and the holder settles it itself."""
         with contextlib.suppress(Exception):
             job = self.state.get(job_id)
             if job is None or job.is_final:
-                return False
+                return "settle"
             if job.state is JobState.RUNNING:
-                return job.lease_token == token
-            return job.state in (JobState.AVAILABLE, JobState.SCHEDULED)
-        return True  # the store did not answer: the broker keeps the message (at-least-once)
+                if job.lease_token == token:
+                    return "back"
+                mine = _message_of(token)
+                return "leave" if mine and mine == _message_of(job.lease_token) else "settle"
+            return "back" if job.state in (JobState.AVAILABLE, JobState.SCHEDULED) else "settle"
+        return "back"  # the store did not answer: the broker keeps the message (at-least-once)
 
-    def _let_go(self, found: Sequence[tuple[_Held, bool]]) -> None:
-        back = [h.delivery for h, again in found if again]
+    def _let_go(self, found: Sequence[tuple[_Held, LetGo]]) -> None:
+        back = [h.delivery for h, what in found if what == "back"]
         if back:
             self.transport.give_back(back)
-        done = [h.delivery for h, again in found if not again]
+        done = [h.delivery for h, what in found if what == "settle"]
         if done:
             self.transport.settle(done)
 
@@ -243,7 +273,19 @@ class CompanionBackend(BrokerBackend):
         except BaseException:
             self.transport.give_back([held.delivery])
             raise
-        self.transport.settle([held.delivery])
+        self._settle_recorded([(held, "settle")])
+
+    def _settle_recorded(self, found: Sequence[tuple[_Held, LetGo]]) -> None:
+        """``_let_go`` once the store has answered the outcomes: a broker error is logged, not
+        raised. The outcomes stand, and a message left unsettled comes back to a take that the
+        record decides on (as after a crash between the two). Raised, the worker would write
+        the outcomes again, find their leases gone, and log recorded successes as discarded."""
+        try:
+            self._let_go(found)
+        except StoreError as exc:
+            log.warning("%s: %d outcome(s) recorded, but their messages were not settled (%s): "
+                        "they come back, and are dropped or run by what the records say",
+                        self.kind, len(found), exc)
 
     def ack_many(self, acks: Sequence[tuple[Lease, str | None]], *,
                  now: float | None = None) -> list[bool]:
@@ -255,8 +297,8 @@ class CompanionBackend(BrokerBackend):
         except BaseException:
             self.transport.give_back([h.delivery for _, _, h in mine])
             raise
-        self._let_go([(h, not ok and self._lapsed(lease.job_id, lease.token))
-                      for (lease, _, h), ok in zip(mine, held, strict=True)])
+        self._settle_recorded([(h, "settle" if ok else self._lapsed(lease.job_id, lease.token))
+                               for (lease, _, h), ok in zip(mine, held, strict=True)])
         done_mine = iter(held)
         return [next(done_mine) if h is not None else False for _, _, h in found]
 
@@ -287,7 +329,7 @@ class CompanionBackend(BrokerBackend):
             # delivery goes back to the broker, whose next hand-out the record decides on.
             self.transport.give_back([held.delivery])
             raise
-        self.transport.settle([held.delivery])
+        self._settle_recorded([(held, "settle")])
         return state
 
     def kill(self, lease: Lease, error: ErrorInfo, *, now: float | None = None) -> None:
@@ -309,7 +351,7 @@ class CompanionBackend(BrokerBackend):
             except BaseException:
                 self.transport.give_back([held.delivery])  # it is the job's message still
                 raise
-            self.transport.settle([held.delivery])
+            self._settle_recorded([(held, "settle")])
             released.extend(done)
         return released
 
@@ -490,6 +532,12 @@ class CompanionBackend(BrokerBackend):
             super().close()
         finally:
             self.state.close()
+
+
+def _message_of(token: str | None) -> str | None:
+    """The digest of the message a lease token's delivery carried (``_lease_token``), if any."""
+    _, mark, digest = (token or "").rpartition(MESSAGE_MARK)
+    return digest if mark else None
 
 
 def _json(value: Any) -> str:

@@ -352,7 +352,8 @@ class SqsTransport:
                 receipt = Receipt(url, m["ReceiptHandle"], m["MessageId"], 0.0, 0.0)
                 receipt.hold(sent_at, seconds)
                 count = int(m.get("Attributes", {}).get("ApproximateReceiveCount", 1))
-                out.append(Delivery(lane, m["Body"].encode(), receipt, count))
+                out.append(Delivery(lane, m["Body"].encode(), receipt, count,
+                                    message_id=m["MessageId"]))
             if len(messages) < n:
                 break
         return out

@@ -60,6 +60,9 @@ class Delivery:
     body: bytes
     handle: Any  # the transport's own (a channel and delivery tag, a receipt handle)
     deliveries: int  # times the broker has handed this message out, this time included
+    # The broker's id of the message, the same in each of its deliveries (SQS's MessageId), or
+    # None: one message handed out twice at once is told from two copies by it.
+    message_id: str | None = None
 
 
 @dataclass(frozen=True)
