@@ -35,9 +35,10 @@ class Row:
     p99_ms: float | None = None
     note: str = ""
     na: bool = False
-    failed: bool = False  # the scenario raised (note says what); no figure
     samples_ms: list[float] = field(default_factory=list, repr=False)
     extra: dict[str, Any] = field(default_factory=dict)
+    # The scenario raised (note says what); no figure. Last: rows are made positionally.
+    failed: bool = False
 
     def public(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "samples_ms"}

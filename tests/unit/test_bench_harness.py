@@ -51,3 +51,18 @@ def test_an_error_that_is_not_an_exception_still_stops_the_run() -> None:
 
     with pytest.raises(KeyboardInterrupt):
         guarded("peer", "drain", interrupted)
+
+
+def test_rows_made_positionally_are_not_failures() -> None:
+    """Rows are built positionally (from_result): a field added in the middle once took the
+    latency samples for a failure flag, and every idle latency showed 'failed'."""
+    from harness.common import Row, from_result, summarize
+
+    class Result:
+        system, scenario, jobs, jobs_per_s, seconds = "conveyor", "latency", 3, None, None
+        p50_ms, p99_ms, note, samples_ms = 1.0, 3.0, "wall clock", [1.0, 2.0, 3.0]
+
+    row = from_result(Result())
+    assert isinstance(row, Row) and not row.failed and row.samples_ms == [1.0, 2.0, 3.0]
+    [summary] = summarize([[row]])
+    assert not summary.failed and summary.p50_ms == 2.0
