@@ -4,6 +4,8 @@ losing every other system's figures."""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,8 +14,15 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture(autouse=True)
-def bench_path(monkeypatch: pytest.MonkeyPatch) -> None:
+def bench_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """benchmarks/ first on the path, and its ``harness`` package in place of the fault tests'
+    ``harness`` module (tests/faults/harness.py), which a whole run has imported by now."""
     monkeypatch.syspath_prepend(str(BENCH))
+    for name in [n for n in sys.modules if n == "harness" or n.startswith("harness.")]:
+        monkeypatch.delitem(sys.modules, name)
+    yield
+    for name in [n for n in sys.modules if n.startswith("harness.")]:
+        del sys.modules[name]  # the benchmarks' submodules; monkeypatch puts the module back
 
 
 def test_a_failing_scenario_is_a_row_and_the_rounds_that_ran_make_the_median() -> None:
