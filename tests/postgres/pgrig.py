@@ -32,6 +32,7 @@ import psycopg
 import pytest
 
 from conveyor import Conveyor, Task
+from conveyor.backends.postgres import PostgresBackend
 
 HERE = Path(__file__).resolve().parent
 POSTGRES_URL = os.environ.get("CONVEYOR_TEST_POSTGRES_URL", "postgresql://root@127.0.0.1:5432/test")
@@ -67,6 +68,17 @@ def fresh_schema(base_url: str = POSTGRES_URL) -> Iterator[str]:
         finally:
             admin.execute("SET lock_timeout = '30s'")
             admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@contextlib.contextmanager
+def fresh_backend() -> Iterator[PostgresBackend]:
+    """A PostgresBackend on a fresh schema (fresh_schema), closed at the end."""
+    with fresh_schema() as url:
+        backend = PostgresBackend(url)
+        try:
+            yield backend
+        finally:
+            backend.close()
 
 
 def wait_until(predicate: Callable[[], T], timeout: float, what: str | Callable[[], str],

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from pgrig import fresh_schema
+from pgrig import fresh_backend
 from support import collect, forked
 
 from conveyor.backends.postgres import CONTROL_SIZE, POOL_ROOM, PostgresBackend
@@ -18,12 +18,8 @@ from conveyor.backends.postgres import CONTROL_SIZE, POOL_ROOM, PostgresBackend
 
 @pytest.fixture
 def backend() -> Iterator[PostgresBackend]:
-    with fresh_schema() as url:  # skips locally, fails in CI, if PostgreSQL is unreachable
-        b = PostgresBackend(url)
-        try:
-            yield b
-        finally:
-            b.close()
+    with fresh_backend() as b:  # skips locally, fails in CI, if PostgreSQL is unreachable
+        yield b
 
 
 def test_a_forked_child_sizes_its_pools_for_its_own_workers(backend: PostgresBackend) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from pgrig import fresh_schema
+from pgrig import fresh_backend
 from support import new_job, wait_until
 
 from conveyor.backends.postgres import PostgresBackend
@@ -25,12 +25,8 @@ GAP_S = 0.3  # between the first claim's count and its claim statement
 
 @pytest.fixture
 def backend() -> Iterator[PostgresBackend]:
-    with fresh_schema() as url:  # skips locally, fails in CI, if PostgreSQL is unreachable
-        b = PostgresBackend(url)
-        try:
-            yield b
-        finally:
-            b.close()
+    with fresh_backend() as b:  # skips locally, fails in CI, if PostgreSQL is unreachable
+        yield b
 
 
 class _SlowOnce(dict[str, Any]):
