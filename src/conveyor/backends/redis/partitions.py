@@ -28,9 +28,10 @@ This module is the router in front of them. The model, and what it keeps:
 * Reads that span queues (stats, listings, paused queues) ask every partition and merge;
   a listing is newest first by id across them. Reap, promote and prune go partition by
   partition, each under its own scripts.
-* An idle worker whose queues are in several partitions waits on each (a thread per
-  partition); one that has all its queues in one partition waits, claims and acks exactly as
-  on a plain app, loop claims included.
+* An idle worker whose queues are in several partitions waits on all of them through one
+  connection per node, subscribed to their queues' wake-ups (wakes.py); one that has all its
+  queues in one partition waits, claims and acks exactly as on a plain app, loop claims
+  included.
 
 The number of partitions is recorded in partition 0 at first use, and a different number is
 refused: moving queues between partitions is not done (their jobs would stay behind).
@@ -42,7 +43,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import threading
+import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit
@@ -51,6 +54,7 @@ from redis.crc import key_slot
 
 from ...errors import ConfigurationError, StoreError, UnknownParent
 from ...job import Job, JobState
+from .. import forking
 from ..base import (
     Backend,
     BatchInfo,
@@ -72,6 +76,7 @@ from ..base import (
 )
 from .backend import RedisBackend
 from .keys import ID_STRIDE
+from .wakes import Waiter, WakeHub, node_key
 
 MAX_PARTITIONS = ID_STRIDE
 _Acks = Sequence[tuple[Lease, str | None]]
@@ -123,6 +128,14 @@ class PartitionedRedis(Backend):
         self.parts = [RedisBackend(base, partition=p) for p in range(self.n)]
         self.prefix = self.parts[0].prefix.rpartition("#")[0]
         self._checked = False
+        self._hub = WakeHub(self.parts)
+        self._waiting: set[Waiter] = set()  # this process's grouped waits (_wait_each)
+        self._waiting_lock = threading.Lock()
+        forking.register(self)
+
+    def _after_fork_in_child(self) -> None:
+        # A parent thread may have held the lock; its waits are not the child's.
+        self._waiting, self._waiting_lock = set(), threading.Lock()
 
     def _check_count(self) -> None:
         """Before the first write or claim (opening the backend makes no call, as on a plain
@@ -413,9 +426,35 @@ class PartitionedRedis(Backend):
     def ready_queues(self, queues: Sequence[str]) -> list[str]:
         self._check_count()
         ready: set[str] = set()
-        for p, qs in self._queues_by_part(queues).items():  # a look per partition
-            ready.update(self.parts[p].ready_queues(qs))
+        for found in self._look_each("all", self._queues_by_part(queues)).values():
+            ready.update(str(q) for q in found)
         return [q for q in queues if q in ready]
+
+    def _look_each(self, mode: str, groups: dict[int, list[str]]) -> dict[int, Any]:
+        """look.lua (``mode``) on each partition of ``groups`` (partition -> queues): the
+        partitions one node serves in one write on one connection (their scripts are the same,
+        and a node runs a script for any slot it serves), so a look over 64 partitions costs
+        a round trip per node, not 64. A partition whose look is refused there (its route
+        was stale: MOVED; a script not loaded yet) looks on its own connections, which follow
+        the redirection."""
+        by_node: dict[Any, list[int]] = {}
+        for p in groups:
+            by_node.setdefault(node_key(self.parts[p]), []).append(p)
+        out: dict[int, Any] = {}
+        for ps in by_node.values():
+            replies: list[Any] = []
+            if len(ps) > 1:
+                carrier = self.parts[ps[0]]._transport
+                calls = [("look", self.parts[p].keys.look(groups[p]), [mode, "", *groups[p]])
+                         for p in ps]
+                replies = carrier.call("look", functools.partial(carrier.send_scripts, calls),
+                                       safe=True)
+            for i, p in enumerate(ps):
+                reply = replies[i] if i < len(replies) else None
+                if reply is None or isinstance(reply, Exception):
+                    reply = self.parts[p]._look(mode, groups[p])
+                out[p] = reply
+        return out
 
     def wait_for_jobs(self, queues: Sequence[str], timeout: float, *,
                       verify: bool = True) -> bool:
@@ -427,36 +466,99 @@ class PartitionedRedis(Backend):
         return self._wait_each(groups, timeout, verify)
 
     def _wait_each(self, groups: dict[int, list[str]], timeout: float, verify: bool) -> bool:
-        """Wait on every partition of ``groups`` at once, a thread each; the first that is
-        woken ends the others' waits (a wake-up of that partition's waiters in this process,
-        which only makes them look again)."""
-        done = threading.Event()
-        woken: list[bool] = []
-        errors: list[BaseException] = []
+        """Wait on every partition of ``groups`` at once: those whose wake channels the hub
+        has subscribed (wakes.py) in this thread, by their messages; any other on its wake
+        list, a thread each. The first that has work (or whose subscription is lost) ends the
+        wait; the threads' waits are then ended by a wake-up of that partition's waiters in
+        this process, which only makes them look again."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        while True:  # again after a lost subscription: subscribe and look anew
+            waiter = Waiter(verify=verify)
+            with self._waiting_lock:
+                self._waiting.add(waiter)
+            try:
+                with self._hub.watch(groups, waiter) as watched:
+                    rest = {p: qs for p, qs in groups.items() if p not in watched}
+                    threads, outcome = self._wait_on_lists(rest, deadline, verify, waiter)
+                    try:
+                        woken = self._wait_watched(
+                            {p: groups[p] for p in watched}, deadline, waiter)
+                    finally:
+                        outcome["stopped"].append(True)  # what the threads say next is moot
+                        for p in rest:
+                            self.parts[p].wake()
+                        for t in threads:
+                            t.join()
+            finally:
+                with self._waiting_lock:
+                    self._waiting.discard(waiter)
+            if outcome["woken"]:
+                return True
+            if outcome["errors"]:
+                raise outcome["errors"][0]
+            if woken is not None:
+                return woken
+
+    def _wait_on_lists(self, rest: dict[int, list[str]], deadline: float, verify: bool,
+                       waiter: Waiter) -> tuple[list[threading.Thread], dict[str, list[Any]]]:
+        """A thread per partition of ``rest`` waiting on its wake lists; the first that is
+        woken, or fails, ends ``waiter``."""
+        outcome: dict[str, list[Any]] = {"woken": [], "errors": [], "stopped": []}
 
         def one(p: int, qs: list[str]) -> None:
             try:
-                if self.parts[p].wait_for_jobs(qs, timeout, verify=verify):
-                    woken.append(True)
-                    done.set()
+                woken = self.parts[p].wait_for_jobs(qs, deadline - time.monotonic(),
+                                                    verify=verify)
             except BaseException as exc:  # handed to the caller
-                errors.append(exc)
-                done.set()
+                if not outcome["stopped"]:
+                    outcome["errors"].append(exc)
+                    waiter.end()
+                return
+            # Once the wait is over, these waits are ended by a wake(), which says nothing.
+            if woken and not outcome["stopped"]:
+                outcome["woken"].append(True)
+                waiter.end()
 
         threads = [threading.Thread(target=one, args=(p, qs), daemon=True,
                                     name=f"conveyor-redis-wait-{p}")
-                   for p, qs in groups.items()]
+                   for p, qs in rest.items()]
         for t in threads:
             t.start()
-        done.wait(timeout)
-        if done.is_set():
-            for p in groups:
-                self.parts[p].wake()
-        for t in threads:
-            t.join()
-        if errors and not woken:
-            raise errors[0]
-        return bool(woken)
+        return threads, outcome
+
+    def _wait_watched(self, watched: dict[int, list[str]], deadline: float,
+                      waiter: Waiter) -> bool | None:
+        """Look at each watched partition, then sleep until a wake-up on one of them (looked
+        at again; without verify, reported at once), the earliest scheduled job is due, the
+        waiter is ended, or the deadline. None: a subscription was lost."""
+        due_at = dict.fromkeys(watched, 0.0)  # when to look at each again: all at once first
+        while True:
+            waiter.event.clear()  # before the look: a wake-up after it sets the event again
+            if waiter.ended:
+                return True
+            if waiter.lost:
+                return None
+            now = time.monotonic()
+            if now >= deadline:
+                return False
+            fired = waiter.take_fired()
+            if fired and not waiter.verify:
+                return True
+            due = {p: watched[p] for p, at in due_at.items() if p in fired or at <= now}
+            try:
+                looks = self._look_each("any", due) if due else {}
+            except Exception:
+                if self.closed:  # close() pulled the socket from under the look
+                    return True
+                raise
+            for p, res in looks.items():
+                if int(res[0]):
+                    return True
+                due_at[p] = math.inf if res[1] == "" else now + float(res[1])
+            pause = min(deadline, *due_at.values()) - time.monotonic() if due_at else (
+                deadline - time.monotonic())
+            if pause > 0:
+                waiter.event.wait(pause)
 
     def wait_and_claim(self, queues: Sequence[str], timeout: float,
                        claims: Sequence[tuple[str, int]], *, worker_id: str, lease_s: float,
@@ -470,6 +572,10 @@ class PartitionedRedis(Backend):
         return self.wait_for_jobs(queues, timeout, verify=False), None
 
     def wake(self) -> None:
+        with self._waiting_lock:
+            waiting = list(self._waiting)
+        for waiter in waiting:
+            waiter.end()
         for part in self.parts:
             part.wake()
 
@@ -569,6 +675,7 @@ class PartitionedRedis(Backend):
         return sum(part.open_connections() for part in self.parts)
 
     def close(self) -> None:
+        self._hub.close()
         errors: list[StoreError] = []
         for part in self.parts:
             try:

@@ -86,6 +86,12 @@ local function wake(q, n)
   if redis.call('LPUSH', q.wake, unpack(marks)) > WAKE_MAX then
     redis.call('LTRIM', q.wake, 0, WAKE_MAX - 1)
   end
+  -- The same wake-up on the shard channel named as the list, for the idle waits a
+  -- partitioned app groups per node (wakes.py): a list's keys cannot span slots, a node's
+  -- subscriptions can. With no subscriber it costs a lookup. pcall: an ACL user without
+  -- channel rights (Redis 7's default for a new user) cannot publish, and its waits use the
+  -- lists alone; its writes must not fail for that.
+  redis.pcall('SPUBLISH', q.wake, n)
 end
 
 
