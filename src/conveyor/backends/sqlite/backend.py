@@ -57,15 +57,15 @@ from .writes import (
 )
 
 KEEP_ERRORS = 20  # failed attempts a job keeps in its errors list (the newest)
-# Backend.ready_queues: a probe of each queue's claim and scheduled indexes, as _wait's look.
-READY_QUEUES = """
-SELECT q.value FROM json_each(?) AS q
-WHERE q.value NOT IN (SELECT queue FROM conveyor_queue_controls WHERE paused_at IS NOT NULL)
+# A queue (q.value, of json_each over the queues asked) holds a job a claim could take now:
+# one available, or scheduled and due, a probe of each index. A paused queue's jobs are
+# nobody's to claim: reporting them would wake an idle worker to an empty claim again and again.
+_READY = """q.value NOT IN (SELECT queue FROM conveyor_queue_controls WHERE paused_at IS NOT NULL)
   AND (EXISTS (SELECT 1 FROM conveyor_jobs WHERE state = 'available' AND queue = q.value)
        OR EXISTS (SELECT 1 FROM conveyor_jobs WHERE state = 'scheduled' AND queue = q.value
-                  AND run_at <= (julianday('now') - 2440587.5) * 86400.0))
-ORDER BY q.key
-"""
+                  AND run_at <= (julianday('now') - 2440587.5) * 86400.0))"""
+READY_QUEUES = f"SELECT q.value FROM json_each(?) AS q WHERE {_READY} ORDER BY q.key"
+ANY_READY = f"SELECT EXISTS (SELECT 1 FROM json_each(?) AS q WHERE {_READY})"  # _wait's look
 
 
 class SqliteBackend(SqliteHistory, SqliteOutbox, Backend):
@@ -620,18 +620,7 @@ class SqliteBackend(SqliteHistory, SqliteOutbox, Backend):
         with self._using() as conn:
             seen = (conn, conn.execute("PRAGMA data_version").fetchone()[0])
         next_due_check = 0.0
-        placeholders = ",".join("?" * len(queues))
-        # The jobs of a paused queue are nobody's to claim: reporting them would wake an idle
-        # worker to an empty claim again and again.
-        unpaused = ("queue NOT IN (SELECT queue FROM conveyor_queue_controls"
-                    " WHERE paused_at IS NOT NULL)")
-        ready_sql = (
-            "SELECT EXISTS (SELECT 1 FROM conveyor_jobs WHERE state = 'available'"
-            f" AND queue IN ({placeholders}) AND {unpaused})"
-            " OR EXISTS (SELECT 1 FROM conveyor_jobs WHERE state = 'scheduled'"
-            f" AND queue IN ({placeholders}) AND {unpaused}"
-            " AND run_at <= (julianday('now') - 2440587.5) * 86400.0)"
-        )
+        asked = (json.dumps(list(queues)),)
         # A look first, then naps between looks: a job that came in since the caller's last
         # claim (under a steady load, often one) is reported at once, not after a nap.
         signal = self._signal
@@ -663,7 +652,7 @@ class SqliteBackend(SqliteHistory, SqliteOutbox, Backend):
                         # claiming, so idle workers don't take the write lock for nothing.
                         seen = current
                         next_due_check = tick + self.due_check_interval
-                        if conn.execute(ready_sql, [*queues, *queues]).fetchone()[0]:
+                        if conn.execute(ANY_READY, asked).fetchone()[0]:
                             return True
             except StoreError:
                 if self.closed:  # closed under us (a race with the check above): a wake-up too
