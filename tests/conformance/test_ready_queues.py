@@ -64,3 +64,67 @@ def test_a_worker_on_many_queues_claims_from_the_one_with_work(
         later = noted.options(queue="q42").enqueue(42)  # while idle
         assert wait_for_job(app, later.id, timeout=30).state is JobState.SUCCEEDED
     assert set(claims) <= {"q7", "q150", "q299", "q42"}, sorted(set(claims))[:10]
+
+
+def test_a_backlog_is_claimed_without_a_look_every_round(
+        app: Conveyor, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While rounds come back full, a round claims among the queues the last look found
+    ready instead of looking again (claimer.READY_REUSE_S; here never expiring): a look per
+    round was a round trip per round for nothing new."""
+    import conveyor.worker.claimer as claimer
+
+    monkeypatch.setattr(claimer, "READY_REUSE_S", 3600.0)
+    queues = [f"q{i}" for i in range(8)]
+
+    @app.task(name="quick")
+    def quick(x: int) -> int:
+        return x
+
+    for q in queues:
+        quick.options(queue=q).enqueue_many([(i,) for i in range(50)])
+    backend = app.backend
+    looks = []
+    ready_queues = backend.ready_queues
+
+    def counting(qs: list[str]) -> list[str]:
+        looks.append(len(qs))
+        return ready_queues(qs)
+
+    monkeypatch.setattr(backend, "ready_queues", counting)
+    with running_worker(app, queues=queues, concurrency=4, poll_interval=0.2):
+        deadline = time.monotonic() + 60
+        while sum(s.succeeded for s in backend.stats().queues) < 400:
+            assert time.monotonic() < deadline, "the backlog was not drained in 60 s"
+            time.sleep(0.05)
+    # 400 jobs in rounds of at most 4: 100 rounds or more. A look is made when a round was
+    # not full (a queue ran dry, the worker waited), a few dozen at most.
+    assert len(looks) < 50, len(looks)
+
+
+def test_a_queue_that_gets_work_during_a_backlog_is_claimed_before_it_drains(
+        app: Conveyor) -> None:
+    """Reusing the last look is bounded in time: a job in a queue that was empty is claimed
+    while another queue's backlog is still draining."""
+    queues = [f"q{i}" for i in range(8)]
+
+    @app.task(name="slowish")
+    def slowish(x: int) -> int:
+        time.sleep(0.005)
+        return x
+
+    for k in range(0, 3000, 500):
+        slowish.options(queue="q0").enqueue_many([(i,) for i in range(k, k + 500)])
+    backend = app.backend
+
+    def backlog() -> int:
+        [q0] = [s for s in backend.stats().queues if s.queue == "q0"]
+        return q0.available
+
+    with running_worker(app, queues=queues, concurrency=4, poll_interval=0.2):
+        deadline = time.monotonic() + 60
+        while backlog() > 2900:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        late = slowish.options(queue="q5").enqueue(1)
+        assert wait_for_job(app, late.id, timeout=60).state is JobState.SUCCEEDED
+        assert backlog() > 0  # claimed while q0 still had work: not starved by the backlog

@@ -39,6 +39,11 @@ T = TypeVar("T")
 # claims only there: a round otherwise calls the store once per queue until it meets one with
 # work, a round trip per empty queue. Below it that walk costs at most a few calls.
 READY_LOOKUP_FROM = 8
+# A round after one that got all it asked for (a backlog) claims among the queues the last
+# look found ready without looking again, for up to this long: on a backlog the look is a
+# round trip per round for nothing new. Bounded, so a queue that gets work meanwhile is
+# looked at within it.
+READY_REUSE_S = 0.05
 # A round of claims (Claimer._steps): yields (acks, queue, how many, how many start) per
 # store call, is sent each call's (held, jobs), returns (held or None, every job claimed).
 ClaimSteps = Generator[tuple[list[tuple[Lease, str | None]], str, int, int], ClaimReply,
@@ -124,6 +129,7 @@ class Claimer:
         # backing off, stopped), the ack loop writes them on its own.
         self.parked = True
         self.claim_s = 0.001  # a claim call's duration, a moving average
+        self._ready_seen: tuple[float, list[str]] | None = None  # the last look: when, what
 
     def _plan(self, free: int, among: list[str] | None = None) -> list[tuple[str, int]]:
         """``free`` slots split across the queues (those of ``among`` only, if given)."""
@@ -139,9 +145,25 @@ class Claimer:
     def _looks_first(self) -> bool:
         return len(self.weights) >= READY_LOOKUP_FROM
 
-    def _ready(self) -> list[str] | None:
-        """The queues with work (on a store thread), when a round should look first."""
-        return self.w.backend.ready_queues(list(self.weights)) if self._looks_first else None
+    def _ready(self, reuse: bool = False) -> list[str] | None:
+        """The queues with work (on a store thread), when a round should look first. With
+        ``reuse`` (the last round was full), the last look's answer if it is recent."""
+        if not self._looks_first:
+            return None
+        now = time.monotonic()
+        seen = self._ready_seen
+        if reuse and seen is not None and now - seen[0] < READY_REUSE_S:
+            return seen[1]
+        ready = self.w.backend.ready_queues(list(self.weights))
+        self._ready_seen = (now, ready)
+        return ready
+
+    def _ran_dry(self, queue: str) -> None:
+        """A claim in ``queue`` got less than it asked: a round that reuses the last look
+        leaves it out (it is looked at again with the others once the look is redone)."""
+        seen = self._ready_seen
+        if seen is not None and queue in seen[1]:
+            self._ready_seen = (seen[0], [q for q in seen[1] if q != queue])
 
     async def _park(self, waiting: Awaitable[T]) -> T:
         """Wait on something that may take a while, handing any pending acks to the ack loop."""
@@ -295,7 +317,7 @@ class Claimer:
             st.free = min(st.free, self.w.concurrency)
         try:
             started = time.monotonic()
-            jobs = await self._claim(st.free)
+            jobs = await self._claim(st.free, backlog=st.backlog)
             # The time a claim takes (a moving average): how long gathering may wait.
             self.claim_s += (time.monotonic() - started - self.claim_s) / 8
         except Exception:
@@ -380,20 +402,21 @@ class Claimer:
         return w.backend.wait_for_jobs(queues, w.poll_interval), None
 
     # -- one claim ---------------------------------------------------------------------
-    async def _claim(self, free: int) -> list[Job]:
+    async def _claim(self, free: int, *, backlog: bool = False) -> list[Job]:
         """A claim for ``free`` slots, from the loop where the store can (Backend.loop_claims),
-        else on a store thread; pending acks ride with its first call."""
+        else on a store thread; pending acks ride with its first call. ``backlog``: the last
+        round got all it asked for (see READY_REUSE_S)."""
         w = self.w
         completer = w.completer
         near = self.near
         ready: list[str] | None = None
         if near is not None and self._looks_first:
-            ready = await w._call(w._store, self._ready)
+            ready = await w._call(w._store, self._ready, backlog)
         batch = completer.take()
         startable = w.capacity.startable()
 
         def claim() -> Claimed:
-            held, jobs = self._claim_on_thread(free, batch, startable)
+            held, jobs = self._claim_on_thread(free, batch, startable, reuse=backlog)
             w.runner.start_early(jobs, startable)
             return held, jobs
 
@@ -443,11 +466,13 @@ class Claimer:
             result: Claimed = done.value
             return result
 
-    def _claim_on_thread(self, free: int, acks: Acks, startable: int) -> Claimed:
+    def _claim_on_thread(self, free: int, acks: Acks, startable: int, *,
+                         reuse: bool = False) -> Claimed:
         """The claims of one round (see _steps), made in turn on the calling (store or
-        waiter) thread; on many queues, after a look at which have work."""
+        waiter) thread; on many queues, after a look at which have work (``reuse``: see
+        _ready)."""
         w = self.w
-        steps = self._steps(free, acks, startable, self._ready())
+        steps = self._steps(free, acks, startable, self._ready(reuse))
         backend = w.backend
         try:
             step = next(steps)
@@ -513,6 +538,8 @@ class Claimer:
             carry = want - len(jobs)
             if len(jobs) == want:
                 full.append(queue)
+            elif ready is not None:
+                self._ran_dry(queue)
         # Slots left over after every queue had its turn go to the queues that still had work.
         for queue in full:
             if carry <= 0 or w.stopping:
