@@ -48,7 +48,7 @@ from proxy import Proxy
 from support import WorkerThread, wait_until
 
 from conveyor import Conveyor
-from conveyor.backends.base import Lease
+from conveyor.backends.base import Lease, NewJob
 from conveyor.errors import ConveyorError, LeaseLost, StoreError
 from conveyor.executor import current_job
 from conveyor.job import JobState
@@ -672,3 +672,53 @@ def test_a_claim_whose_reply_is_lost_costs_no_attempt(net: Net, monkeypatch: pyt
         job = direct.backend.get(job_id)
         assert job is not None
         assert (job.state, job.attempts, job.stalls, job.lease_token) == (JobState.AVAILABLE, 0, 0, None), job
+
+
+@pytest.mark.parametrize("mode", ["half_open", "blackhole"])
+def test_a_wake_up_subscriber_on_a_dead_path_is_replaced(
+        mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A partitioned app's grouped idle waits hang on one subscribed connection per node
+    (backends/redis/wakes.py). A path that stops answering without a reset would lose every
+    wake-up without a sign: the subscriber PINGs a quiet connection and takes it for dead when
+    no answer comes within the socket timeout, so the waits subscribe again once it heals."""
+    from conveyor.backends import open_backend
+    from conveyor.backends.redis import wakes
+    from conveyor.backends.redis.partitions import PartitionedRedis, queue_partition
+
+    monkeypatch.setattr(wakes, "PING_EVERY", 0.3)
+    with shared_store("redis") as direct:
+        parts = urlsplit(direct)
+        with Proxy(parts.hostname or "127.0.0.1", parts.port or 0) as proxy:
+            url = _with_query(proxy.url_for(direct), "socket_timeout=1&partitions=8")
+            b = open_backend(url)
+            assert isinstance(b, PartitionedRedis)
+            by_part: dict[int, str] = {}
+            i = 0
+            while len(by_part) < 8:
+                by_part.setdefault(queue_partition(f"q{i}", 8), f"q{i}")
+                i += 1
+            queues = list(by_part.values())
+            try:
+                assert b.wait_for_jobs(queues, 0.2) is False  # subscribed through the proxy
+                [first] = list(b._hub._nodes.values())
+                getattr(proxy, mode)()
+                deadline = time.monotonic() + 10
+                while not first.broken:
+                    assert time.monotonic() < deadline, "the dead subscriber was kept"
+                    time.sleep(0.05)
+                proxy.heal()
+                woken: list[bool] = []
+                t = threading.Thread(target=lambda: woken.append(b.wait_for_jobs(queues, 30)))
+                t.start()
+                deadline = time.monotonic() + 10
+                while b._hub.subscriptions() < 8:
+                    assert time.monotonic() < deadline, "never subscribed again"
+                    time.sleep(0.02)
+                time.sleep(0.2)
+                b.enqueue_many([NewJob(task="t", queue=queues[3], args="{}", max_attempts=1,
+                                       timeout=30)])
+                t.join(15)
+                assert woken == [True]
+            finally:
+                proxy.heal()
+                b.close()

@@ -47,6 +47,7 @@ log = logging.getLogger("conveyor.backends.redis")
 CONFIRM_S = 1.0  # how long a wait waits for its subscriptions before it leaves them out
 READ_SLICE = 1.0  # a reader's longest read, so it sees close() within it
 REFUSED_PAUSE = 60.0  # after a refused subscription, waits use the wake lists this long
+PING_EVERY = 5.0  # a subscriber quiet this long asks the node whether it is still there
 
 
 def node_key(part: RedisBackend) -> Any:
@@ -93,9 +94,11 @@ class _Node:
     """One node's subscriber: a connection subscribed to wake channels served there, and the
     thread that reads it. Broken for good once its connection fails (the hub makes another)."""
 
-    def __init__(self, hub: WakeHub, key: Any, pool: redis.ConnectionPool) -> None:
+    def __init__(self, hub: WakeHub, key: Any, pool: redis.ConnectionPool,
+                 silence_s: float) -> None:
         self.hub = hub
         self.key = key
+        self.silence_s = silence_s  # how long a PING may go unanswered (the socket timeout)
         self.pubsub = PubSub(connection_pool=pool)
         self.sent: set[str] = set()  # channels an SSUBSCRIBE went out for
         self.confirmed: set[str] = set()
@@ -113,6 +116,8 @@ class _Node:
 
     def _read(self) -> None:
         hub = self.hub
+        heard = time.monotonic()
+        pinged: float | None = None
         try:
             while not self.broken:
                 try:
@@ -120,8 +125,18 @@ class _Node:
                 except redis.exceptions.MovedError as exc:
                     hub._moved(self, exc)
                     continue
+                now = time.monotonic()
                 if message is not None:
+                    heard, pinged = now, None
                     hub._on_message(self, message)
+                elif pinged is None and now - heard >= PING_EVERY:
+                    # A quiet connection may be a dead one (a peer gone without a reset, a
+                    # half-open path): its messages would be lost without a sign. A PING tells.
+                    self.pubsub.ping()
+                    pinged = now
+                elif pinged is not None and now - pinged > self.silence_s:
+                    raise redis.ConnectionError(
+                        f"no answer to a PING in {self.silence_s:g}s: taken for dead")
         except redis.ResponseError as exc:  # a subscription refused: ACL, an old server
             hub._refused(exc)
         except Exception as exc:  # the connection failed
@@ -218,7 +233,8 @@ class WakeHub:
             node = self._nodes.get(key)
             if node is None or node.broken:
                 node = self._nodes[key] = _Node(self, key, redis.ConnectionPool(
-                    connection_class=pool.connection_class, max_connections=1, **kwargs))
+                    connection_class=pool.connection_class, max_connections=1, **kwargs),
+                    silence_s=transport.socket_timeout)
             return node
 
     # -- what the readers see -----------------------------------------------------------------
@@ -255,7 +271,7 @@ class WakeHub:
                 continue
             route.move(exc.host, exc.port)
             with self._cond:
-                for ch, of in self._partition.items():
+                for ch, of in list(self._partition.items()):
                     if of == p and ch in node.sent:
                         node.sent.discard(ch)
                         node.confirmed.discard(ch)
@@ -277,7 +293,7 @@ class WakeHub:
             node.broken = True
             if self._nodes.get(node.key) is node:
                 del self._nodes[node.key]
-            for ch in node.sent:
+            for ch in list(node.sent):  # (a copy: a subscribing thread may add to it)
                 for waiter in self._waiters.get(ch, ()):
                     waiter.lose()
             self._cond.notify_all()
