@@ -188,3 +188,17 @@ def test_a_window_over_samples_counts_workers_server_and_machine() -> None:
     assert window_of(_samples(), 50.0, 51.0, 10) is None
     assert describe(None)[1]["bound"] == "bound: not measured"
 
+
+def test_the_in_process_worker_cpu_of_a_script_result_is_kept() -> None:
+    from types import SimpleNamespace
+
+    from harness.common import from_result
+
+    result = SimpleNamespace(
+        system="celery", scenario="drain", jobs=10, jobs_per_s=5.0, seconds=2.0, p50_ms=None,
+        p99_ms=None, note="wall clock", samples_ms=[], cpu_ms_per_job=0.7,
+        extra={"window_start": 1.0, "window_end": 3.0},
+    )
+    row = from_result(result)
+    assert row.extra == {"window_start": 1.0, "window_end": 3.0,
+                         "worker_cpu_ms_per_job_in_process": 0.7}
