@@ -189,6 +189,35 @@ def test_a_window_over_samples_counts_workers_server_and_machine() -> None:
     assert describe(None)[1]["bound"] == "bound: not measured"
 
 
+def test_drain_rows_get_the_figures_and_the_report_shows_them() -> None:
+    from harness.common import Row, summarize
+    from harness.cpu import CpuSampler, Server, annotate
+    from harness.report import bounds, markdown
+
+    cpu = CpuSampler(Server("redis-server", 99, tree=False))
+    cpu.samples = _samples()
+    one = Row("conveyor", "drain", 400, 1000.0, note="store clock",
+              extra={"window_start": 100.2, "window_end": 100.6})
+    two = Row("conveyor", "drain_2p", 400, 1600.0, note="",
+              extra={"window_start": 100.2, "window_end": 100.6})
+    old = Row("peer", "drain", 400, 500.0, note="from a run before the CPU figures")
+    other = Row("conveyor", "enqueue", 400, 9000.0, extra={"window_start": 100.2, "window_end": 100.6})
+    annotate([one, two, old, other], cpu)
+    assert one.note.startswith("store clock; worker CPU 1.200 ms/job; redis-server CPU")
+    assert two.note.startswith("worker CPU")
+    assert "bound" not in old.extra and "bound" not in other.extra  # no window / not a drain
+    summary = summarize([[one, two, old, other]])
+    table = "\n".join(bounds(summary))
+    assert "| conveyor | 1 | 1,000 | - | 1.200 | 0.300 (redis-server) | 90 % | bound: CPU" in table
+    assert "| conveyor | 2 | 1,600 | x1.60 (< x1.7) |" in table
+    assert "| peer | 1 | 500 | - | - | - | - | - |" in table  # an old row: nothing invented
+    env = {"date": "2025-01-01"}
+    params = {"command": "x", "mode": "run", "jobs": 400, "rounds": 1, "latency_samples": 1,
+              "load_seconds": 1.0, "concurrency": 8}
+    md = markdown("redis", summary, [[one, two, old, other]], env, params, [])
+    assert "## What bounds each drain" in md and "machine 90 % busy of 2 cores" in md
+
+
 def test_the_in_process_worker_cpu_of_a_script_result_is_kept() -> None:
     from types import SimpleNamespace
 
