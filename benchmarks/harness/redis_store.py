@@ -35,7 +35,7 @@ from harness.common import (
     running_all,
     say,
 )
-from harness.cpu import Server, measured, redis_server
+from harness.cpu import CpuSampler, Server, annotate, measured, redis_server
 
 WAITS = "round trips / locks"  # what a drain that leaves the CPU idle plausibly waits on
 SYSTEMS = [
@@ -93,8 +93,9 @@ def drain_2p(s: Any, a: argparse.Namespace, tmp: Path) -> Row:
         in_process = {"worker_cpu_ms_per_job_in_process": c["cpu_s"] / n * 1000}
         if isinstance(s, rb.ConveyorSystem):
             r = s.after_drain(n, clock, note)  # window from the store, as for one process
-            row = Row(s.name, "drain_2p", n, r.jobs_per_s, note=r.note,
-                      extra={**r.extra, **in_process})
+            row = Row(
+                s.name, "drain_2p", n, r.jobs_per_s, note=r.note, extra={**r.extra, **in_process}
+            )
         else:
             row = Row(
                 s.name,
@@ -165,9 +166,11 @@ def drain(server: Server, s: Any, a: argparse.Namespace, tmp: Path) -> Row:
     """redis_bench's one-process drain, with the CPU figures over its window. Where
     redis-server's CPU was read over the window, that figure replaces redis_bench's (from the
     worker's start), which stays in the row's extra as ``redis_cpu_ms_per_job``."""
-    row: Row = measured(server, WAITS, _result_of, rb.scenario_drain, s, a, tmp)
-    if "server_cpu_ms_per_job" in row.extra:
+    with CpuSampler(server) as cpu:
+        row = _result_of(rb.scenario_drain, s, a, tmp)
+    if server.root is not None:  # before annotate() adds the figure over the window
         row.note = OLD_SERVER_CPU.sub("", row.note)
+    annotate([row], cpu, WAITS)
     return row
 
 
@@ -213,16 +216,37 @@ def run(
                 for n in order:
                     add(guarded(n, "drain_2p", measured, server, WAITS, drain_2p, objs[n], a, tmp))
                 for n in order:
-                    add(guarded(n, "latency", _result_of,
-                                rb.scenario_latency, objs[n], a, tmp, rng, f"r{rnd}"))
+                    add(
+                        guarded(
+                            n,
+                            "latency",
+                            _result_of,
+                            rb.scenario_latency,
+                            objs[n],
+                            a,
+                            tmp,
+                            rng,
+                            f"r{rnd}",
+                        )
+                    )
                 drains = {
                     r.system: r.jobs_per_s for r in rows if r.scenario == "drain" and r.jobs_per_s
                 }
                 for n in order:
                     if n not in drains:  # its drain failed: no rate to offer half of
                         continue
-                    add(guarded(n, "latency_load", latency_load,
-                                objs[n], a, tmp, drains[n] / 2, f"r{rnd}-load"))
+                    add(
+                        guarded(
+                            n,
+                            "latency_load",
+                            latency_load,
+                            objs[n],
+                            a,
+                            tmp,
+                            drains[n] / 2,
+                            f"r{rnd}-load",
+                        )
+                    )
             rounds.append(rows)
     finally:
         for s in objs.values():

@@ -132,6 +132,8 @@ def test_the_verdict() -> None:
     assert CPU_BOUND_BUSY == 0.90
     assert verdict(0.97, 2) == "bound: CPU (machine 97 % busy of 2 cores)"
     assert verdict(0.90, 2).startswith("bound: CPU")
+    assert verdict(0.896, 2).startswith("bound: CPU (machine 90 %")  # as shown, not below it
+    assert verdict(0.894, 2).startswith("not CPU-bound (machine 89 %")
     assert verdict(0.64, 2) == "not CPU-bound (machine 64 % busy of 2 cores): round trips / locks"
     assert verdict(0.64, 2, waits="the write lock / fsync").endswith(": the write lock / fsync")
     # half the machine idle, but one Python worker process used a whole core
@@ -231,3 +233,41 @@ def test_the_in_process_worker_cpu_of_a_script_result_is_kept() -> None:
     row = from_result(result)
     assert row.extra == {"window_start": 1.0, "window_end": 3.0,
                          "worker_cpu_ms_per_job_in_process": 0.7}
+
+
+def test_a_window_too_short_names_no_bound() -> None:
+    from harness.cpu import describe, window_of
+
+    w = window_of(_samples(), 100.2, 100.3, 100)
+    text, extra = describe(w, "redis-server")
+    assert extra["bound"] == "bound: not judged (a 0.10 s window is too short)"
+    assert text.startswith("worker CPU") and text.endswith(extra["bound"])
+
+
+def test_a_redis_drain_note_gives_one_server_figure(monkeypatch: pytest.MonkeyPatch) -> None:
+    """redis_bench's redis-server figure (from the worker's start) makes way for the one over
+    the window; a bug once removed the new one too."""
+    import os
+    import time
+    from types import SimpleNamespace
+
+    pytest.importorskip("hiredis")
+    from harness import redis_store
+    from harness.cpu import Server
+
+    def scenario_drain(s: object, a: object, tmp: object) -> SimpleNamespace:
+        time.sleep(0.4)  # a window the sampler covers (no figure below is timed)
+        now = time.time()
+        return SimpleNamespace(
+            system="conveyor", scenario="drain", jobs=100, jobs_per_s=100.0, seconds=1.0,
+            p50_ms=None, p99_ms=None, samples_ms=[], cpu_ms_per_job=None,
+            note="0.4s incl. process start; redis-server CPU 0.039 ms/job; body clock 9 jobs/s",
+            extra={"window_start": now - 0.3, "window_end": now - 0.01},
+        )
+
+    monkeypatch.setattr(redis_store.rb, "scenario_drain", scenario_drain)
+    row = redis_store.drain(Server("redis-server", os.getpid(), tree=False), None, None, None)
+    assert row.note.count("redis-server CPU") == 1
+    assert "0.039" not in row.note and "server_cpu_ms_per_job" in row.extra
+    # (no worker process is a child of this test: no worker figure)
+    assert row.note.startswith("0.4s incl. process start; body clock 9 jobs/s; redis-server CPU")
