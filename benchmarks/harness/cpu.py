@@ -162,6 +162,7 @@ class Sample:
     workers: dict[int, int]  # pid -> own ticks, every descendant of the driver
     server_total: int | None  # the server's ticks, exited children included
     server: dict[int, int]  # pid -> own ticks
+    driver: int | None = None  # the driver process's own ticks (producer, polling, this sampler)
 
 
 def _series(samples: list[Sample], attr: str) -> dict[int, list[float]]:
@@ -201,6 +202,7 @@ class Window:
     worker_max_core: float | None  # the busiest worker process, share of one core
     server_cpu_s: float | None
     server_max_core: float | None
+    driver_cpu_s: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -234,8 +236,21 @@ def window_of(samples: list[Sample], t0: float, t1: float, jobs: int) -> Window 
     if all(s.server_total is not None for s in samples):
         server_cpu = delta([float(s.server_total or 0) for s in samples]) / CLK_TCK
         _, server_max, _ = processes("server")
+    driver_cpu: float | None = None
+    if all(s.driver is not None for s in samples):
+        driver_cpu = delta([float(s.driver or 0) for s in samples]) / CLK_TCK
     return Window(
-        seconds, jobs, cores, busy, iowait, worker_cpu, nproc, worker_max, server_cpu, server_max
+        seconds,
+        jobs,
+        cores,
+        busy,
+        iowait,
+        worker_cpu,
+        nproc,
+        worker_max,
+        server_cpu,
+        server_max,
+        driver_cpu,
     )
 
 
@@ -270,7 +285,11 @@ def describe(
             extra["server_share"] = round(w.server_cpu_s / capacity, 4)
             shares.append(f"{server} {pct(extra['server_share'])}")
             rest -= extra["server_share"]
-        shares.append(f"rest {pct(max(0.0, rest))}")
+        if w.driver_cpu_s is not None:
+            extra["driver_share"] = round(w.driver_cpu_s / capacity, 4)
+            shares.append(f"driver {pct(extra['driver_share'])}")
+            rest -= extra["driver_share"]
+        shares.append(f"rest of the machine {pct(max(0.0, rest))}")
         parts.append(f"CPU of the {w.cores} cores: {', '.join(shares)}")
     if w.iowait is not None:
         extra["machine_iowait"] = round(w.iowait, 4)
@@ -405,7 +424,10 @@ class CpuSampler:
             if t is not None:
                 workers[p] = t.own
         total, own = self.server.read() if self.server else (None, {})
-        self.samples.append(Sample(time.time(), m, workers, total, own))
+        me = proc_ticks(self.me)
+        self.samples.append(
+            Sample(time.time(), m, workers, total, own, None if me is None else me.own)
+        )
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):

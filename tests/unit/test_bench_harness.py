@@ -150,7 +150,8 @@ def test_the_verdict() -> None:
 def _samples() -> list:  # type: ignore[type-arg]
     """Every 0.1 s on 2 cores (20 ticks per sample): worker 7 starts (30 ticks of start-up
     when first seen), then uses 8 ticks per sample, and is gone in the last sample (stopped);
-    worker 8 uses 4 ticks per sample; the server 3; the machine is 18 of 20 ticks busy."""
+    worker 8 uses 4 ticks per sample; the server 3; the driver 1; the machine is 18 of 20
+    ticks busy."""
     from harness.cpu import MachineTicks, Sample
 
     out = []
@@ -161,7 +162,7 @@ def _samples() -> list:  # type: ignore[type-arg]
         if k >= 1:
             w[8] = 4 * (k - 1)
         m = MachineTicks(busy=18 * k, total=20 * k, iowait=k, cores=2)
-        out.append(Sample(100.0 + k / 10, m, w, 3 * k, {99: 3 * k}))
+        out.append(Sample(100.0 + k / 10, m, w, 3 * k, {99: 3 * k}, driver=k))
     return out
 
 
@@ -178,7 +179,8 @@ def test_a_window_over_samples_counts_workers_server_and_machine() -> None:
     text, extra = describe(w, "redis-server")
     assert text == (
         "worker CPU 1.200 ms/job; redis-server CPU 0.300 ms/job; "
-        "CPU of the 2 cores: workers 60 %, redis-server 15 %, rest 15 %; "
+        "CPU of the 2 cores: workers 60 %, redis-server 15 %, driver 5 %, "
+        "rest of the machine 10 %; "
         "bound: CPU (machine 90 % busy of 2 cores); coarse: a 0.40 s window"
     )
     assert extra["worker_cpu_ms_per_job"] == 1.2 and extra["machine_busy"] == 0.9
