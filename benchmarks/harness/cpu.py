@@ -46,6 +46,10 @@ CPU_BOUND_BUSY = 0.90
 # cannot use more than about one core for its Python code, GIL; redis-server runs commands on one
 # thread): then the machine may be half idle and the drain still bound by that process's CPU.
 PROCESS_BOUND_SHARE = 0.90
+# A CPU-bound verdict says how much of the cores went to processes outside the run (neither
+# workers, server nor driver) from this share up: on a shared machine they, not the system
+# measured, may be what took the CPU.
+OTHERS_SHARE_SAID = 0.2
 # Below this window length the figures rest on few 10 ms ticks and few samples: say so.
 COARSE_WINDOW_S = 1.0
 # Below this one (a --quick drain of a fast system) they are too few to name a bound at all.
@@ -289,7 +293,8 @@ def describe(
             extra["driver_share"] = round(w.driver_cpu_s / capacity, 4)
             shares.append(f"driver {pct(extra['driver_share'])}")
             rest -= extra["driver_share"]
-        shares.append(f"rest of the machine {pct(max(0.0, rest))}")
+        extra["others_share"] = round(max(0.0, rest), 4)
+        shares.append(f"rest of the machine {pct(extra['others_share'])}")
         parts.append(f"CPU of the {w.cores} cores: {', '.join(shares)}")
     if w.iowait is not None:
         extra["machine_iowait"] = round(w.iowait, 4)
@@ -304,6 +309,10 @@ def describe(
         extra["bound"] = verdict(
             w.busy, w.cores, w.worker_max_core, w.server_max_core, server, waits
         )
+        others = extra.get("others_share", 0.0)
+        if extra["bound"].startswith("bound: CPU") and others >= OTHERS_SHARE_SAID:
+            # inside the parenthesis: "(machine 95 % busy of 2 cores, 50 % by other processes)"
+            extra["bound"] = extra["bound"][:-1] + f", {pct(others)} by other processes)"
         parts.append(extra["bound"])
         if w.seconds < COARSE_WINDOW_S:
             parts.append(f"coarse: a {w.seconds:.2f} s window")

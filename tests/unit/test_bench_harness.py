@@ -184,7 +184,7 @@ def test_a_window_over_samples_counts_workers_server_and_machine() -> None:
         "bound: CPU (machine 90 % busy of 2 cores); coarse: a 0.40 s window"
     )
     assert extra["worker_cpu_ms_per_job"] == 1.2 and extra["machine_busy"] == 0.9
-    assert extra["bound"].startswith("bound: CPU")
+    assert extra["bound"] == "bound: CPU (machine 90 % busy of 2 cores)"  # others: 10 %
     # a worker gone from the last sample keeps what it used: no negative CPU after it stops
     w2 = window_of(_samples(), 100.55, 100.7, 100)
     assert w2 is not None and (w2.worker_cpu_s or 0) > 0
@@ -235,6 +235,20 @@ def test_the_in_process_worker_cpu_of_a_script_result_is_kept() -> None:
     row = from_result(result)
     assert row.extra == {"window_start": 1.0, "window_end": 3.0,
                          "worker_cpu_ms_per_job_in_process": 0.7}
+
+
+def test_a_cpu_bound_verdict_says_when_other_processes_took_much_of_it() -> None:
+    from harness.cpu import MachineTicks, Sample, describe, window_of
+
+    # 2 cores, 20 ticks a sample, 19 busy: worker 6, server 2, driver 1, other processes 10
+    samples = [
+        Sample(10.0 + k / 10, MachineTicks(19 * k, 20 * k, 0, 2), {5: 6 * k}, 2 * k, {9: 2 * k}, k)
+        for k in range(10)
+    ]
+    text, extra = describe(window_of(samples, 10.1, 10.8, 700), "PostgreSQL")
+    assert extra["others_share"] == 0.5
+    assert extra["bound"] == "bound: CPU (machine 95 % busy of 2 cores, 50 % by other processes)"
+    assert "rest of the machine 50 %" in text
 
 
 def test_a_window_too_short_names_no_bound() -> None:
