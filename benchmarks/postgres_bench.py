@@ -285,6 +285,7 @@ def scenarios(
         if reruns:
             note += f"; {reruns} jobs ran more than once"
         results.append(throughput(name, "drain", n, last - first, note=note))
+        results[-1].extra.update(window_start=first, window_end=last)
         report(results[-1])
 
         # 4. idle enqueue-to-start latency, same worker, now idle

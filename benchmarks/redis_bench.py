@@ -191,7 +191,8 @@ class System:
 
     def after_drain(self, n: int, clock: dict[str, Any], note: str) -> Result:
         window = clock["last_end"] - clock["first_start"]
-        return throughput(self.name, "drain", n, window, cpu_ms_per_job=cpu_per_job(clock, n), note=note)
+        return throughput(self.name, "drain", n, window, cpu_ms_per_job=cpu_per_job(clock, n), note=note,
+                          extra={"window_start": clock["first_start"], "window_end": clock["last_end"]})
 
     def close(self) -> None:
         self.r.close()
@@ -280,7 +281,8 @@ class ConveyorSystem(System):
         if reruns:
             note += f"; {reruns} jobs ran more than once"
         return throughput(self.name, "drain", n, last - first, cpu_ms_per_job=cpu_per_job(clock, n),
-                          note=note, extra={"body_clock_jobs_per_s": n / body})
+                          note=note, extra={"body_clock_jobs_per_s": n / body,
+                                            "window_start": first, "window_end": last})
 
     def store_latency_ms(self) -> list[float]:
         rows = self.job_fields(self.probe_ids, ["created_at", "attempted_at"])

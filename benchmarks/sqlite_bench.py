@@ -64,6 +64,8 @@ class Result:
     p99_ms: float | None = None
     note: str = ""
     samples_ms: list[float] = field(default_factory=list, repr=False)
+    # e.g. a drain's window (window_start, window_end: epoch s) for the harness's CPU figures
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def public(self) -> dict[str, Any]:
         d = asdict(self)
@@ -249,6 +251,7 @@ def conveyor_scenarios(
         if reruns:
             note += f"; {reruns} jobs ran more than once"
         results.append(throughput(system, "drain", n, last - first, note=note))
+        results[-1].extra.update(window_start=first, window_end=last)
         report(results[-1])
 
         # 4. idle enqueue-to-start latency, same worker, now idle
@@ -366,6 +369,7 @@ def huey_scenarios(tmp: Path, args: argparse.Namespace, rng: random.Random) -> l
             note=f"1 consumer, -w {args.concurrency} -k thread; {wall:.1f}s incl. process start",
         )
     )
+    results[-1].extra.update(window_start=times["first_start"], window_end=times["last_complete"])
     report(results[-1])
 
     # 4. latency, with Huey's default polling and with polling tuned to Conveyor's 2 ms step

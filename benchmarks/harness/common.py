@@ -47,6 +47,11 @@ class Row:
 def from_result(r: Any) -> Row:
     """A row from a ``sqlite_bench.Result`` or ``redis_bench.Result``."""
     na = r.seconds is None and r.p50_ms is None
+    extra = dict(getattr(r, "extra", {}) or {})
+    if getattr(r, "cpu_ms_per_job", None) is not None:
+        # redis_bench's worker CPU from time.process_time() in the worker over its body clock;
+        # kept beside the harness's own figure (harness.cpu: /proc, over the rate's window)
+        extra["worker_cpu_ms_per_job_in_process"] = r.cpu_ms_per_job
     return Row(
         r.system,
         r.scenario,
@@ -57,7 +62,7 @@ def from_result(r: Any) -> Row:
         r.note,
         na,
         list(r.samples_ms),
-        dict(getattr(r, "extra", {}) or {}),
+        extra,
     )
 
 

@@ -22,9 +22,11 @@ from sqlite_bench import BATCH, Proc, drain_timeout, wait_until
 
 from harness import raw_writes
 from harness.common import Row, from_result, latency_row, load_note, paced, rotate, running_all, say
+from harness.cpu import Server, measured, postgres_server
 
 SYSTEMS = ["conveyor", "procrastinate"]
 CLASSES: dict[str, Any] = {"conveyor": pb.ConveyorSystem, "procrastinate": pb.ProcrastinateSystem}
+WAITS = "round trips / locks / commits"  # what a drain that leaves the CPU idle plausibly waits on
 
 
 @contextlib.contextmanager
@@ -55,7 +57,14 @@ def drain_2p(s: Any, tmp: Path, a: argparse.Namespace) -> Row:
     note = f"2 worker processes x concurrency {a.concurrency}; database clock"
     if reruns:
         note += f"; {reruns} jobs ran more than once"
-    return Row(s.name, "drain_2p", n, n / (last - first), note=note)
+    return Row(
+        s.name,
+        "drain_2p",
+        n,
+        n / (last - first),
+        note=note,
+        extra={"window_start": first, "window_end": last},
+    )
 
 
 def latency_load(s: Any, tmp: Path, a: argparse.Namespace, rate: float) -> Row:
@@ -79,10 +88,24 @@ def latency_load(s: Any, tmp: Path, a: argparse.Namespace, rate: float) -> Row:
     )
 
 
+def server(a: argparse.Namespace) -> Server | None:
+    """The PostgreSQL server's processes, if it runs on this machine."""
+    try:
+        with psycopg.connect(a.pg_url, connect_timeout=5) as conn:
+            return postgres_server(conn)
+    except Exception:
+        return None
+
+
+def phase_a(s: Any, tmp: Path, a: argparse.Namespace, rng: random.Random) -> list[Row]:
+    return [from_result(r) for r in pb.scenarios(s, tmp, a, rng)]
+
+
 def run(
     a: argparse.Namespace, rng: random.Random, systems: list[str]
 ) -> tuple[list[list[Row]], dict[str, Any]]:
     names = [s for s in SYSTEMS if s in systems]
+    pg = server(a)
     rounds: list[list[Row]] = []
     for rnd in range(a.rounds):
         order = rotate(names, rnd)
@@ -92,13 +115,17 @@ def run(
             tmp = Path(d)
             for name in order:  # A: the existing scenarios
                 with system(a, name) as s:
-                    rows += [from_result(r) for r in pb.scenarios(s, tmp, a, rng)]
+                    got = measured(pg, WAITS, phase_a, s, tmp, a, rng)
+                    rows += got
+                    for r in got:  # the script printed it before the CPU figures were added
+                        if r.scenario == "drain":
+                            say(r)
             if "conveyor" in order:  # the baseline of Conveyor's bulk target
                 rows.append(raw_writes.postgres(a))
                 say(rows[-1])
             for name in order:  # B
                 with system(a, name) as s:
-                    rows.append(drain_2p(s, tmp, a))
+                    rows.append(measured(pg, WAITS, drain_2p, s, tmp, a))
                     say(rows[-1])
             drains = {
                 r.system: r.jobs_per_s for r in rows if r.scenario == "drain" and r.jobs_per_s
@@ -118,4 +145,9 @@ def run(
             "shared_buffers",
         ):
             env[f"postgresql {setting}"] = conn.execute(f"SHOW {setting}").fetchone()[0]  # type: ignore[index]
+    env["postgresql CPU measured"] = (
+        f"postmaster pid {pg.root} and its children (from /proc)"
+        if pg is not None and pg.root is not None
+        else "no (the server is not a process on this machine, or /proc is not readable)"
+    )
     return rounds, env

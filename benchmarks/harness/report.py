@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.common import METRICS, Row
+from harness.cpu import CPU_BOUND_BUSY, PROCESS_BOUND_SHARE
 
 
 def fmt(v: float | None, spec: str) -> str:
@@ -64,6 +65,46 @@ def tables(summary: list[Row]) -> list[str]:
             out.append(
                 f"| {label} | " + " | ".join(ratio(by, m, p, scenario, attr) for p in peers) + " |"
             )
+    return out
+
+
+# Issue 40, item 2: two worker processes should drain at least this many times one process's
+# rate wherever the store is not the bottleneck.
+TWO_PROCESS_TARGET = 1.7
+
+
+def bounds(summary: list[Row]) -> list[str]:
+    """Per system, its drains with one and two worker processes: the rate, the CPU per job
+    (workers', the store server's), the machine's busy share over the window and what bound it
+    (``harness.cpu``). Rows without those figures (runs before they existed) show ``-``."""
+    by = {(r.system, r.scenario): r for r in summary}
+    rows = [
+        by[(s, sc)] for s in systems_of(summary) for sc in ("drain", "drain_2p") if (s, sc) in by
+    ]
+    if not rows:
+        return []
+    out = [
+        "| system | worker processes | jobs/s | 2 / 1 process | worker CPU ms/job "
+        "| server CPU ms/job | machine busy | what bound it |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        x = r.extra or {}
+        one = by.get((r.system, "drain"))
+        scale = "-"
+        if r.scenario == "drain_2p" and one is not None and r.jobs_per_s and one.jobs_per_s:
+            k = r.jobs_per_s / one.jobs_per_s
+            scale = f"x{k:.2f}" + ("" if k >= TWO_PROCESS_TARGET else f" (< x{TWO_PROCESS_TARGET})")
+        rate = "failed" if r.failed else "n/a" if r.na else fmt(r.jobs_per_s, ",.0f")
+        server_ms = x.get("server_cpu_ms_per_job")
+        server = "-" if server_ms is None else f"{server_ms:.3f} ({x.get('server', 'server')})"
+        busy = x.get("machine_busy")
+        machine = "-" if busy is None else f"{100 * busy:.0f} %"
+        out.append(
+            f"| {r.system} | {2 if r.scenario == 'drain_2p' else 1} | {rate} | {scale} "
+            f"| {fmt(x.get('worker_cpu_ms_per_job'), '.3f')} | {server} | {machine} "
+            f"| {x.get('bound', '-')} |"
+        )
     return out
 
 
@@ -168,6 +209,24 @@ def markdown(
     ]
     for p in chart_paths:
         lines += [f"![{p.stem}]({p.name})", ""]
+    bound = bounds(summary)
+    if bound:
+        lines += [
+            "## What bounds each drain",
+            "",
+            "Over each drain's own window (the one its rate is timed on): the worker processes' "
+            "CPU (user + system, all threads, from /proc) and the store server's, per job; the "
+            "machine's busy share of all its cores (/proc/stat, whatever ran: other work on the "
+            "machine counts too); and the verdict: CPU-bound when the machine was at least "
+            f"{100 * CPU_BOUND_BUSY:.0f} % busy, or one worker process (or the server) used at "
+            f"least {100 * PROCESS_BOUND_SHARE:.0f} % of a core; "
+            "otherwise the drain waited on something else (named as a likely cause, not "
+            f"measured). Issue 40 asks two processes for at least x{TWO_PROCESS_TARGET} one "
+            "process where the store is not the bottleneck.",
+            "",
+            *bound,
+            "",
+        ]
     lines += ["## Notes per result", "", *notes(summary), ""]
     caveats = env.get("caveats")
     lines += ["## Machine and versions", ""]

@@ -25,8 +25,11 @@ from sqlite_bench import BATCH, Proc, drain_timeout, sqlite_url, wait_until
 
 from harness import raw_writes
 from harness.common import Row, from_result, latency_row, load_note, paced, rotate, running_all, say
+from harness.cpu import measured
 
 SYSTEMS = ["conveyor", "conveyor-syncnormal", "huey"]
+# What a SQLite drain that leaves the CPU idle plausibly waits on (no server: no round trips)
+WAITS = "the write lock / fsync"
 QUERY = {"conveyor": "", "conveyor-syncnormal": "synchronous=normal"}
 
 
@@ -71,6 +74,7 @@ def conveyor_drain_2p(system: str, tmp: Path, a: argparse.Namespace) -> Row:
         n,
         n / (last - first),
         note=f"2 worker processes x concurrency {a.concurrency}; store clock",
+        extra={"window_start": first, "window_end": last},
     )
 
 
@@ -131,6 +135,11 @@ def huey_drain_2p(tmp: Path, a: argparse.Namespace) -> Row:
         n / (c["last_end"] - c["first_start"]),
         note=f"2 consumers, -w {a.concurrency} -k thread (jobs per process {c['per_process']}); "
         "wall clock in the consumers",
+        extra={
+            "window_start": c["first_start"],
+            "window_end": c["last_end"],
+            "worker_cpu_ms_per_job_in_process": c["cpu_s"] / n * 1000,
+        },
     )
 
 
@@ -167,6 +176,15 @@ def huey_latency_load(label: str, tmp: Path, a: argparse.Namespace, rate: float)
     )
 
 
+def phase_a(s: str, tmp: Path, a: argparse.Namespace, rng: random.Random) -> list[Row]:
+    res = (
+        sb.huey_scenarios(tmp, a, rng)
+        if s == "huey"
+        else sb.conveyor_scenarios(s, tmp, a, rng, QUERY[s])
+    )
+    return [from_result(r) for r in res]
+
+
 def run(
     a: argparse.Namespace, rng: random.Random, systems: list[str]
 ) -> tuple[list[list[Row]], dict[str, Any]]:
@@ -179,17 +197,19 @@ def run(
         with tempfile.TemporaryDirectory(prefix="conveyor-harness-sqlite-") as d:
             tmp = Path(d)
             for s in order:  # A: the existing scenarios
-                res = (
-                    sb.huey_scenarios(tmp, a, rng)
-                    if s == "huey"
-                    else sb.conveyor_scenarios(s, tmp, a, rng, QUERY[s])
-                )
-                rows += [from_result(r) for r in res]
+                got = measured(None, WAITS, phase_a, s, tmp, a, rng)
+                rows += got
+                for r in got:  # the script printed it before the CPU figures were added
+                    if r.scenario == "drain":
+                        say(r)
             if "conveyor" in order:  # the baseline of Conveyor's bulk target
                 rows.append(raw_writes.sqlite(tmp, a))
                 say(rows[-1])
             for s in order:  # B: drain with two processes
-                rows.append(huey_drain_2p(tmp, a) if s == "huey" else conveyor_drain_2p(s, tmp, a))
+                if s == "huey":
+                    rows.append(measured(None, WAITS, huey_drain_2p, tmp, a))
+                else:
+                    rows.append(measured(None, WAITS, conveyor_drain_2p, s, tmp, a))
                 say(rows[-1])
             drains = {
                 r.system: r.jobs_per_s for r in rows if r.scenario == "drain" and r.jobs_per_s
