@@ -202,11 +202,24 @@ def _runs(jobs: Sequence[NewJob]) -> tuple[list[Any], list[str], list[str]]:
     runs: list[Any] = []
     texts: list[str] = []
     queues: list[str] = []
-    shape: tuple[Any, ...] = ()
+    if not jobs:
+        return runs, texts, queues
+    first = jobs[0]  # the current run's first job
+    shape: tuple[Any, ...] | None = None  # its fields, once a later job needs them
     count_at = 0  # where the current run's count is
+    count = 0
     for n, job in enumerate(jobs):
-        key = _shape(job)
-        if n == 0 or not all(map(operator.is_, key, shape)):
+        # The two fields most often a job's own are looked at first: a batch of one-job runs
+        # (each job with a unique key or parents of its own) tells a new run without the rest.
+        same = False
+        if n and job.unique_key is first.unique_key and job.after_refs is first.after_refs:
+            if shape is None:
+                shape = _shape(first)
+            same = all(map(operator.is_, _shape(job), shape))
+        if not same:
+            if count:
+                runs[count_at] = count
+            first, shape, count = job, None, 0
             _validate(job, n)
             _validate_links(job, n)
             count_at = len(runs)
@@ -225,11 +238,12 @@ def _runs(jobs: Sequence[NewJob]) -> tuple[list[Any], list[str], list[str]]:
                      ",".join(str(int(i)) for i in job.after_refs),
                      job.on_parent_failure, job.batch_id or "", job.callback_of or ""]
             queues.append(job.queue)
-            shape = key
         elif not isinstance(cast(Any, job.args), str):
             _validate(job, n)  # (raises: the args are not JSON text)
         texts.append(job.args)
-        runs[count_at] += 1
+        count += 1
+    if count:
+        runs[count_at] = count
     return runs, texts, queues
 
 

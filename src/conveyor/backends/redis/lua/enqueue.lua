@@ -43,17 +43,10 @@ local R = 25
 local FIRST_RUN = A + 7 + 2 * nb
 local FIRST_ARGS = FIRST_RUN + R * nr
 
-local runs = {}
-for r = 1, nr do
-  local i = FIRST_RUN + R * (r - 1)
-  runs[r] = {count = tonumber(ARGV[i]), qn = ARGV[i + 1], task = ARGV[i + 2],
-    prio = ARGV[i + 3], delay = ARGV[i + 4], run_at = ARGV[i + 5], maxa = ARGV[i + 6],
-    timeout = ARGV[i + 7], has_u = ARGV[i + 8] == '1', uk = ARGV[i + 9], meta = ARGV[i + 10],
-    limit = ARGV[i + 11], ufor = ARGV[i + 12], has_fair = ARGV[i + 13] == '1',
-    fk = ARGV[i + 14], ck = ARGV[i + 15], climit = ARGV[i + 16], rk = ARGV[i + 17],
-    rlimit = ARGV[i + 18], rperiod = ARGV[i + 19], after = ARGV[i + 20],
-    refs = ARGV[i + 21], mode = ARGV[i + 22], bid = ARGV[i + 23], cb = ARGV[i + 24]}
-end
+-- Run r's values are ARGV[run_start(r) + k], k = 0 (how many jobs) to R - 1 (callback_of), read
+-- where used: a batch of one-job runs (every job with a unique key of its own, a chain) makes
+-- no table per run.
+local function run_start(r) return FIRST_RUN + R * (r - 1) end
 
 if cron ~= '' then
   local last = redis.call('HGET', K_CRON, cron)
@@ -111,10 +104,9 @@ local function done_as(state)
   return 'unfinished'
 end
 -- The batch and callback a run's created jobs name must be there (one check per run).
-local function check_batches(run)
-  for _, b in ipairs({run.bid, run.cb}) do
-    if b ~= '' and not known_batch(b) then return {'batch', b, 'is not in the store'} end
-  end
+local function check_batches(bid, cb)
+  if bid ~= '' and not known_batch(bid) then return {'batch', bid, 'is not in the store'} end
+  if cb ~= '' and not known_batch(cb) then return {'batch', cb, 'is not in the store'} end
 end
 
 -- First pass, read only: would the batch overfill a queue, does every parent and batch exist?
@@ -130,18 +122,20 @@ local pos = {}
 local function pos_of(at) return pos[at] or {ident = '#' .. at, st = 'unfinished'} end
 local creators = 0
 local n = 0
-for _, run in ipairs(runs) do
-  local qn, has_u, uk = run.qn, run.has_u, run.uk
-  local after_s, refs_s, mode = run.after, run.refs, run.mode
+for r = 1, nr do
+  local i = run_start(r)
+  local count, qn, has_u, uk = tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 8] == '1', ARGV[i + 9]
+  local after_s, refs_s, mode = ARGV[i + 20], ARGV[i + 21], ARGV[i + 22]
+  local bid, cb = ARGV[i + 23], ARGV[i + 24]
   if not has_u and after_s == '' and refs_s == '' then
     -- Nothing to decide per job: every job of the run is created, ready.
-    local bad = check_batches(run)
+    local bad = check_batches(bid, cb)
     if bad then return bad end
-    creators = creators + run.count
-    adds[qn] = (adds[qn] or 0) + run.count
-    n = n + run.count
+    creators = creators + count
+    adds[qn] = (adds[qn] or 0) + count
+    n = n + count
   else
-    for _ = 1, run.count do
+    for _ = 1, count do
       local p = {ident = '#' .. n, st = 'unfinished'}
       local creates = true
       if has_u then
@@ -194,7 +188,7 @@ for _, run in ipairs(runs) do
         end
       end
       if creates then
-        local bad = check_batches(run)
+        local bad = check_batches(bid, cb)
         if bad then return bad end
         creators = creators + 1
       else
@@ -207,7 +201,7 @@ for _, run in ipairs(runs) do
       end
     end
   end
-  if run.limit ~= '' then limits[qn] = tonumber(run.limit) end
+  if ARGV[i + 11] ~= '' then limits[qn] = tonumber(ARGV[i + 11]) end
 end
 for qn, limit in pairs(limits) do
   local q = Q[qn]
@@ -257,23 +251,26 @@ local made_ids = 0
 
 local j = FIRST_ARGS - 1
 n = -1
-for _, run in ipairs(runs) do
-  local qn, prio, has_u, uk, mode, bid, cb = run.qn, run.prio, run.has_u, run.uk, run.mode,
-    run.bid, run.cb
+for r = 1, nr do
+  local i = run_start(r)
+  local count, qn, prio, has_u, uk = tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 3],
+    ARGV[i + 8] == '1', ARGV[i + 9]
+  local climit, rlimit, mode, bid, cb = ARGV[i + 16], ARGV[i + 18], ARGV[i + 22], ARGV[i + 23],
+    ARGV[i + 24]
   local q = Q[qn]
   -- batch_of(qn), taken at the run's first created job: a run whose jobs were all held puts
   -- nothing in the queue, nor the queue in P:queues.
   local b
   local run_at
-  if run.run_at ~= '' then
-    run_at = tonumber(run.run_at)
+  if ARGV[i + 5] ~= '' then
+    run_at = tonumber(ARGV[i + 5])
   else
-    run_at = now + math.max(tonumber(run.delay), 0)
+    run_at = now + math.max(tonumber(ARGV[i + 4]), 0)
   end
   local scheduled = run_at > now
   local rt = num(run_at)
-  local fk = run.has_fair and run.fk
-  local gated = run.climit ~= '' or run.rlimit ~= ''
+  local fk = ARGV[i + 13] == '1' and ARGV[i + 14]
+  local gated = climit ~= '' or rlimit ~= ''
   -- Without a fair key, every job of the run takes the same tag (tags.take), so one member
   -- head serves them all.
   local tag, head
@@ -284,9 +281,9 @@ for _, run in ipairs(runs) do
   -- The hash's fields every job of the run has, in the order they were always written; the
   -- per-job ones (args, uid, fair_tag) are filled in, and each job's tail (parents, state,
   -- ...) written after `common`, in the same table.
-  local fields = {'task', run.task, 'queue', qn, 'args', '', 'priority', prio,
-    'run_at', rt, 'attempt', 0, 'max_attempts', run.maxa, 'timeout_s', run.timeout,
-    'meta', run.meta, 'created_at', t, 'uid', '',
+  local fields = {'task', ARGV[i + 2], 'queue', qn, 'args', '', 'priority', prio,
+    'run_at', rt, 'attempt', 0, 'max_attempts', ARGV[i + 6], 'timeout_s', ARGV[i + 7],
+    'meta', ARGV[i + 10], 'created_at', t, 'uid', '',
     'fair_tag', tag and string.format('%.0f', tag) or ''}
   local ARGS_AT, UID_AT, TAG_AT = 6, 22, 24
   local function field(name, value)
@@ -295,23 +292,23 @@ for _, run in ipairs(runs) do
   end
   if has_u then
     field('unique_key', uk)
-    if run.ufor ~= '' then field('unique_for', run.ufor) end
+    if ARGV[i + 12] ~= '' then field('unique_for', ARGV[i + 12]) end
   end
   if fk then field('fair_key', fk) end
-  if run.climit ~= '' then
-    field('concurrency_key', run.ck)
-    field('concurrency_limit', run.climit)
+  if climit ~= '' then
+    field('concurrency_key', ARGV[i + 15])
+    field('concurrency_limit', climit)
   end
-  if run.rlimit ~= '' then
-    field('rate_key', run.rk)
-    field('rate_limit', run.rlimit)
-    field('rate_period', run.rperiod)
+  if rlimit ~= '' then
+    field('rate_key', ARGV[i + 17])
+    field('rate_limit', rlimit)
+    field('rate_period', ARGV[i + 19])
   end
   if bid ~= '' then field('batch_id', bid) end
   if cb ~= '' then field('callback_of', cb) end
   local common = #fields
-  local members = {}  -- the run's created ids, for its batches' member sets
-  for _ = 1, run.count do
+  local members = bid ~= '' and {}  -- the run's created ids, for its batches' member sets
+  for _ = 1, count do
     n = n + 1
     j = j + 1
     local p = pos[n]
@@ -332,7 +329,7 @@ for _, run in ipairs(runs) do
         fields[TAG_AT] = string.format('%.0f', tag)
       end
       local len = common
-      if bid ~= '' then members[#members + 1] = id end
+      if members then members[#members + 1] = id end
       if cb ~= '' then
         redis.call('HSET', P_BATCH .. cb, mode == 'run' and 'on_complete' or 'on_success', id)
       end
@@ -424,7 +421,7 @@ for _, run in ipairs(runs) do
       end
     end
   end
-  if #members > 0 then
+  if members and #members > 0 then
     for _, outer in ipairs(chain_of(bid)) do call_many('SADD', P_MEMBERS .. outer, members) end
   end
 end
