@@ -593,10 +593,13 @@ def built(app: Conveyor, new: Sequence[NewJob], results: Sequence[EnqueueResult]
         decoded = iter(json.loads(f"[{','.join(created)}]"))
     jobs = []
     backend = app.backend
+    kind: tuple[Any, ...] = ()
+    make: Callable[..., Job] = Job  # (the first job's kind replaces it)
     for item, res in zip(new, results, strict=True):
         if res.created:
             args = next(decoded)
-        if not res.created or item.after or not all(results[r].created for r in item.after_refs):
+        refs = item.after_refs
+        if not res.created or item.after or (refs and not all(results[r].created for r in refs)):
             # Read it where it is visible: it may sit uncommitted in the caller's transaction.
             existing = (
                 _transactional(backend).get(res.id, connection=connection)
@@ -608,15 +611,21 @@ def built(app: Conveyor, new: Sequence[NewJob], results: Sequence[EnqueueResult]
                                   f"job {res.id} holding unique key {item.unique_key!r} vanished")
             jobs.append(existing)
             continue
-        make = _job_maker(_kind_of(item))
+        # The jobs of one call are mostly of one kind: its constructor is looked up once for a
+        # run of them, not once per job.
+        if (k := _kind_of(item)) != kind:
+            kind, make = k, _job_maker(k)
         run_at = item.run_at if item.run_at is not None else res.at + item.delay
+        state = (JobState.WAITING if refs else
+                 JobState.SCHEDULED if run_at > res.at else JobState.AVAILABLE)
+        if not refs and item.batch_id is None and item.callback_of is None and item.meta == "{}":
+            jobs.append(make(id=res.id, args=args, state=state, run_at=run_at,
+                             created_at=res.at, uid=res.uid))
+            continue
         extra: dict[str, Any] = {}
-        if item.after_refs:
-            state = JobState.WAITING
-            extra["parents"] = tuple(sorted({results[r].id for r in item.after_refs}))
+        if refs:
+            extra["parents"] = tuple(sorted({results[r].id for r in refs}))
             extra["on_parent_failure"] = item.on_parent_failure
-        else:
-            state = JobState.SCHEDULED if run_at > res.at else JobState.AVAILABLE
         if item.batch_id is not None:
             extra["batch_id"] = item.batch_id
         if item.callback_of is not None:

@@ -88,6 +88,7 @@ def test_the_short_script_writes_what_the_general_one_writes(private_redis: Redi
                     assert claimed.id == 1
             # The same random uid for both stores' n-th job, so the stores can be compared.
             monkeypatch.setattr(redis_enqueue, "new_uids", lambda k, n=n: [f"{n:032x}"] * k)
+            monkeypatch.setattr(redis_enqueue, "new_uid_text", lambda k, n=n: f"{n:032x}" * k)
             got_short = short.enqueue_many([job], now=now)
             with monkeypatch.context() as m:
                 m.setattr(redis_enqueue, "_plain", lambda job: False)

@@ -42,6 +42,7 @@ def twins(private_redis: RedisServer,
     the n-th job enqueued has the same uid in both, so the stores can be compared whole."""
     claimed, taken = store(private_redis, "claimed"), store(private_redis, "taken")
     monkeypatch.setattr(redis_enqueue, "new_uids", lambda k: [f"{7:032x}"] * k)
+    monkeypatch.setattr(redis_enqueue, "new_uid_text", lambda k: f"{7:032x}" * k)
     try:
         yield claimed, taken
     finally:

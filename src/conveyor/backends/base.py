@@ -119,6 +119,7 @@ from .common import (
     check_lock_name,
     depth_limits,
     new_claim_id,
+    new_uid_text,
     new_uids,
     queue_full,
     queue_stats_from_rows,
@@ -150,7 +151,7 @@ __all__ = [
     "LoopClaims", "NewBatch", "NewJob",
     "Page", "QueueStats", "ReapResult", "Stats", "StepStore", "StoreLock",
     "TransactionalStore", "WakeUps", "WorkerInfo", "check_claim_id", "check_filters",
-    "check_lock_name", "depth_limits", "new_claim_id", "new_uids", "queue_full",
+    "check_lock_name", "depth_limits", "new_claim_id", "new_uid_text", "new_uids", "queue_full",
     "queue_stats_from_rows", "refuse_overflow", "transactional",
 ]
 

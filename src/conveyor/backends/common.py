@@ -31,8 +31,14 @@ def new_uids(n: int) -> list[str]:
     """``n`` job uids of 32 hex digits (128 random bits each) from one read of the OS's random
     source. Random, not counted: a store that lost data and counts its ids again from an older
     value still never repeats one."""
-    raw = os.urandom(16 * n).hex()
+    raw = new_uid_text(n)
     return [raw[i:i + 32] for i in range(0, 32 * n, 32)]
+
+
+def new_uid_text(n: int) -> str:
+    """The ``n`` uids of new_uids as one text, one after the other (the Redis enqueue script
+    takes them so: one argument, not one per job)."""
+    return os.urandom(16 * n).hex()
 
 
 def check_lock_name(name: str) -> str:

@@ -3,10 +3,12 @@ step records."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+import operator
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from ...errors import (
     InvalidName,
@@ -17,7 +19,15 @@ from ...errors import (
     UnknownParent,
 )
 from ...payload import NAME_RE
-from ..base import CronState, EnqueueResult, NewBatch, NewJob, new_uids, queue_full
+from ..base import (
+    CronState,
+    EnqueueResult,
+    NewBatch,
+    NewJob,
+    new_uid_text,
+    new_uids,
+    queue_full,
+)
 from .core import MAX_CACHED_QUEUES, RedisCore
 from .scripts import OOM_SLACK
 
@@ -40,15 +50,13 @@ class EnqueueMixin(RedisCore):
         A batch with dependencies (after, after_refs) or batches is never split: a reference
         may cross any chunk boundary, and the parents' checks and the children's edges must be
         one write, so it is one script however long."""
-        linked = bool(batches) or any(_linked(j) for j in jobs)
         if not jobs and not batches:
             return []
-        if len(jobs) <= ENQUEUE_CHUNK or linked:
+        if len(jobs) <= ENQUEUE_CHUNK or batches or any(_linked(j) for j in jobs):
             res = self._enqueue(jobs, "", 0.0, now, batches)
             assert res is not None
             return res
-        for n, job in enumerate(jobs):
-            _validate(job, n)
+        _runs(jobs)  # every job checked before the first chunk is written
         done: list[EnqueueResult] = []
         for start in range(0, len(jobs), ENQUEUE_CHUNK):
             try:
@@ -68,34 +76,20 @@ class EnqueueMixin(RedisCore):
         if not)."""
         if not cron and not batches and len(jobs) == 1 and _plain(jobs[0]) and not self.outbox:
             return [self._enqueue_one(jobs[0], now)]
-        args: list[Any] = [self._now_arg(now), cron, repr(float(tick)), len(batches),
+        head: list[Any] = [self._now_arg(now), cron, repr(float(tick)), len(batches),
                            "1" if self.outbox else "0"]
         for batch in batches:
             _check_batch_id(batch.id, "NewBatch.id")
             if batch.parent_id is not None:
                 _check_batch_id(batch.parent_id, "NewBatch.parent_id")
+        runs, texts, queues = _runs(jobs)
+        uid_text = new_uid_text(len(jobs))
+        args: list[Any] = [*head, uid_text, len(queues)]  # (one queue per run)
+        for batch in batches:
             args += [batch.id, batch.parent_id or ""]
-        uids = new_uids(len(jobs))
-        for n, job in enumerate(jobs):
-            _validate(job, n)
-            _validate_links(job, n)
-            args += [
-                uids[n], job.queue, job.task, job.args, str(job.priority),
-                repr(float(job.delay)), "" if job.run_at is None else repr(float(job.run_at)),
-                str(job.max_attempts), repr(float(job.timeout)),
-                "0" if job.unique_key is None else "1", job.unique_key or "", job.meta,
-                "" if job.max_depth is None else str(int(job.max_depth)),
-                "" if job.unique_for is None else repr(float(job.unique_for)),
-                "0" if job.fair_key is None else "1", job.fair_key or "",
-                job.concurrency_key or "",
-                "" if job.concurrency_limit is None else str(job.concurrency_limit),
-                job.rate_key or "", "" if job.rate_limit is None else str(job.rate_limit),
-                "" if job.rate_period is None else repr(float(job.rate_period)),
-                ",".join(str(int(i)) for i in job.after),
-                ",".join(str(int(i)) for i in job.after_refs),
-                job.on_parent_failure, job.batch_id or "", job.callback_of or "",
-            ]
-        res = self._run("enqueue", [j.queue for j in jobs], args, safe=False)
+        args += runs
+        args += texts
+        res = self._run("enqueue", queues, args, safe=False)
         if res and res[0] == "full":
             raise queue_full(str(res[1]), int(res[2]), int(res[3]))
         if res and res[0] == "unknown":
@@ -107,8 +101,11 @@ class EnqueueMixin(RedisCore):
         at = float(res[0])
         results = []
         for n, i in enumerate(range(1, len(res), 2)):
-            created = bool(int(res[i + 1]))
-            results.append(EnqueueResult(int(res[i]), created, at, uids[n] if created else None))
+            if int(res[i + 1]):
+                uid = uid_text[32 * n:32 * n + 32]
+                results.append(EnqueueResult(int(res[i]), True, at, uid))
+            else:
+                results.append(EnqueueResult(int(res[i]), False, at, None))
         return results
 
     def _enqueue_one(self, job: NewJob, now: float | None) -> EnqueueResult:
@@ -189,6 +186,65 @@ class EnqueueMixin(RedisCore):
                               "job (the store lost data and counted its ids again)")
         stored = str(res[2])
         return bool(int(res[1])), None if stored == "null" else stored
+
+
+# Every field of a NewJob but its args: the jobs of one run share these (see _runs).
+_shape = operator.attrgetter(*(f.name for f in dataclasses.fields(NewJob) if f.name != "args"))
+
+
+def _runs(jobs: Sequence[NewJob]) -> tuple[list[Any], list[str], list[str]]:
+    """The jobs as the enqueue script takes them: runs (per run, how many jobs, then the fields
+    they share: see enqueue.lua), every job's args, and each run's queue. Consecutive jobs whose
+    fields but args are the very same objects (a bulk enqueue's jobs, made by one constructor
+    in task.py) are one run, checked and encoded once: per job, only its args are checked and
+    sent. Identity, not equality: 1 == 1.0 == True, and only one of them is a valid
+    priority."""
+    runs: list[Any] = []
+    texts: list[str] = []
+    queues: list[str] = []
+    if not jobs:
+        return runs, texts, queues
+    first = jobs[0]  # the current run's first job
+    shape: tuple[Any, ...] | None = None  # its fields, once a later job needs them
+    count_at = 0  # where the current run's count is
+    count = 0
+    for n, job in enumerate(jobs):
+        # The two fields most often a job's own are looked at first: a batch of one-job runs
+        # (each job with a unique key or parents of its own) tells a new run without the rest.
+        same = False
+        if n and job.unique_key is first.unique_key and job.after_refs is first.after_refs:
+            if shape is None:
+                shape = _shape(first)
+            same = all(map(operator.is_, _shape(job), shape))
+        if not same:
+            if count:
+                runs[count_at] = count
+            first, shape, count = job, None, 0
+            _validate(job, n)
+            _validate_links(job, n)
+            count_at = len(runs)
+            runs += [0, job.queue, job.task, str(job.priority), repr(float(job.delay)),
+                     "" if job.run_at is None else repr(float(job.run_at)),
+                     str(job.max_attempts), repr(float(job.timeout)),
+                     "0" if job.unique_key is None else "1", job.unique_key or "", job.meta,
+                     "" if job.max_depth is None else str(int(job.max_depth)),
+                     "" if job.unique_for is None else repr(float(job.unique_for)),
+                     "0" if job.fair_key is None else "1", job.fair_key or "",
+                     job.concurrency_key or "",
+                     "" if job.concurrency_limit is None else str(job.concurrency_limit),
+                     job.rate_key or "", "" if job.rate_limit is None else str(job.rate_limit),
+                     "" if job.rate_period is None else repr(float(job.rate_period)),
+                     ",".join(str(int(i)) for i in job.after),
+                     ",".join(str(int(i)) for i in job.after_refs),
+                     job.on_parent_failure, job.batch_id or "", job.callback_of or ""]
+            queues.append(job.queue)
+        elif not isinstance(cast(Any, job.args), str):
+            _validate(job, n)  # (raises: the args are not JSON text)
+        texts.append(job.args)
+        count += 1
+    if count:
+        runs[count_at] = count
+    return runs, texts, queues
 
 
 def _linked(job: NewJob) -> bool:

@@ -23,6 +23,19 @@ local function new_id(ids_key)
   return tostring(n)
 end
 
+-- count new ids at once, for a batch: one INCRBY, not an INCR per job. Returns a function that
+-- gives the k-th (k from 1, in the order new_id would have made them) as text and as a number.
+local function new_ids(ids_key, count)
+  local first = redis.call('INCRBY', ids_key, count) - count
+  local p = string.match(ids_key, '^{[^}]*#(%d+)}')
+  local stride, off = 1, 0
+  if p then stride, off = ID_STRIDE, tonumber(p) end
+  return function(k)
+    local x = (first + k) * stride + off
+    return string.format('%d', x), x
+  end
+end
+
 -- Lua's own number-to-string keeps 14 digits, which would shift times by up to 0.1 ms;
 -- 17 significant digits give back the very same double in Python.
 local function num(x) return string.format('%.17g', x) end
@@ -54,7 +67,9 @@ end
 -- tags existed (21 + 16 bytes, no tag: tag_of gives 0).
 local TWO53 = 9007199254740992
 local MEMBER_TAIL = 37  -- sortable(run_at) (21) .. id (16)
-local function member(tag, run_at, id)
+-- member_head: all of the member but the id, the same for every job of a batch that shares
+-- the tag and run_at (the enqueue script makes it once for them).
+local function member_head(tag, run_at)
   local code
   if run_at > 0 then
     local m, e = math.frexp(run_at)
@@ -65,7 +80,10 @@ local function member(tag, run_at, id)
   else
     code = '100000000000000000000'
   end
-  return string.format('%016.0f', tag) .. code .. string.format('%016.0f', tonumber(id))
+  return string.format('%016.0f', tag) .. code
+end
+local function member(tag, run_at, id)
+  return member_head(tag, run_at) .. string.format('%016.0f', tonumber(id))
 end
 local function id_of(m) return tostring(tonumber(string.sub(m, -16))) end
 local function tag_of(m)

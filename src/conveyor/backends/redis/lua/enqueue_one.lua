@@ -1,7 +1,7 @@
 -- enqueue_one: the enqueue script's work for one plain job, written out: a job due now with no
 -- unique key, depth limit, fair key, concurrency or rate limit, and no cron tick. Most
 -- enqueues are that, and one by one each is a round trip the caller waits on: this script
--- takes 11 keys and 9 arguments instead of 29 and 26, skips the general script's batch
+-- takes 11 keys and 9 arguments instead of 29 and 33, skips the general script's batch
 -- bookkeeping and the shared prelude (only _core.lua comes before it), writes the job whole
 -- and leaves its index entries in the queue's inbox (fold_inbox in _core.lua), to be written
 -- in bulk by the next script given the queue. Once folded, the store holds exactly what
