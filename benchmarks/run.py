@@ -149,6 +149,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="where the reports go (default benchmarks/results)",
     )
     p.add_argument(
+        "--producer-nice",
+        type=int,
+        default=0,
+        help="run the steady-load producer (this process's thread that enqueues on a schedule) "
+        "at this nice value, e.g. 19: on a 2-core machine it shares the cores with the worker "
+        "and the store (default 0)",
+    )
+    p.add_argument(
         "--no-install",
         action="store_true",
         help="run with the current Python; do not create the peer venv",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -149,22 +150,48 @@ def rotate(names: list[str], k: int) -> list[str]:
     return names[k:] + names[:k]
 
 
+# The steady-load producer's nice value (run.py --producer-nice): on a 2-core machine the
+# producer, the worker and the store share the cores, and a producer at nice 19 shows how much
+# of a system's latency under load is the producer's claim on them.
+PRODUCER_NICE = 0
+
+
+@contextlib.contextmanager
+def producer_niceness() -> Iterator[None]:
+    """The calling thread at PRODUCER_NICE for the block (Linux: a thread's own nice value;
+    the worker processes, started before, keep theirs), then back."""
+    if not PRODUCER_NICE:
+        yield
+        return
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    os.setpriority(os.PRIO_PROCESS, 0, PRODUCER_NICE)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(PermissionError):  # going back up needs CAP_SYS_NICE
+            os.setpriority(os.PRIO_PROCESS, 0, before)
+
+
 def paced(rate: float, seconds: float, send: Callable[[int], None]) -> tuple[int, float]:
     """Call ``send(i)`` ``rate`` times a second for ``seconds`` (on a fixed schedule, catching up
-    without bursts beyond the schedule if it falls behind); returns (calls, achieved rate)."""
+    without bursts beyond the schedule if it falls behind); returns (calls, achieved rate). At
+    PRODUCER_NICE, if set."""
     total = max(1, int(rate * seconds))
-    t0 = time.perf_counter()
-    for i in range(total):
-        delay = t0 + i / rate - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        send(i)
-    elapsed = time.perf_counter() - t0
+    with producer_niceness():
+        t0 = time.perf_counter()
+        for i in range(total):
+            delay = t0 + i / rate - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            send(i)
+        elapsed = time.perf_counter() - t0
     return total, total / elapsed if elapsed > 0 else float("inf")
 
 
 def load_note(offered: float, achieved: float) -> str:
     note = f"offered {offered:,.0f} jobs/s (half its drain rate this round)"
+    if PRODUCER_NICE:
+        note += f"; producer at nice {PRODUCER_NICE}"
     if achieved < 0.9 * offered:
         note += f"; the producer reached only {achieved:,.0f} jobs/s"
     return note

@@ -141,7 +141,9 @@ class HostSteal:
 
 
 def main(a: argparse.Namespace) -> int:
-    from harness import postgres_store, rabbitmq_store, redis_store, sqlite_store, sqs_store
+    from harness import common, postgres_store, rabbitmq_store, redis_store, sqlite_store, sqs_store
+
+    common.PRODUCER_NICE = getattr(a, "producer_nice", 0)
 
     drivers = {
         "sqlite": sqlite_store,

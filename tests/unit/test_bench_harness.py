@@ -287,3 +287,24 @@ def test_a_redis_drain_note_gives_one_server_figure(monkeypatch: pytest.MonkeyPa
     assert "0.039" not in row.note and "server_cpu_ms_per_job" in row.extra
     # (no worker process is a child of this test: no worker figure)
     assert row.note.startswith("0.4s incl. process start; body clock 9 jobs/s; redis-server CPU")
+
+
+def test_the_paced_producer_runs_at_the_nice_asked_then_goes_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from harness import common
+
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    seen: list[int] = []
+    monkeypatch.setattr(common, "PRODUCER_NICE", min(before + 5, 19))
+    calls, _ = common.paced(1000.0, 0.003, lambda i: seen.append(os.getpriority(os.PRIO_PROCESS, 0)))
+    assert calls == 3 and seen == [min(before + 5, 19)] * 3
+    if os.geteuid() == 0:  # going back up needs CAP_SYS_NICE
+        assert os.getpriority(os.PRIO_PROCESS, 0) == before
+    assert "producer at nice" in common.load_note(100.0, 100.0)
+    monkeypatch.setattr(common, "PRODUCER_NICE", 0)
+    seen.clear()
+    common.paced(1000.0, 0.002, lambda i: seen.append(os.getpriority(os.PRIO_PROCESS, 0)))
+    assert set(seen) == {os.getpriority(os.PRIO_PROCESS, 0)}
+    assert "producer at nice" not in common.load_note(100.0, 100.0)
