@@ -13,21 +13,12 @@ import uuid
 
 from clusterrig import LocalCluster
 from support import new_job
-from test_redis_grouped_waits import Wait
+from test_redis_grouped_waits import Wait, one_per_partition
 
 from conveyor.backends import open_backend
-from conveyor.backends.redis.partitions import PartitionedRedis, queue_partition
+from conveyor.backends.redis.partitions import PartitionedRedis
 
 N = 6
-
-
-def one_per_partition() -> list[str]:
-    by_part: dict[int, str] = {}
-    i = 0
-    while len(by_part) < N:
-        by_part.setdefault(queue_partition(f"q{i}", N), f"q{i}")
-        i += 1
-    return [by_part[p] for p in range(N)]
 
 
 def settle(b: PartitionedRedis, subscribed: int) -> None:
@@ -43,7 +34,7 @@ def test_grouped_waits_take_a_connection_per_node_and_follow_a_moved_slot(
     prefix = f"t{uuid.uuid4().hex[:10]}"
     b = open_backend(redis_cluster.url(prefix, query=f"&partitions={N}"))
     assert isinstance(b, PartitionedRedis)
-    queues = one_per_partition()
+    queues = one_per_partition(N)
     try:
         wait = Wait(b, queues, timeout=60)
         settle(b, N)

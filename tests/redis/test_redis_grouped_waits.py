@@ -37,13 +37,14 @@ def backend(tmp_path: Path) -> Iterator[PartitionedRedis]:
         pytest.skip(str(exc))  # the conformance run says so for CI
 
 
-def one_per_partition() -> list[str]:
+def one_per_partition(n: int = N) -> list[str]:
+    """A queue name in each of ``n`` partitions, the i-th in partition i."""
     by_part: dict[int, str] = {}
     i = 0
-    while len(by_part) < N:
-        by_part.setdefault(queue_partition(f"q{i}", N), f"q{i}")
+    while len(by_part) < n:
+        by_part.setdefault(queue_partition(f"q{i}", n), f"q{i}")
         i += 1
-    return list(by_part.values())
+    return [by_part[p] for p in range(n)]
 
 
 class Wait:
