@@ -443,6 +443,9 @@ def _link_plan(ids: list[int], states: dict[int, str]) -> Plan[None]:
     for p in ids:
         if p not in found:
             raise UnknownParent(p)
+    unmarked = [{"id": r["id"]} for r in rows if not r["has_children"]]
+    if unmarked:
+        yield _Stmt("many", Q["mark_parent"], unmarked)
     states.update(found)
 
 

@@ -329,9 +329,10 @@ FROM taken;
 WITH mine AS MATERIALIZED (
     SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::text[]) AS l(id, token)
 ), locked AS MATERIALIZED (
-    SELECT id FROM conveyor_jobs WHERE id = ANY(%(ids)s::bigint[])
-    ORDER BY id
-    FOR NO KEY UPDATE SKIP LOCKED
+    -- A lookup per id, in id order, as in ack_many.
+    SELECT j.id FROM (SELECT unnest(%(ids)s::bigint[]) AS id ORDER BY 1) AS u
+    CROSS JOIN LATERAL (SELECT id FROM conveyor_jobs WHERE id = u.id
+                        FOR NO KEY UPDATE SKIP LOCKED) AS j
 ), renewed AS (
     UPDATE conveyor_jobs AS j
     SET lease_expires_at = :NOW + make_interval(secs => %(lease_s)s::float8),
@@ -343,9 +344,11 @@ WITH mine AS MATERIALIZED (
 )
 SELECT id FROM renewed
 UNION ALL
-SELECT j.id FROM conveyor_jobs AS j JOIN mine ON mine.id = j.id
-WHERE j.id NOT IN (SELECT id FROM locked)
-  AND j.lease_token = mine.token AND j.state = 'running' AND j.lease_expires_at >= :NOW;
+SELECT j.id FROM mine CROSS JOIN LATERAL (
+    SELECT id FROM conveyor_jobs
+    WHERE id = mine.id AND lease_token = mine.token AND state = 'running'
+      AND lease_expires_at >= :NOW) AS j
+WHERE j.id NOT IN (SELECT id FROM locked);
 
 -- name: ack
 UPDATE conveyor_jobs
@@ -359,10 +362,15 @@ RETURNING id, queue, concurrency_key, CASE WHEN waited THEN pg_notify('conveyor_
 -- array, the order the jobs finished in): two writes over the same jobs in different orders,
 -- this and a release or an older heartbeat, would otherwise deadlock. NO KEY UPDATE, as the
 -- UPDATE itself takes: it does not wait for a step record's key-share lock.
+-- Each row is locked by a lookup of its own id (LATERAL: a nested loop over the sorted ids, so
+-- locks are taken in id order), never by one scan for all the ids: a plan made while the table
+-- was near-empty (psycopg prepares a statement, and PostgreSQL keeps that generic plan until an
+-- ANALYZE) would read the whole table for "id = ANY(ids)", however large it has grown since. A
+-- lookup per id is the cheapest plan at any size. The same in every statement below that
+-- takes rows by an array of ids.
 WITH locked AS MATERIALIZED (
-    SELECT id FROM conveyor_jobs WHERE id = ANY(%(ids)s::bigint[])
-    ORDER BY id
-    FOR NO KEY UPDATE
+    SELECT j.id FROM (SELECT unnest(%(ids)s::bigint[]) AS id ORDER BY 1) AS u
+    CROSS JOIN LATERAL (SELECT id FROM conveyor_jobs WHERE id = u.id FOR NO KEY UPDATE) AS j
 )
 UPDATE conveyor_jobs AS j
 SET state = 'succeeded', result = l.result::json, finished_at = :NOW,
@@ -395,9 +403,8 @@ RETURNING j.id, j.queue, j.concurrency_key, CASE WHEN j.waited THEN pg_notify('c
 -- statement here (claim_candidates, claim_candidates_after, claim_ids): the acks still land.
 WITH acked AS (
     WITH locked AS MATERIALIZED (
-        SELECT id FROM conveyor_jobs WHERE id = ANY(%(ids)s::bigint[])
-        ORDER BY id
-        FOR NO KEY UPDATE
+        SELECT j.id FROM (SELECT unnest(%(ids)s::bigint[]) AS id ORDER BY 1) AS u
+        CROSS JOIN LATERAL (SELECT id FROM conveyor_jobs WHERE id = u.id FOR NO KEY UPDATE) AS j
     )
     UPDATE conveyor_jobs AS j
     SET state = 'succeeded', result = l.result::json, finished_at = :NOW,
@@ -477,11 +484,10 @@ WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running' AND lease_ex
 RETURNING id, queue, concurrency_key, CASE WHEN waited THEN pg_notify('conveyor_done', id::text) END AS told;
 
 -- name: release
--- Rows locked in id order first, as in ack_many.
+-- Rows locked in id order first, a lookup per id, as in ack_many.
 WITH locked AS MATERIALIZED (
-    SELECT id FROM conveyor_jobs WHERE id = ANY(%(ids)s::bigint[])
-    ORDER BY id
-    FOR NO KEY UPDATE
+    SELECT j.id FROM (SELECT unnest(%(ids)s::bigint[]) AS id ORDER BY 1) AS u
+    CROSS JOIN LATERAL (SELECT id FROM conveyor_jobs WHERE id = u.id FOR NO KEY UPDATE) AS j
 )
 UPDATE conveyor_jobs AS j
 SET state = 'available', attempt = j.attempt - 1,
@@ -841,21 +847,20 @@ FROM unnest(%(ids)s::text[], %(parent_ids)s::text[]) WITH ORDINALITY AS b(id, pa
 ORDER BY b.ord;
 
 -- name: link_parents
--- A job enqueued after these: lock them in id order and mark them has_children, so that the
--- settling trigger (010_workflows.sql) fires when each finishes. READ COMMITTED: a parent
--- whose finish committed while this waited for its lock comes back in its new state (counted
--- here as finished); one that finishes after this commits fires the trigger, which sees the
--- child. Unknown ids are missing from the rows.
-WITH locked AS MATERIALIZED (
-    SELECT id, state, has_children FROM conveyor_jobs
-    WHERE id = ANY(%(ids)s::bigint[])
-    ORDER BY id
-    FOR NO KEY UPDATE
-), marked AS (
-    UPDATE conveyor_jobs AS j SET has_children = true
-    FROM locked WHERE j.id = locked.id AND NOT locked.has_children
-)
-SELECT id, state FROM locked;
+-- A job enqueued after these: lock them in id order, then mark those not marked yet
+-- has_children (mark_parent), so that the settling trigger (010_workflows.sql) fires when each
+-- finishes. READ COMMITTED: a parent whose finish committed while this waited for its lock
+-- comes back in its new state (counted here as finished); one that finishes after this commits
+-- fires the trigger, which sees the child. Unknown ids are missing from the rows.
+-- A lookup per id, in id order, as in ack_many. (The marks are a statement per parent: an
+-- UPDATE joined to these rows could be planned as a scan of the whole table, see ack_many.)
+SELECT j.id, j.state, j.has_children
+FROM (SELECT DISTINCT unnest(%(ids)s::bigint[]) AS id ORDER BY 1) AS u
+CROSS JOIN LATERAL (SELECT id, state, has_children FROM conveyor_jobs WHERE id = u.id
+                    FOR NO KEY UPDATE) AS j;
+
+-- name: mark_parent
+UPDATE conveyor_jobs SET has_children = true WHERE id = %(id)s RETURNING id;
 
 -- name: insert_after
 -- A job of a workflow (parents, a batch, a callback): as insert, with its state decided by the
