@@ -1,6 +1,6 @@
 """Pick-up latency under a steady load, two versions of Conveyor alternated run by run.
 
-    .venv/bin/python benchmarks/latency_load_ab.py [--stores sqlite,redis] [--base main]
+    .venv/bin/python benchmarks/latency_load_ab.py [--stores sqlite,postgres,redis] [--base main]
         [--new WORKTREE] [--rate 1500] [--seconds 5] [--cycles 3] [--nice] [--query ...]
 
 Each run is ``latency_load`` of the harness for one store, cut to what an A/B needs: one
@@ -86,6 +86,44 @@ def run_sqlite(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     return {**_stats([r[0] for r in rows]), "achieved": achieved}
 
 
+def run_postgres(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    import psycopg
+    from bench_conveyor_app import make_app
+    from harness.common import paced
+    from sqlite_bench import Proc, running, wait_until
+
+    schema = f"latab_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(a.postgres, autocommit=True) as admin:
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+        try:
+            sep = "&" if "?" in a.postgres else "?"
+            url = f"{a.postgres}{sep}options=-csearch_path%3D{schema}"
+            app, noop = make_app(url)
+            app.backend  # noqa: B018 - open and migrate before the worker starts
+            proc = Proc("worker", [sys.executable, "-m", "bench_conveyor_worker", url,
+                                   "--concurrency", "8"], tmp)
+
+            def succeeded() -> int:
+                row = admin.execute(f'SELECT count(*) FROM "{schema}".conveyor_jobs'
+                                    " WHERE state = 'succeeded'").fetchone()
+                return int(row[0]) if row else 0
+
+            with running(proc):
+                noop.enqueue(-1)  # warm-up: waits for the worker to be up
+                wait_until("the warm-up job", lambda: succeeded() >= 1, 60, (proc,))
+                _lower_producer(a.nice)
+                total, achieved = paced(a.rate, a.seconds, lambda i: noop.enqueue(i))
+                wait_until("the load to finish", lambda: succeeded() >= total + 1, 300, (proc,))
+            app.close()
+            rows = admin.execute(
+                "SELECT extract(epoch FROM attempted_at - created_at) * 1000"
+                f' FROM "{schema}".conveyor_jobs WHERE id > (SELECT min(id) FROM'
+                f' "{schema}".conveyor_jobs)').fetchall()
+        finally:
+            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    return {**_stats([float(r[0]) for r in rows]), "achieved": achieved}
+
+
 def run_redis(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     import redis
     from bench_redis_common import PROBE_KEY
@@ -154,7 +192,8 @@ def run_redis(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 def one_run(a: argparse.Namespace) -> None:
     """The child: one run with the tree its PYTHONPATH names; prints one JSON line."""
     with tempfile.TemporaryDirectory(prefix="latab-") as d:
-        out = (run_sqlite if a.store == "sqlite" else run_redis)(a, Path(d))
+        run = {"sqlite": run_sqlite, "postgres": run_postgres, "redis": run_redis}[a.store]
+        out = run(a, Path(d))
     print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in out.items()}))
 
 
@@ -179,7 +218,8 @@ def parent(a: argparse.Namespace) -> int:
                         label = name + (" nice 19" if nice else "")
                         argv = [sys.executable, __file__, "--child", "--stores", store,
                                 "--rate", str(a.rate), "--seconds", str(a.seconds),
-                                "--redis", a.redis, "--redis-db", str(a.redis_db)]
+                                "--redis", a.redis, "--redis-db", str(a.redis_db),
+                                "--postgres", a.postgres]
                         argv += ["--query", a.query] if a.query else []
                         argv += ["--nice"] if nice else []
                         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -217,11 +257,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--query", default="", help="SQLite URL options, e.g. synchronous=normal")
     p.add_argument("--redis", default="127.0.0.1:6379")
     p.add_argument("--redis-db", type=int, default=7)
+    p.add_argument("--postgres", default="postgresql://127.0.0.1:5432/test",
+                   help="PostgreSQL runs make a schema of their own there and drop it after")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     a.stores = [s.strip() for s in a.stores.split(",") if s.strip()]
-    if set(a.stores) - {"sqlite", "redis"}:
-        p.error("--stores: sqlite and/or redis")
+    if set(a.stores) - {"sqlite", "postgres", "redis"}:
+        p.error("--stores: sqlite, postgres and/or redis")
     if a.child:
         if str(HERE) not in sys.path:
             sys.path.insert(0, str(HERE))
