@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,29 +57,38 @@ def _lower_producer(nice: bool) -> None:
         os.setpriority(os.PRIO_PROCESS, 0, 19)
 
 
-def run_sqlite(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    from bench_conveyor_app import make_app
+def _load(a: argparse.Namespace, url: str, tmp: Path, noop: Any,
+          succeeded: Callable[[], int]) -> float:
+    """One worker process on ``url``, a warm-up job, then ``a.rate`` jobs/s for ``a.seconds``
+    until every job succeeded; returns the rate the producer reached."""
     from harness.common import paced
     from sqlite_bench import Proc, running, wait_until
 
-    db = tmp / "load.db"
-    url = f"sqlite:///{db}" + (f"?{a.query}" if a.query else "")
-    app, noop = make_app(url)
-    app.backend  # noqa: B018 - open and migrate before the worker starts
     proc = Proc("worker", [sys.executable, "-m", "bench_conveyor_worker", url,
                            "--concurrency", "8"], tmp)
-
-    def succeeded() -> int:
-        with contextlib.closing(sqlite3.connect(db)) as conn:
-            return int(conn.execute(
-                "SELECT count(*) FROM conveyor_jobs WHERE state = 'succeeded'").fetchone()[0])
-
     with running(proc):
         noop.enqueue(-1)  # warm-up: waits for the worker to be up
         wait_until("the warm-up job", lambda: succeeded() >= 1, 60, (proc,))
         _lower_producer(a.nice)
         total, achieved = paced(a.rate, a.seconds, lambda i: noop.enqueue(i))
         wait_until("the load to finish", lambda: succeeded() >= total + 1, 300, (proc,))
+    return float(achieved)
+
+
+def run_sqlite(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    from bench_conveyor_app import make_app
+
+    db = tmp / "load.db"
+    url = f"sqlite:///{db}" + (f"?{a.query}" if a.query else "")
+    app, noop = make_app(url)
+    app.backend  # noqa: B018 - open and migrate before the worker starts
+
+    def succeeded() -> int:
+        with contextlib.closing(sqlite3.connect(db)) as conn:
+            return int(conn.execute(
+                "SELECT count(*) FROM conveyor_jobs WHERE state = 'succeeded'").fetchone()[0])
+
+    achieved = _load(a, url, tmp, noop, succeeded)
     app.close()
     with contextlib.closing(sqlite3.connect(db)) as conn:
         rows = conn.execute("SELECT (attempted_at - created_at) * 1000 FROM conveyor_jobs"
@@ -89,8 +99,6 @@ def run_sqlite(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 def run_postgres(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     import psycopg
     from bench_conveyor_app import make_app
-    from harness.common import paced
-    from sqlite_bench import Proc, running, wait_until
 
     schema = f"latab_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(a.postgres, autocommit=True) as admin:
@@ -100,20 +108,13 @@ def run_postgres(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             url = f"{a.postgres}{sep}options=-csearch_path%3D{schema}"
             app, noop = make_app(url)
             app.backend  # noqa: B018 - open and migrate before the worker starts
-            proc = Proc("worker", [sys.executable, "-m", "bench_conveyor_worker", url,
-                                   "--concurrency", "8"], tmp)
 
             def succeeded() -> int:
                 row = admin.execute(f'SELECT count(*) FROM "{schema}".conveyor_jobs'
                                     " WHERE state = 'succeeded'").fetchone()
                 return int(row[0]) if row else 0
 
-            with running(proc):
-                noop.enqueue(-1)  # warm-up: waits for the worker to be up
-                wait_until("the warm-up job", lambda: succeeded() >= 1, 60, (proc,))
-                _lower_producer(a.nice)
-                total, achieved = paced(a.rate, a.seconds, lambda i: noop.enqueue(i))
-                wait_until("the load to finish", lambda: succeeded() >= total + 1, 300, (proc,))
+            achieved = _load(a, url, tmp, noop, succeeded)
             app.close()
             rows = admin.execute(
                 "SELECT extract(epoch FROM attempted_at - created_at) * 1000"
