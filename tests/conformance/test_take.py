@@ -141,3 +141,34 @@ def test_a_replaced_lease_counts_as_an_expiry(backend: Backend) -> None:
     stats = {q.queue: q for q in backend.stats(now=T0 + 4).queues}
     assert stats["q1"].lease_expiries == 2
 
+
+
+def test_take_leaves_a_live_lease_given_for_the_same_message(backend: Backend) -> None:
+    """SQS may hand one message to two receivers at once: the second delivery's take must not
+    fence the first, which runs that very message. Once the lease has run out (its holder
+    stopped answering) the same message takes it over as any delivery does; another
+    message (a copy) takes it over at once."""
+    job_id = enqueue_one(backend, max_attempts=5)
+    first = token() + "mfeed"
+    assert backend.take(job_id, first, worker_id="w1", lease_s=10, now=T0 + 1,
+                        message="mfeed") is not None
+    assert backend.take(job_id, token() + "mfeed", worker_id="w2", lease_s=LEASE, now=T0 + 5,
+                        message="mfeed") is None
+    kept = backend.get(job_id)
+    assert kept is not None and kept.state is JobState.RUNNING
+    assert kept.lease_token == first and kept.attempts == 1 and kept.errors == []
+    assert backend.heartbeat([Lease(job_id, first)], lease_s=10, now=T0 + 6) == set()
+    # Another message's delivery takes over a live lease, as before.
+    other = token() + "mbeef"
+    again = backend.take(job_id, other, worker_id="w2", lease_s=10, now=T0 + 7,
+                         message="mbeef")
+    assert again is not None and again.attempts == 2 and again.lease_token == other
+    # Its lease runs out (at T0 + 17): a delivery of its own message then takes over.
+    late = token() + "mbeef"
+    last = backend.take(job_id, late, worker_id="w3", lease_s=LEASE, now=T0 + 18,
+                        message="mbeef")
+    assert last is not None and last.attempts == 3 and last.lease_token == late
+    with pytest.raises(LeaseLost):
+        backend.ack(Lease(job_id, first), None, now=T0 + 19)
+    backend.ack(Lease(job_id, late), None, now=T0 + 19)
+    assert backend.get(job_id).state is JobState.SUCCEEDED  # type: ignore[union-attr]

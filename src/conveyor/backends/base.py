@@ -236,7 +236,7 @@ class Backend(abc.ABC):
         """
 
     def take(self, job_id: int, token: str, *, worker_id: str, lease_s: float,
-             now: float | None = None) -> Job | None:
+             now: float | None = None, message: str | None = None) -> Job | None:
         """Lease the job ``job_id`` for a delivery a message broker made: the store is then a
         broker's companion (broker/companion.py), which keeps the job records while the broker
         decides which worker runs what, and when.
@@ -253,7 +253,13 @@ class Backend(abc.ABC):
         changing nothing, when the store holds no such job or it cannot run: finished
         (succeeded, dead or cancelled: the message is a duplicate, or the job was cancelled) or
         ``waiting``. Not counted against concurrency or rate limits, nor the queue's pause:
-        the companion refuses jobs that have them."""
+        the companion refuses jobs that have them.
+
+        ``message`` (where the broker names its messages, the end of every token given for a
+        delivery of one message): a lease still live (``lease_expires_at`` > now) whose token
+        ends with it is not taken over, and None is returned, changing nothing. Its holder runs
+        this very message: the broker handed it to two receivers at once (SQS's at-least-once
+        delivery does), not again because the holder stopped answering."""
         raise NotImplementedError(f"{type(self).__name__} cannot serve as a broker's companion")
 
     # -- a broker companion's outbox (broker/companion.py) --------------------------------

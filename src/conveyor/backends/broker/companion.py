@@ -18,6 +18,8 @@ The order of writes, and what each crash leaves:
   but before the confirm makes a duplicate: ``take`` drops it once the job finished; while the
   job runs it is taken as a redelivery (the running attempt counted as a lost lease).
 * A delivery is ``take``n in the store (the job's lease, fencing any older holder), then run.
+  Not a live lease given for a delivery of this same message, though: SQS may hand one
+  message to two receivers at once, and the second is then left alone, not run.
   A record that is finished (succeeded, dead, cancelled) is not run: the message is settled
   and dropped. So a message delivered again after its job succeeded (the broker lost the ack)
   does not run the job twice, and ``cancel`` works: the record is cancelled, its message is
@@ -170,7 +172,18 @@ class CompanionBackend(BrokerBackend):
         if body is None:
             return None
         token = self._lease_token(claim_id, d)
-        job = self.state.take(body.id, token, worker_id=worker_id, lease_s=lease_s)
+        mine = _message_of(token)
+        job = self.state.take(body.id, token, worker_id=worker_id, lease_s=lease_s,
+                              message=MESSAGE_MARK + mine if mine else None)
+        if job is None and mine and self._lapsed(body.id, token) == "leave":
+            # Held, on a live lease, by another delivery of this very message: SQS handed it
+            # to two receivers at once. Left alone (see _lapsed): the holder settles it, and
+            # if SQS hands it out again the record decides then. Unless the holder is this
+            # claim's own earlier hand-out: the broker took the message back between the
+            # claim's receives, and the claim keeps the newer one (_drop_earlier).
+            if not self._earlier_in_claim(body.id, claim_id):
+                return None
+            job = self.state.take(body.id, token, worker_id=worker_id, lease_s=lease_s)
         if job is None:
             # Finished (a duplicate, or cancelled), unknown to the store, or spent (its last
             # attempt's holder stopped answering: take made it dead): not run.
@@ -179,6 +192,11 @@ class CompanionBackend(BrokerBackend):
         with self._lock:
             self._held[token] = _Held(d, body, job.attempts, worker_id)
         return job
+
+    def _earlier_in_claim(self, job_id: int, claim_id: str) -> bool:
+        with self._lock:
+            return any(h.body.id == job_id and token.startswith(claim_id)
+                       for token, h in self._held.items())
 
     def _lease_token(self, claim_id: str, d: Delivery) -> str:
         """The core's token, and where the broker names its messages, a digest of the

@@ -118,12 +118,12 @@ class PostgresBackend(Enqueuing, Claiming, Administering, Grouping, Listening, L
         return {x.job_id for x in leases} - kept
 
     def take(self, job_id: int, token: str, *, worker_id: str, lease_s: float,
-             now: float | None = None) -> Job | None:
+             now: float | None = None, message: str | None = None) -> Job | None:
         with self._tx(control=True) as conn:
             was = conn.execute(Q["take_lock"], {"id": job_id}).fetchone()
             row = conn.execute(Q["take"], {
                 "id": job_id, "token": token, "worker_id": worker_id, "lease_s": lease_s,
-                "now": now, "keep_errors": KEEP_ERRORS}).fetchone()
+                "now": now, "keep_errors": KEEP_ERRORS, "message": message}).fetchone()
             if row is None:
                 return None
             if was is not None and was["state"] == "running":

@@ -73,10 +73,11 @@ class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin, Redi
         return self._claimed(res, queue, worker_id, tokens)
 
     def take(self, job_id: int, token: str, *, worker_id: str, lease_s: float,
-             now: float | None = None) -> Job | None:
+             now: float | None = None, message: str | None = None) -> Job | None:
         """A broker's delivery (take.lua). Sent again when its reply is lost: the script answers
         a repeat of the same token with the job as the first call left it."""
-        args = [self._now_arg(now), int(job_id), token, worker_id, repr(float(lease_s))]
+        args = [self._now_arg(now), int(job_id), token, worker_id, repr(float(lease_s)),
+                message or ""]
         res = self._run("take", self._guess([job_id]), args, safe=True)
         if not res:  # not taken: finished (or spent, dead now), waiting, or unknown
             self._forget(job_id)

@@ -226,9 +226,9 @@ class PartitionedRedis(Backend):
             part.outbox = on
 
     def take(self, job_id: int, token: str, *, worker_id: str, lease_s: float,
-             now: float | None = None) -> Job | None:
+             now: float | None = None, message: str | None = None) -> Job | None:
         return self.of_job(job_id).take(job_id, token, worker_id=worker_id, lease_s=lease_s,
-                                        now=now)
+                                        now=now, message=message)
 
     def outbox_mark(self, job_ids: Sequence[int], *, now: float | None = None) -> None:
         ids = list(job_ids)

@@ -203,13 +203,13 @@ class SqliteBackend(SqliteHistory, SqliteOutbox, Backend):
             return claim_in(conn, t, queue, limit, worker_id, lease_s, start, claim_id)
 
     def take(self, job_id: int, token: str, *, worker_id: str, lease_s: float,
-             now: float | None = None) -> Job | None:
+             now: float | None = None, message: str | None = None) -> Job | None:
         settled = None
         with self._write(now) as (conn, t):
             was = conn.execute("SELECT state FROM conveyor_jobs WHERE id = ?", (job_id,)).fetchone()
             row = conn.execute(Q["take"], {
                 "id": job_id, "token": token, "worker_id": worker_id, "lease_s": lease_s,
-                "now": t, "keep_errors": KEEP_ERRORS}).fetchone()
+                "now": t, "keep_errors": KEEP_ERRORS, "message": message}).fetchone()
             if row is None:
                 return None
             if was["state"] == "running":  # its lease was lost: counted as reap counts one

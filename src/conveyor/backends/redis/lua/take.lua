@@ -16,24 +16,32 @@
 -- was its last attempt (attempt >= max_attempts), the job goes dead instead, as reap makes it
 -- (the error says no attempts were left; unique key freed, children settled, waiters told)
 -- and is not taken. The same token again is the same delivery (the call sent again after its
--- reply was lost): the job comes back as it is, so the client may repeat a take.
+-- reply was lost): the job comes back as it is, so the client may repeat a take. A live lease
+-- whose token ends with 'message' (when given) is not taken over: its holder runs a delivery of
+-- this very message (the broker handed it to two receivers at once; Backend.take).
 -- KEYS: the common header, then the block of the job's queue (a guess; see 'need'), and of its
 -- waiting children's queues when it goes dead.
--- ARGV: n, queue names; now ('' = the store's clock), id, token, worker_id, lease_s
--- Returns {} when the job is not taken: nothing changed (no such job; waiting; finished), or it
+-- ARGV: n, queue names; now ('' = the store's clock), id, token, worker_id, lease_s, message
+-- ('' = none)
+-- Returns {} when the job is not taken: nothing changed (no such job; waiting; finished; held
+-- for this message), or it
 -- went dead (spent); {'need', queue...} (nothing changed) when a queue block is missing: its
 -- queue's, or its waiting children's when it goes dead (see _deps.lua); else {'ok', id, its
 -- hash as field, value pairs (step records included), its error records} (job_data).
 local now = clock(arg(1))
-local id, token, worker_id = arg(2), arg(3), arg(4)
+local id, token, worker_id, message = arg(2), arg(3), arg(4), arg(6)
 local expires = now + tonumber(arg(5))
 local key = P_JOB .. id
 local f = redis.call('HMGET', key, 'state', 'queue', 'lease_token', 'm', 'concurrency_key',
   'rate_key', 'rate_period', 'attempt', 'worker_id', 'priority', 'fair_tag', 'max_attempts',
-  'kids')
+  'kids', 'lease_expires_at')
 local state = f[1]
 if state ~= 'available' and state ~= 'scheduled' and state ~= 'running' then return {} end
 if state == 'running' and f[3] == token then return {'ok', unpack(job_data(id))} end
+if state == 'running' and message ~= '' and f[3] and tonumber(f[14] or 0) > now
+    and string.sub(f[3], -#message) == message then
+  return {}
+end
 local q = Q[f[2]]
 if not q then return {'need', f[2]} end
 local ck, rk = f[5], f[6]

@@ -275,6 +275,7 @@ ON CONFLICT (queue, priority) DO UPDATE SET vtime = excluded.vtime WHERE c.vtime
 -- held. A lease it held was lost (the broker handed the message out again): recorded as reap
 -- records an expiry, and if that was its last attempt the job goes dead instead (spent; the
 -- row trigger settles its children, as for reap). SET reads the row as it was.
+-- A live lease given for a delivery of this same message is left alone (Backend.take).
 WITH taken AS (
     UPDATE conveyor_jobs AS j
     SET errors = CASE WHEN j.state = 'running' THEN
@@ -306,6 +307,10 @@ WITH taken AS (
                                 ELSE :NOW + make_interval(secs => %(lease_s)s::float8) END,
         held = false
     WHERE j.id = %(id)s AND j.state IN ('available', 'scheduled', 'running')
+      -- Not a live lease given for this very message (Backend.take's ``message``).
+      AND NOT (j.state = 'running' AND j.lease_expires_at > :NOW
+               AND %(message)s::text IS NOT NULL
+               AND right(j.lease_token, length(%(message)s::text)) = %(message)s::text)
     RETURNING :JOB(j),
               CASE WHEN j.waited AND j.state = 'dead'
                    THEN pg_notify('conveyor_done', j.id::text) END AS told

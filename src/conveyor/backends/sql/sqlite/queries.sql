@@ -287,6 +287,9 @@ SET errors = CASE WHEN state = 'running' THEN json_insert(
                             ELSE :now + :lease_s END,
     held = 0
 WHERE id = :id AND state IN ('available', 'scheduled', 'running')
+  -- Not a live lease given for this very message (Backend.take's ``message``).
+  AND NOT (state = 'running' AND lease_expires_at > :now AND :message IS NOT NULL
+           AND substr(lease_token, -length(:message)) = :message)
 RETURNING *;
 
 -- name: hold
