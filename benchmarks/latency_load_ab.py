@@ -142,6 +142,7 @@ def run_redis(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     sent: dict[str, float] = {}
     got: dict[str, float] = {}
     ids: list[int] = []
+    probe_ids: dict[str, int] = {}
     every = max(1, int(a.rate * a.seconds) // 300)
 
     def collect(timeout: float) -> None:
@@ -160,6 +161,7 @@ def run_redis(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             t = time.time()
             ids.append(probe.enqueue(str(i)).id)
             sent[str(i)] = t
+            probe_ids[str(i)] = ids[-1]
         else:
             ids.append(noop.enqueue(i).id)
 
@@ -177,10 +179,23 @@ def run_redis(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         pipe = r.pipeline(transaction=False)
         for i in ids:
             pipe.hmget(f"{{{prefix}}}:job:{i}", ["created_at", "attempted_at"])
-        store = [(float(s) - float(c)) * 1000 for c, s in pipe.execute() if c and s]
+        times = dict(zip(ids, pipe.execute(), strict=True))
+        store = [(float(s) - float(c)) * 1000 for c, s in times.values() if c and s]
         probes = _stats([(got[k] - sent[k]) * 1000 for k in sent])
+        # Where a probe's time went, each on one clock (the host's): the producer's enqueue
+        # until the store wrote the job, the wait until a claim leased it, and the claim's
+        # reply until the task began.
+        legs: dict[str, list[float]] = {"enqueue": [], "claim": [], "start": []}
+        for k, job_id in probe_ids.items():
+            c, s = times[job_id]
+            if c and s and k in got:
+                legs["enqueue"].append((float(c) - sent[k]) * 1000)
+                legs["claim"].append((float(s) - float(c)) * 1000)
+                legs["start"].append((got[k] - float(s)) * 1000)
+        split = {f"{leg}_{k}": v for leg, xs in legs.items() if xs
+                 for k, v in _stats(xs).items() if k in ("p50", "p99")}
         return {**_stats(store), **{f"probe_{k}": v for k, v in probes.items()},
-                "achieved": achieved}
+                **split, "achieved": achieved}
     finally:
         app.close()
         for pattern in (f"{{{prefix}}}*", f"{prefix}*"):
@@ -232,6 +247,9 @@ def parent(a: argparse.Namespace) -> int:
                         results.setdefault((store, label), []).append(row)
                         extra = (f"  probe p50 {row['probe_p50']:.1f} p99 {row['probe_p99']:.1f}"
                                  if "probe_p50" in row else "")
+                        extra += "".join(f"  {leg} {row[leg + '_p50']:.2f}/{row[leg + '_p99']:.2f}"
+                                         for leg in ("enqueue", "claim", "start")
+                                         if leg + "_p50" in row)
                         print(f"[{cycle + 1}/{a.cycles}] {store:6} {label:28} "
                               f"p50 {row['p50']:7.1f} p90 {row['p90']:7.1f} p99 {row['p99']:7.1f}"
                               f" ms  producer {row['achieved']:,.0f} jobs/s{extra}", flush=True)
