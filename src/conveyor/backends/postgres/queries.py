@@ -36,10 +36,21 @@ def _job_columns(sql: str) -> str:
                   lambda m: ", ".join(f"{m[1]}.{c}" for c in JOB_COLUMNS), sql)
 
 
+def _locked_ids(sql: str) -> str:
+    """``:LOCKED_IDS(lock clause)`` becomes a query of the rows whose ids ``%(ids)s`` holds,
+    each locked by a lookup of its own id, over the ids sorted: locks are taken in id order,
+    and the plan is a primary-key lookup per id at any table size (ack_many in queries.sql
+    says why a scan for ``id = ANY(ids)`` must not be the plan)."""
+    return re.sub(r":LOCKED_IDS\(([A-Z ]+)\)",
+                  lambda m: ("SELECT j.id FROM (SELECT unnest(%(ids)s::bigint[]) AS id ORDER BY 1)"
+                             " AS u CROSS JOIN LATERAL (SELECT id FROM conveyor_jobs"
+                             f" WHERE id = u.id {m[1]}) AS j"), sql)
+
+
 _RAW = load_queries("postgres")
 _FORGET_GONE = _RAW.pop("forget_gone")  # the shared end of prune and purge
-Q = {name: _job_columns(sql.replace(":FORGET_GONE", _FORGET_GONE).replace(":NOW", NOW)
-                        .replace(":STMT_NOW", STMT_NOW))
+Q = {name: _locked_ids(_job_columns(sql.replace(":FORGET_GONE", _FORGET_GONE)
+                                    .replace(":NOW", NOW).replace(":STMT_NOW", STMT_NOW)))
      for name, sql in _RAW.items()}
 KEEP_ERRORS = 20
 CHANNEL = "conveyor_wake"

@@ -335,9 +335,7 @@ WITH mine AS MATERIALIZED (
     SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::text[]) AS l(id, token)
 ), locked AS MATERIALIZED (
     -- A lookup per id, in id order, as in ack_many.
-    SELECT j.id FROM (SELECT unnest(%(ids)s::bigint[]) AS id ORDER BY 1) AS u
-    CROSS JOIN LATERAL (SELECT id FROM conveyor_jobs WHERE id = u.id
-                        FOR NO KEY UPDATE SKIP LOCKED) AS j
+    :LOCKED_IDS(FOR NO KEY UPDATE SKIP LOCKED)
 ), renewed AS (
     UPDATE conveyor_jobs AS j
     SET lease_expires_at = :NOW + make_interval(secs => %(lease_s)s::float8),
@@ -367,15 +365,14 @@ RETURNING id, queue, concurrency_key, CASE WHEN waited THEN pg_notify('conveyor_
 -- array, the order the jobs finished in): two writes over the same jobs in different orders,
 -- this and a release or an older heartbeat, would otherwise deadlock. NO KEY UPDATE, as the
 -- UPDATE itself takes: it does not wait for a step record's key-share lock.
--- Each row is locked by a lookup of its own id (LATERAL: a nested loop over the sorted ids, so
--- locks are taken in id order), never by one scan for all the ids: a plan made while the table
+-- Each row is locked by a lookup of its own id (:LOCKED_IDS, queries.py: a LATERAL nested loop
+-- over the sorted ids, so locks are taken in id order), never by one scan for all the ids: a plan made while the table
 -- was near-empty (psycopg prepares a statement, and PostgreSQL keeps that generic plan until an
 -- ANALYZE) would read the whole table for "id = ANY(ids)", however large it has grown since. A
 -- lookup per id is the cheapest plan at any size. The same in every statement below that
 -- takes rows by an array of ids.
 WITH locked AS MATERIALIZED (
-    SELECT j.id FROM (SELECT unnest(%(ids)s::bigint[]) AS id ORDER BY 1) AS u
-    CROSS JOIN LATERAL (SELECT id FROM conveyor_jobs WHERE id = u.id FOR NO KEY UPDATE) AS j
+    :LOCKED_IDS(FOR NO KEY UPDATE)
 )
 UPDATE conveyor_jobs AS j
 SET state = 'succeeded', result = l.result::json, finished_at = :NOW,
@@ -408,8 +405,7 @@ RETURNING j.id, j.queue, j.concurrency_key, CASE WHEN j.waited THEN pg_notify('c
 -- statement here (claim_candidates, claim_candidates_after, claim_ids): the acks still land.
 WITH acked AS (
     WITH locked AS MATERIALIZED (
-        SELECT j.id FROM (SELECT unnest(%(ids)s::bigint[]) AS id ORDER BY 1) AS u
-        CROSS JOIN LATERAL (SELECT id FROM conveyor_jobs WHERE id = u.id FOR NO KEY UPDATE) AS j
+        :LOCKED_IDS(FOR NO KEY UPDATE)
     )
     UPDATE conveyor_jobs AS j
     SET state = 'succeeded', result = l.result::json, finished_at = :NOW,
@@ -491,8 +487,7 @@ RETURNING id, queue, concurrency_key, CASE WHEN waited THEN pg_notify('conveyor_
 -- name: release
 -- Rows locked in id order first, a lookup per id, as in ack_many.
 WITH locked AS MATERIALIZED (
-    SELECT j.id FROM (SELECT unnest(%(ids)s::bigint[]) AS id ORDER BY 1) AS u
-    CROSS JOIN LATERAL (SELECT id FROM conveyor_jobs WHERE id = u.id FOR NO KEY UPDATE) AS j
+    :LOCKED_IDS(FOR NO KEY UPDATE)
 )
 UPDATE conveyor_jobs AS j
 SET state = 'available', attempt = j.attempt - 1,
