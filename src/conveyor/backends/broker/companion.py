@@ -41,7 +41,7 @@ The order of writes, and what each crash leaves:
   left alone: SQS may act on a message through an outdated receipt handle (moto always does),
   so settling it could delete the message the holder of the record runs, and giving it back
   would hand that message out a third time. Each lease token names its delivery's message
-  (``_lease_token``) for this.
+  (``_message_mark``) for this.
 * ``job.wait`` waits on the store's wake-ups (its finishing writes signal the waiters).
 
 Not available with a companion either (``missing``): concurrency and rate limits, fair
@@ -171,11 +171,11 @@ class CompanionBackend(BrokerBackend):
         body = self._due(d, self.now())
         if body is None:
             return None
-        token = self._lease_token(claim_id, d)
-        mine = _message_of(token)
+        mark = _message_mark(d)
+        token = self._token(claim_id) + mark
         job = self.state.take(body.id, token, worker_id=worker_id, lease_s=lease_s,
-                              message=MESSAGE_MARK + mine if mine else None)
-        if job is None and mine and self._lapsed(body.id, token) == "leave":
+                              message=mark or None)
+        if job is None and mark and self._lapsed(body.id, token) == "leave":
             # Held, on a live lease, by another delivery of this very message: SQS handed it
             # to two receivers at once. Left alone (see _lapsed): the holder settles it, and
             # if SQS hands it out again the record decides then. Unless the holder is this
@@ -197,16 +197,6 @@ class CompanionBackend(BrokerBackend):
         with self._lock:
             return any(h.body.id == job_id and token.startswith(claim_id)
                        for token, h in self._held.items())
-
-    def _lease_token(self, claim_id: str, d: Delivery) -> str:
-        """The core's token, and where the broker names its messages, a digest of the
-        message's id: a holder whose lease the store refused can then tell whether the holder
-        of the record runs this very message (``_lapsed``)."""
-        token = self._token(claim_id)
-        if d.message_id is None:
-            return token
-        digest = hashlib.blake2b(d.message_id.encode(), digest_size=8).hexdigest()
-        return f"{token}{MESSAGE_MARK}{digest}"
 
     def _unlease(self, jobs: Sequence[Job]) -> None:
         # Before the messages go back: a store lease left behind would make the next take
@@ -552,8 +542,18 @@ class CompanionBackend(BrokerBackend):
             self.state.close()
 
 
+def _message_mark(d: Delivery) -> str:
+    """The end of every lease token given for a delivery of ``d``'s message: the mark and a
+    digest of the message's id, where the broker names its messages ('' where it does not).
+    A holder whose lease the store refused can then tell whether the holder of the record runs
+    this very message (``_lapsed``), and ``take`` leaves a live lease of it alone."""
+    if d.message_id is None:
+        return ""
+    return MESSAGE_MARK + hashlib.blake2b(d.message_id.encode(), digest_size=8).hexdigest()
+
+
 def _message_of(token: str | None) -> str | None:
-    """The digest of the message a lease token's delivery carried (``_lease_token``), if any."""
+    """The digest of the message a lease token's delivery carried (``_message_mark``), if any."""
     _, mark, digest = (token or "").rpartition(MESSAGE_MARK)
     return digest if mark else None
 
