@@ -162,7 +162,6 @@ def prelude(a: argparse.Namespace) -> None:
     import redis
 
     import conveyor.backends.redis.transport as transport
-    from conveyor import Conveyor
     from conveyor.backends.redis import scripts
 
     folder = Path(scripts.__file__).parent / "lua"
@@ -176,40 +175,56 @@ def prelude(a: argparse.Namespace) -> None:
     layout = scripts._layout("claim")
     variants = {
         "as loaded": as_loaded,
+        "no prelude (the keys and arguments only)": f"{shebang}\nreturn {{}}",
         "key layout only": f"{shebang}\n{layout}\nreturn {{}}",
         "+ _core.lua": f"{shebang}\n{layout}{core}\nreturn {{}}",
         "+ _common.lua (all before the body)": f"{head}\nreturn {{}}",
     }
     assert head == f"{shebang}\n{layout}{core}\n{common}\n", "scripts.py's assembly changed"
     r = redis.Redis.from_url(f"redis://{a.redis}/{a.redis_db}")
-    print(f"a claim on an empty queue, median time in Redis over {a.calls} calls:")
-    for label, text in variants.items():
-        transport._load_script = (
-            lambda name, text=text: text if name == "claim" else load_script(name))
-        prefix = f"prelude-{uuid.uuid4().hex[:8]}"
-        app = Conveyor(f"redis://{a.redis}/{a.redis_db}?prefix={prefix}")
-        try:
-            backend = app.backend
-            with slowlog_all(r) as read_log:
-                for i in range(a.calls):
-                    # A queue of its own each time: an empty claim remembers, per queue, that
-                    # nothing waits there (the queue's hold), and a later claim would skip more.
-                    backend.claim(f"q{i}", 8, worker_id="bench", lease_s=30)
-                log = read_log()
-            times = [e["duration"] for e in log if _words(e)[:1] == ["EVALSHA"]]
-            print(f"  {label:38} {statistics.median(times):5.0f} us  ({len(times)} calls)")
-        finally:
-            transport._load_script = load_script
-            app.close()
-            for key in r.scan_iter(f"{{{prefix}}}*", count=1000):
-                r.delete(key)
     trivial = r.script_load(f"{shebang}\nreturn 1")
-    with slowlog_all(r) as read_log:
-        for _ in range(a.calls):
-            r.evalsha(trivial, 0)
-        log = read_log()
-    times = [e["duration"] for e in log if _words(e)[:1] == ["EVALSHA"]]
-    print(f"  {'a script that returns 1 (no keys)':38} {statistics.median(times):5.0f} us")
+    # Rounds alternate the variants: one run's median moves by 10-20 us from run to run on a
+    # busy host, more than some of the differences measured.
+    medians: dict[str, list[float]] = collections.defaultdict(list)
+    for _ in range(a.rounds):
+        for label, text in variants.items():
+            medians[label].append(_empty_claims(a, r, transport, load_script, text))
+        with slowlog_all(r) as read_log:
+            for _ in range(a.calls):
+                r.evalsha(trivial, 0)
+            log = read_log()
+        medians["a script that returns 1 (no keys)"].append(
+            statistics.median(e["duration"] for e in log if _words(e)[:1] == ["EVALSHA"]))
+    print(f"a claim on an empty queue, time in Redis: the median of {a.rounds} rounds' medians"
+          f" of {a.calls} calls (each round's in brackets)")
+    for label, values in medians.items():
+        rounds = ", ".join(f"{v:.0f}" for v in values)
+        print(f"  {label:42} {statistics.median(values):5.0f} us  ({rounds})")
+
+
+def _empty_claims(a: argparse.Namespace, r: Any, transport: Any, load_script: Any,
+                  text: str) -> float:
+    """The median time in Redis of ``a.calls`` claims on empty queues, the claim script
+    loaded as ``text``."""
+    from conveyor import Conveyor
+
+    transport._load_script = lambda name: text if name == "claim" else load_script(name)
+    prefix = f"prelude-{uuid.uuid4().hex[:8]}"
+    app = Conveyor(f"redis://{a.redis}/{a.redis_db}?prefix={prefix}")
+    try:
+        backend = app.backend
+        with slowlog_all(r) as read_log:
+            for i in range(a.calls):
+                # A queue of its own each time: an empty claim remembers, per queue, that
+                # nothing waits there (the queue's hold), and a later claim would skip more.
+                backend.claim(f"q{i}", 8, worker_id="bench", lease_s=30)
+            log = read_log()
+        return statistics.median(e["duration"] for e in log if _words(e)[:1] == ["EVALSHA"])
+    finally:
+        transport._load_script = load_script
+        app.close()
+        for key in r.scan_iter(f"{{{prefix}}}*", count=1000):
+            r.delete(key)
 
 
 def main() -> None:
@@ -217,7 +232,8 @@ def main() -> None:
     p.add_argument("what", choices=("load", "prelude"))
     p.add_argument("--rate", type=float, default=300.0, help="jobs/s offered (default 300)")
     p.add_argument("--seconds", type=float, default=8.0, help="load length (default 8)")
-    p.add_argument("--calls", type=int, default=300, help="calls per prelude variant")
+    p.add_argument("--calls", type=int, default=300, help="calls per prelude variant and round")
+    p.add_argument("--rounds", type=int, default=5, help="prelude rounds (default 5)")
     p.add_argument("--redis", default="127.0.0.1:6379")
     p.add_argument("--redis-db", type=int, default=7)
     a = p.parse_args()
