@@ -102,8 +102,12 @@ def load(a: argparse.Namespace) -> None:
     app, noop, probe = make_app(url)
     names = script_names()
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
+    # The worker runs this checkout's library, whichever one the environment installed.
+    path = os.pathsep.join([str(HERE), str(ROOT / "src"),
+                            *filter(None, [os.environ.get("PYTHONPATH")])])
     proc = Proc("light-load-worker", [sys.executable, "-m", "bench_redis_conveyor", url,
-                                      "--concurrency", "8"], tmp, env={"BENCH_REDIS_URL": base})
+                                      "--concurrency", "8"], tmp,
+                env={"BENCH_REDIS_URL": base, "PYTHONPATH": path})
     ids: list[int] = []
     try:
         with running(proc):

@@ -119,8 +119,18 @@ class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin, Redi
     def _claimed(self, res: list[Any], queue: str, worker_id: str,
                  tokens: list[str]) -> list[Job]:
         """The jobs of a claim script's reply, with the fields it leaves out put back."""
-        if not res or res[0] == "hold":  # (limits hold every waiting job back: see claim.lua)
+        emptied = self._emptied
+        if not res or res[0] == "hold" or res[0] == "empty":
+            # (hold: limits hold every waiting job back; see claim.lua)
+            if res and res[0] == "empty":
+                if len(emptied) > MAX_CACHED_QUEUES:
+                    emptied.clear()
+                emptied[queue] = (time.monotonic(), float(res[1]) if res[1] != "" else None)
+            else:
+                emptied.pop(queue, None)
             return []
+        if emptied:
+            emptied.pop(queue, None)
         at, expires = res[0], res[1]
         known = {"queue": queue, "state": "running", "attempted_at": at, "worker_id": worker_id,
                  "lease_expires_at": expires}
@@ -331,14 +341,15 @@ class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin, Redi
             # look before that pop (look.lua) still ends the wait for jobs that limits hold back.
             return None
 
-        return self._wait(queues, timeout, pop)
+        return self._wait(queues, timeout, pop, claims_look=True)
 
     def _wait(self, queues: Sequence[str], timeout: float,
-              pop: Callable[[list[str], float], tuple[bool, list[Job] | None] | None],
-              ) -> tuple[bool, list[Job] | None]:
+              pop: Callable[[list[str], float], tuple[bool, list[Job] | None] | None], *,
+              claims_look: bool = False) -> tuple[bool, list[Job] | None]:
         """The idle wait: look (look.lua), then block in ``pop`` on the wake lists for a slice,
         until ``pop`` has an answer, a job is waiting, ``wake()`` or ``close()`` is called, or
-        the timeout runs out (False)."""
+        the timeout runs out (False). ``claims_look``: ``pop`` claims behind its pop, so a
+        claim that just found every queue empty answers for the look (see _looked)."""
         deadline = time.monotonic() + max(0.0, timeout)
         with self._wake_lock:
             generation = self._wake_gen
@@ -352,7 +363,8 @@ class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin, Redi
                 if remaining <= 0:
                     return False, None
                 try:
-                    ready, due_in = self._peek(queues)
+                    looked = self._looked(queues) if claims_look else None
+                    ready, due_in = (False, looked[1]) if looked else self._peek(queues)
                     if ready:
                         return True, None
                     pause = min(remaining, WAIT_SLICE)
@@ -369,6 +381,28 @@ class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin, Redi
         finally:
             with self._wake_lock:
                 self._waiters -= 1
+
+    def _looked(self, queues: Sequence[str]) -> tuple[bool, float | None] | None:
+        """What a look at ``queues`` would say, known from this backend's own claims: each
+        queue's last claim, within a wait slice, found it empty (claim.lua's 'empty'), and none
+        of its scheduled jobs is due yet. Then (False, seconds until the first is due, or None);
+        else None: look. An empty queue that gets a job after that claim gets a wake-up marker
+        with it, which the pop that follows sees as it would after a look. (An idle worker's
+        loop claims, then waits: a look in between was one round trip per job at a light
+        load.)"""
+        emptied = self._emptied
+        now = time.monotonic()
+        due_in: float | None = None
+        for q in queues:
+            seen = emptied.get(q)
+            if seen is None or now - seen[0] > WAIT_SLICE:
+                return None
+            if seen[1] is not None:
+                left = seen[1] - (now - seen[0])
+                if left <= 0:
+                    return None
+                due_in = left if due_in is None else min(due_in, left)
+        return False, due_in
 
     def _pop_then_claim(self, wake_keys: list[str], pause: float,
                         claims: Sequence[tuple[str, int]], starts: Sequence[int],

@@ -50,6 +50,10 @@ class RedisCore(Backend):
         self._done_swept = False  # as _swept, for the finished jobs' index (P:done:<state>)
         self._prune_at = 0  # where in the queue list the next prune's slice starts
         self._unsure: dict[int, str] = {}  # job id -> lease token of a settle left unanswered
+        # queue -> (time.monotonic() of a claim that found it empty, seconds from then until its
+        # earliest scheduled job is due, or None): what an idle wait's look would say, known
+        # without one (RedisBackend._looked).
+        self._emptied: dict[str, tuple[float, float | None]] = {}
         self._wake_lock = threading.Lock()
         self._wake_gen = 0
         self._waiters = 0
@@ -155,6 +159,7 @@ class RedisCore(Backend):
         self._wake_lock = threading.Lock()
         self._waiters = 0
         self._private_wake = self.keys.private_wake(uuid.uuid4().hex)
+        self._emptied = {}  # the parent's claims: this process looks for itself
 
     # -- store-wide locks ---------------------------------------------------------------------
     def try_lock(self, name: str, *, ttl: float) -> StoreLock | None:

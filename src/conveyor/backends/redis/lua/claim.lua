@@ -25,8 +25,10 @@
 --   the others are held in the worker's prefetch: their hash gets 'held' = 1 until a heartbeat
 --   says they started, and reap gives them back uncounted), then `limit` lease tokens made by
 --   the client (Lua's math.random is not a safe source of them; they begin with the claim's id).
--- Returns {} when nothing was claimed (the queue is paused, or holds no waiting job), {'hold', until, entries walked} when limits hold every
--- waiting job back (see above), else {now, lease expiry, then one {id, base, extra, errors} per
+-- Returns {} when the queue is paused; {'empty', seconds until its earliest scheduled job is due,
+-- or ''} when it holds no waiting job (the idle wait that follows an empty claim needs no look
+-- of its own first: look.lua would answer the same); {'hold', until, entries walked} when limits
+-- hold every waiting job back (see above); else {now, lease expiry, then one {id, base, extra, errors} per
 -- claimed job, in claim order; the n-th job returned holds the n-th token}. A job whose hash is
 -- gone is dropped from the indexes and not returned (forget_missing). base is the values of
 -- BASE (below), in that order, and extra is empty; or, for a job with other fields, base is
@@ -52,7 +54,8 @@ if hold then return {'hold', num(hold), 0} end
 local popped = redis.call('ZPOPMIN', q.available, limit)
 if #popped == 0 then
   redis.call('HDEL', q.fair, 'gated')  -- nothing waits: nothing is gated
-  return {}
+  local head = redis.call('ZRANGE', q.scheduled, 0, 0, 'WITHSCORES')
+  return {'empty', head[2] and num(tonumber(head[2]) - now) or ''}
 end
 
 -- The ZSET score is the job's priority. The virtual time of the first popped job's priority
