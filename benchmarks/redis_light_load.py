@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import collections
 import glob
-import hashlib
 import os
 import statistics
 import sys
@@ -40,6 +39,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT / "src")]
+
+from harness.cpu import CLK_TCK, proc_ticks  # noqa: E402 - after the path is set
 
 
 @contextmanager
@@ -57,12 +58,11 @@ def slowlog_all(r: Any) -> Iterator[Callable[[], list[dict[str, Any]]]]:
         r.slowlog_reset()
 
 
-def script_names() -> dict[str, str]:
-    """Each script's SHA1 (as Redis names it) to its name."""
-    from conveyor.backends.redis.scripts import BARE_SCRIPTS, SCRIPT_NAMES, _load_script
-
-    return {hashlib.sha1(_load_script(n).encode()).hexdigest(): n
-            for n in (*SCRIPT_NAMES, *BARE_SCRIPTS)}
+def script_names(backend: Any) -> dict[str, str]:
+    """Each script's SHA1 (as Redis names it) to its name, as the backend's transport loads
+    them."""
+    t = backend._transport
+    return {script.sha: name for name, script in {**t.scripts, **t.bare_scripts}.items()}
 
 
 def _words(entry: dict[str, Any]) -> list[str]:
@@ -72,9 +72,11 @@ def _words(entry: dict[str, Any]) -> list[str]:
 
 
 def _proc_cpu(pid: int) -> tuple[float, float]:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
+    """The process's user and system CPU seconds, every thread."""
+    ticks = proc_ticks(pid)
+    if ticks is None:
+        raise RuntimeError(f"process {pid} is gone")
+    return ticks.user / CLK_TCK, ticks.system / CLK_TCK
 
 
 def _proc_switches(pid: int) -> tuple[int, int]:
@@ -100,7 +102,7 @@ def load(a: argparse.Namespace) -> None:
     url = f"{base}?prefix={prefix}"
     r = redis.Redis.from_url(base)
     app, noop, probe = make_app(url)
-    names = script_names()
+    names = script_names(app.backend)
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
     # The worker runs this checkout's library, whichever one the environment installed.
     path = os.pathsep.join([str(HERE), str(ROOT / "src"),

@@ -88,6 +88,8 @@ class ProcTicks:
     ppid: int
     own: int  # utime + stime, all threads
     children: int  # cutime + cstime: waited-for children that exited
+    user: int = 0  # utime alone
+    system: int = 0  # stime alone
 
 
 def parse_pid_stat(text: str) -> ProcTicks:
@@ -95,7 +97,8 @@ def parse_pid_stat(text: str) -> ProcTicks:
     the last ``)``."""
     f = text.rsplit(")", 1)[1].split()
     # f[0] is field 3 (state): ppid is field 4, utime..cstime fields 14-17
-    return ProcTicks(int(f[1]), int(f[11]) + int(f[12]), int(f[13]) + int(f[14]))
+    user, system = int(f[11]), int(f[12])
+    return ProcTicks(int(f[1]), user + system, int(f[13]) + int(f[14]), user, system)
 
 
 def per_job_ms(cpu_s: float | None, jobs: int) -> float | None:

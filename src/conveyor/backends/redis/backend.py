@@ -26,7 +26,7 @@ from ...errors import ClaimLost, StoreError, StoreUnavailable
 from ...job import Job, JobState, fast_constructor
 from ..base import CLAIM_SCAN, Lease, LoopClaims, check_claim_id, new_claim_id
 from .admin import AdminMixin
-from .codec import CLAIM_BASE, _start_arg, _to_job, _tokens, loads
+from .codec import CLAIM_BASE, NO_JOBS, _start_arg, _to_job, _tokens, loads
 from .core import MAX_CACHED_QUEUES
 from .enqueue import EnqueueMixin
 from .history import RedisHistory
@@ -120,13 +120,12 @@ class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin, Redi
                  tokens: list[str]) -> list[Job]:
         """The jobs of a claim script's reply, with the fields it leaves out put back."""
         emptied = self._emptied
-        if not res or res[0] == "hold" or res[0] == "empty":
-            # (hold: limits hold every waiting job back; see claim.lua)
-            if res and res[0] == "empty":
+        if not res or res[0] in NO_JOBS:
+            if res and res[0] == "empty":  # what the idle wait that follows need not look for
                 if len(emptied) > MAX_CACHED_QUEUES:
                     emptied.clear()
                 emptied[queue] = (time.monotonic(), float(res[1]) if res[1] != "" else None)
-            else:
+            else:  # paused ({}), or limits hold every waiting job back ('hold'): it must look
                 emptied.pop(queue, None)
             return []
         if emptied:
@@ -364,7 +363,7 @@ class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin, Redi
                     return False, None
                 try:
                     looked = self._looked(queues) if claims_look else None
-                    ready, due_in = (False, looked[1]) if looked else self._peek(queues)
+                    ready, due_in = looked or self._peek(queues)
                     if ready:
                         return True, None
                     pause = min(remaining, WAIT_SLICE)
@@ -383,13 +382,13 @@ class RedisBackend(AdminMixin, MaintenanceMixin, SettleMixin, EnqueueMixin, Redi
                 self._waiters -= 1
 
     def _looked(self, queues: Sequence[str]) -> tuple[bool, float | None] | None:
-        """What a look at ``queues`` would say, known from this backend's own claims: each
-        queue's last claim, within a wait slice, found it empty (claim.lua's 'empty'), and none
-        of its scheduled jobs is due yet. Then (False, seconds until the first is due, or None);
-        else None: look. An empty queue that gets a job after that claim gets a wake-up marker
-        with it, which the pop that follows sees as it would after a look. (An idle worker's
-        loop claims, then waits: a look in between was one round trip per job at a light
-        load.)"""
+        """What a look at ``queues`` (``_peek``) would say, known from this backend's own
+        claims: each queue's last claim, within a wait slice, found it empty (claim.lua's
+        'empty'), and none of its scheduled jobs is due yet. Then (False, seconds until the
+        first is due, or None); else None: look. An empty queue that gets a job after that
+        claim gets a wake-up marker with it, which the pop that follows sees as it would after
+        a look. (An idle worker's loop claims, then waits: a look in between was one round
+        trip per job at a light load.)"""
         emptied = self._emptied
         now = time.monotonic()
         due_in: float | None = None

@@ -18,6 +18,9 @@ STEP_PREFIX = "step:"  # a step record is the field step:<name> of the job's has
 # claim.lua); a job with others comes back as its hash's field, value pairs instead.
 CLAIM_BASE = ("task", "args", "priority", "run_at", "attempt", "max_attempts", "timeout_s",
               "meta", "created_at", "uid")
+# The heads of a claim's answers that hold no jobs (claim.lua): limits hold every waiting job
+# back ('hold'), or none waits ('empty').
+NO_JOBS = ("hold", "empty")
 # The last_outcome a settle of each kind leaves on the job (with its token as last_token).
 SETTLED_AS = {"ack": ("succeeded",), "kill": ("dead",),
               "retry": ("scheduled", "available", "dead")}

@@ -28,7 +28,7 @@ import redis
 
 from ..base import ClaimReply, Lease
 from .backend import RedisBackend
-from .codec import _tokens
+from .codec import NO_JOBS, _tokens
 from .transport import ScriptCall
 
 try:
@@ -148,8 +148,7 @@ class RedisLoopClaims:
             # while this reply is read into jobs here. It is told how many jobs the reply holds
             # ([time, expiry, job, ...]; 0 for an answer other than jobs).
             res = replies[-1]
-            jobs = isinstance(res, list) and res and res[0] not in ("need", "stale", "hold",
-                                                                    "empty")
+            jobs = isinstance(res, list) and res and res[0] not in ("need", "stale", *NO_JOBS)
             on_reply(len(res) - 2 if jobs else 0)
         if b._claims_plain(a.acks, replies):
             return b._claims_done(a.acks, a.queue, a.limit, a.worker_id, a.lease_s, None,

@@ -367,10 +367,10 @@ RETURNING id, queue, concurrency_key, CASE WHEN waited THEN pg_notify('conveyor_
 -- UPDATE itself takes: it does not wait for a step record's key-share lock.
 -- Each row is locked by a lookup of its own id (:LOCKED_IDS, queries.py: a LATERAL nested
 -- loop over the sorted ids, so locks are taken in id order), never by one scan for all the
--- ids: a plan made while the table was near-empty (psycopg prepares a statement, and PostgreSQL keeps that generic plan until an
--- ANALYZE) would read the whole table for "id = ANY(ids)", however large it has grown since. A
--- lookup per id is the cheapest plan at any size. The same in every statement below that
--- takes rows by an array of ids.
+-- ids: a plan made while the table was near-empty (psycopg prepares a statement, and
+-- PostgreSQL keeps that generic plan until an ANALYZE) would read the whole table for
+-- "id = ANY(ids)", however large it has grown since. A lookup per id is the cheapest plan at
+-- any size. The same in every statement below that takes rows by an array of ids.
 WITH locked AS MATERIALIZED (
     :LOCKED_IDS(FOR NO KEY UPDATE)
 )
