@@ -34,7 +34,9 @@ class ThreadCall:
     __slots__ = ("_callbacks", "_finished", "error", "fn", "future", "result")
 
     def __init__(self, fn: Callable[[], Any], future: asyncio.Future[Any]) -> None:
-        self.fn = fn
+        # Dropped once it ran: it is mostly a method of the object that holds this call (an
+        # Execution's ``thread``), a reference cycle that would wait for the garbage collector.
+        self.fn: Callable[[], Any] | None = fn
         self.future = future
         self.result: Any = None
         self.error: BaseException | None = None
@@ -190,8 +192,10 @@ class TaskThreads:
 
     def _run(self, call: ThreadCall) -> bool:
         """Run one call and hand its result to the loop; False once the loop is closed."""
+        fn, call.fn = call.fn, None
+        assert fn is not None
         try:
-            call.result = call.fn()
+            call.result = fn()
         except BaseException as exc:  # handed to the awaiter, as a Future would
             call.error = exc
         with _callbacks_lock:

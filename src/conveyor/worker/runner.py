@@ -219,7 +219,10 @@ class _SyncRun(asyncio.Future[None]):
     for the thread, and the job is settled, its slot held until the thread returns."""
 
     runner: Runner
-    running: Running
+    # The job's Running, whose ``task`` is this future: dropped once done, or the pair would be
+    # a reference cycle holding each finished job's objects (its Execution, thread call,
+    # context, Job) until the garbage collector's next pass.
+    running: Running | None
     _rest: asyncio.Task[None] | None = None  # writing an outcome other than success
 
     def returned(self, _: asyncio.Future[Any]) -> None:
@@ -227,6 +230,7 @@ class _SyncRun(asyncio.Future[None]):
         if self.done() or self._rest is not None:  # dropped meanwhile: nothing to take
             return
         runner, running = self.runner, self.running
+        assert running is not None
         execution = running.execution
         assert execution is not None
         slot_freed = False
@@ -246,6 +250,7 @@ class _SyncRun(asyncio.Future[None]):
             log.exception("job %d: unexpected error in the worker", running.job.id)
         runner._end(running, execution, slot_freed)
         self.set_result(None)
+        self.running = None
 
     def _rest_done(self, rest: asyncio.Task[None]) -> None:
         if self.done():
@@ -254,6 +259,7 @@ class _SyncRun(asyncio.Future[None]):
             super().cancel()
         else:
             self.set_result(None)
+        self.running = None
 
     def cancel(self, msg: Any = None) -> bool:
         if self.done():
@@ -262,6 +268,8 @@ class _SyncRun(asyncio.Future[None]):
             return self._rest.cancel(msg)
         super().cancel(msg)
         running = self.running
+        assert running is not None
+        self.running = None
         execution = running.execution
         assert execution is not None and execution.thread is not None
         execution.thread.future.cancel()
