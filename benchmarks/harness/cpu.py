@@ -86,10 +86,13 @@ def busy_share(a: MachineTicks, b: MachineTicks) -> float | None:
 @dataclass(frozen=True)
 class ProcTicks:
     ppid: int
-    own: int  # utime + stime, all threads
+    user: int  # utime, all threads
+    system: int  # stime, all threads
     children: int  # cutime + cstime: waited-for children that exited
-    user: int = 0  # utime alone
-    system: int = 0  # stime alone
+
+    @property
+    def own(self) -> int:
+        return self.user + self.system
 
 
 def parse_pid_stat(text: str) -> ProcTicks:
@@ -97,8 +100,7 @@ def parse_pid_stat(text: str) -> ProcTicks:
     the last ``)``."""
     f = text.rsplit(")", 1)[1].split()
     # f[0] is field 3 (state): ppid is field 4, utime..cstime fields 14-17
-    user, system = int(f[11]), int(f[12])
-    return ProcTicks(int(f[1]), user + system, int(f[13]) + int(f[14]), user, system)
+    return ProcTicks(int(f[1]), int(f[11]), int(f[12]), int(f[13]) + int(f[14]))
 
 
 def per_job_ms(cpu_s: float | None, jobs: int) -> float | None:
